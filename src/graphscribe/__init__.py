@@ -1,0 +1,9 @@
+"""graphscribe: NVIDIA Parakeet transducers (TDT, RNN-T) with greedy decoding replayed from CUDA graphs."""
+
+from .audio import AudioError
+from .checkpoint import CheckpointError
+from .config import UnsupportedModelError
+from .model import Model, Transcript, load_model
+
+__all__ = ["AudioError", "CheckpointError", "Model", "Transcript", "UnsupportedModelError", "load_model"]
+__version__ = "0.1.0"

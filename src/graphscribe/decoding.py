@@ -1,0 +1,244 @@
+"""Greedy TDT / RNN-T decoding: one step function, run eagerly or replayed from a CUDA graph.
+
+The rules are NeMo's label-looping greedy decoder's (tdt_label_looping.py):
+  - token = argmax of the token logits, d = durations[argmax of the duration logits];
+  - a blank with d == 0 advances one frame; a blank leaves the prediction state alone;
+  - a token is emitted at frame t, updates the prediction net, and moves t by d (may be 0);
+  - after `max_symbols` tokens on one frame with d == 0, the frame is forced on by one;
+  - a row stops when t reaches its length. Plain RNN-T: blank d = 1, token d = 0.
+
+One `decode_step` looks at a window of W frames at once: the joint runs on frames
+t .. t+W-1 with the same prediction output (one matrix product, which costs what one
+frame costs: the joint's weights are read once), then the chain of blanks from t is
+followed inside the window by pointer jumping. So one step does what NeMo's inner
+"skip blanks" loop and one emission do, and the number of steps is about the number of
+tokens instead of the number of joint evaluations. Frames off the chain are computed
+and ignored, so the tokens are NeMo's.
+
+All state lives in `DecodeBuffers`, allocated once per batch size and written in place,
+so the step can be captured in a CUDA graph (`graphs.py`) and replayed; the eager path
+calls the very same function.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import DecodingConfig
+from .heads import Joint, PredictionNet
+
+log = logging.getLogger(__name__)
+
+STEPS_PER_CHECK = 4  # decode steps run (or replayed) between two reads of "is any row still active"
+
+
+@dataclass
+class Hypothesis:
+    token_ids: list[int]
+    frames: list[int]  # encoder frame at which each token was emitted
+    durations: list[int]  # predicted duration of each token, in encoder frames (RNN-T: 0)
+    steps: int = 0  # decode steps spent on the batch this clip was in
+
+
+class DecodeBuffers:
+    """Static state of a batch of N rows, allocated once and written in place by `decode_step`."""
+
+    def __init__(self, n: int, max_frames: int, window: int, joint: Joint, prediction: PredictionNet,
+                 durations: tuple[int, ...], max_symbols: int, device: torch.device, dtype: torch.dtype):
+        j, layers, hidden = joint.cfg.hidden, prediction.cfg.layers, prediction.cfg.hidden
+        self.n, self.max_frames, self.window = n, max_frames, window
+        self.max_tokens = max_frames * max_symbols + 1  # + 1: a scratch slot written by rows that do not emit
+        ints = dict(device=device, dtype=torch.long)
+        self.rows = torch.arange(n, **ints)  # (N,)
+        self.offsets = torch.arange(window, **ints)  # (W,)
+        self.durations = torch.tensor(durations or (0,), **ints)  # (D,)
+        self.max_skip = max(max(durations or (0,)), 1)  # frames a blank moves on at most
+        self.positions = torch.arange(window + self.max_skip, **ints)  # (W + max_skip,) window positions and beyond
+        self.enc = torch.zeros(n, max_frames, j, device=device, dtype=dtype)  # (N, T, J) projected encoder
+        self.lengths = torch.zeros(n, **ints)
+        self.t = torch.zeros(n, **ints)  # current frame
+        self.active = torch.zeros(n, device=device, dtype=torch.bool)
+        self.h = torch.zeros(layers, n, hidden, device=device, dtype=dtype)  # (L, N, H)
+        self.c = torch.zeros(layers, n, hidden, device=device, dtype=dtype)
+        self.g = torch.zeros(n, j, device=device, dtype=dtype)  # (N, J) projected prediction output
+        self.last_frame = torch.zeros(n, **ints)  # frame of the last emitted token
+        self.run = torch.zeros(n, **ints)  # tokens emitted in a row on last_frame
+        self.count = torch.zeros(n, **ints)  # tokens emitted so far
+        self.tokens = torch.zeros(n, self.max_tokens, **ints)  # (N, max_tokens)
+        self.frames = torch.zeros(n, self.max_tokens, **ints)
+        self.token_durations = torch.zeros(n, self.max_tokens, **ints)
+        self.steps = torch.zeros((), **ints)  # steps taken while any row was active
+
+    def reset(self, enc_projected: torch.Tensor, lengths: torch.Tensor, start: tuple[torch.Tensor, ...]) -> None:
+        """Load a batch: enc_projected (N, T, J), lengths (N,), start = (h0, c0, g0) after the start symbol."""
+        t = enc_projected.shape[1]
+        self.enc[:, :t].copy_(enc_projected)
+        self.lengths.copy_(lengths)
+        self.t.zero_()
+        self.active.copy_(lengths > 0)
+        h0, c0, g0 = start
+        self.h.copy_(h0)
+        self.c.copy_(c0)
+        self.g.copy_(g0)
+        self.last_frame.fill_(-1)
+        self.run.zero_()
+        self.count.zero_()
+        self.steps.zero_()
+
+
+def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, blank_id: int, max_symbols: int) -> None:
+    """One greedy step for all N rows: skip blanks through a window of frames, emit at most one token."""
+    n, w = buf.n, buf.window
+    vocab = joint.num_token_logits
+    frame = buf.t[:, None] + buf.offsets  # (N, W)
+    in_clip = frame < buf.lengths[:, None]
+    f = buf.enc[buf.rows[:, None], frame.clamp(max=buf.max_frames - 1)]  # (N, W, J)
+    logits = joint.logits(f, buf.g[:, None, :])  # (N, W, V + 1 + D)
+    tokens = logits[..., :vocab].argmax(dim=-1)  # (N, W)
+    if logits.shape[-1] > vocab:  # TDT
+        durations = buf.durations[logits[..., vocab:].argmax(dim=-1)]  # (N, W)
+    else:  # RNN-T: tokens stay on their frame, blanks move on by one
+        durations = torch.zeros_like(tokens)
+    blank = tokens == blank_id
+    durations = torch.where(blank & (durations == 0), 1, durations)
+
+    # Follow blanks from position 0: next[i] = i + d_i for a blank inside the clip, else i (stop).
+    # Positions >= W (past the window) stop too; 2**k hops reach the end of any chain in the window.
+    hop = buf.positions.repeat(n, 1)  # (N, W + max_skip)
+    hop[:, :w] = torch.where(blank & in_clip, buf.offsets + durations, buf.offsets)
+    for _ in range(math.ceil(math.log2(w)) if w > 1 else 0):
+        hop = hop.gather(1, hop)
+    landing = hop[:, 0]  # (N,) window position where the chain stops
+    at = landing.clamp(max=w - 1)[:, None]
+    token = tokens.gather(1, at)[:, 0]  # (N,)
+    duration = durations.gather(1, at)[:, 0]
+    landing_frame = buf.t + landing
+    emit = buf.active & (landing < w) & (landing_frame < buf.lengths)  # landed on a token
+
+    # Record the token in the row's next slot; rows that do not emit write a slot they do not count.
+    slot = buf.count[:, None]
+    buf.tokens.scatter_(1, slot, token[:, None])
+    buf.frames.scatter_(1, slot, landing_frame[:, None])
+    buf.token_durations.scatter_(1, slot, duration[:, None])
+    buf.count.add_(emit)
+    same_frame = buf.last_frame == landing_frame
+    buf.run.copy_(torch.where(emit, torch.where(same_frame, buf.run + 1, 1), buf.run))
+    buf.last_frame.copy_(torch.where(emit, landing_frame, buf.last_frame))
+
+    # Prediction net for the emitted tokens; the other rows keep their state.
+    out, h, c = prediction.step(token, buf.h, buf.c)
+    g = joint.project_prediction(out)
+    keep = emit[None, :, None]
+    buf.h.copy_(torch.where(keep, h, buf.h))
+    buf.c.copy_(torch.where(keep, c, buf.c))
+    buf.g.copy_(torch.where(emit[:, None], g, buf.g))
+
+    force = emit & (buf.run >= max_symbols) & (duration == 0)  # max_symbols on this frame: move on
+    advance = torch.where(emit, landing + duration + force.long(), landing)
+    buf.steps.add_(buf.active.any().long())
+    buf.t.copy_(torch.where(buf.active, buf.t + advance, buf.t))
+    buf.active.copy_(buf.t < buf.lengths)
+
+
+def steps_lower_bound(buf: DecodeBuffers) -> torch.Tensor:
+    """Steps still needed at least by the slowest row (each step moves a row at most W + max_skip + 1 frames)."""
+    remaining = (buf.lengths - buf.t).clamp(min=0).max()
+    per_step = buf.window + buf.max_skip + 1
+    return (remaining + per_step - 1) // per_step
+
+
+def default_window(n: int) -> int:
+    """Frames looked at per step: the joint's matrix product stays about as cheap as one frame's."""
+    return max(1, min(8, 64 // n))
+
+
+class GreedyDecoder:
+    """Batched greedy decoding of encoder output; `graphs=True` replays captured CUDA graphs (CUDA only)."""
+
+    def __init__(self, prediction: PredictionNet, joint: Joint, cfg: DecodingConfig, graphs: bool,
+                 window: int | None = None):
+        self.prediction, self.joint, self.cfg = prediction, joint, cfg
+        self.blank_id = prediction.cfg.vocab_size
+        self.graphs = graphs
+        self.window = window
+        self._buffers: dict[int, DecodeBuffers] = {}  # by batch size N
+        self._captured: dict[int, object] = {}  # CapturedSteps by batch size N, for the buffers above
+        self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
+
+    def _step(self, buf: DecodeBuffers) -> None:
+        decode_step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
+
+    def _buffers_for(self, n: int, frames: int, device: torch.device, dtype: torch.dtype) -> DecodeBuffers:
+        buf = self._buffers.get(n)
+        if buf is None or buf.max_frames < frames or buf.enc.device != device or buf.enc.dtype != dtype:
+            capacity = max(64, 1 << math.ceil(math.log2(max(frames, 1))))  # grow by powers of two: few recaptures
+            buf = DecodeBuffers(n, capacity, self.window or default_window(n), self.joint, self.prediction,
+                                self.cfg.durations, self.cfg.max_symbols, device, dtype)
+            self._buffers[n] = buf
+            self._captured.pop(n, None)
+        return buf
+
+    def _runner(self, buf: DecodeBuffers, restore):
+        """A callable that runs STEPS_PER_CHECK steps: a graph replay, or eager calls of the same step."""
+        if self.graphs and buf.enc.is_cuda:
+            captured = self._captured.get(buf.n)
+            if captured is None:
+                try:
+                    from .graphs import CapturedSteps
+
+                    captured = CapturedSteps(lambda: self._step(buf), STEPS_PER_CHECK, before_capture=restore)
+                    self.capture_seconds += captured.capture_seconds
+                    self._captured[buf.n] = captured
+                except RuntimeError as err:  # capture is an optimisation: decode eagerly rather than fail
+                    log.warning("CUDA graph capture failed (%s); decoding eagerly", str(err).splitlines()[0])
+                    self.graphs = False
+                    restore()
+            if captured is not None:
+                return captured.replay
+
+        def eager() -> None:
+            for _ in range(STEPS_PER_CHECK):
+                self._step(buf)
+
+        return eager
+
+    def start_state(self, n: int, device: torch.device, dtype: torch.dtype):
+        """Prediction state and projected output after the start symbol (blank), as NeMo starts."""
+        h, c = self.prediction.initial_state(n, device, dtype)
+        start = torch.full((n,), self.blank_id, device=device, dtype=torch.long)
+        out, h, c = self.prediction.step(start, h, c)
+        return h, c, self.joint.project_prediction(out)
+
+    @torch.inference_mode()
+    def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
+        """encoded (N, T, D) encoder output, lengths (N,) valid frames -> one hypothesis per row."""
+        n, frames = encoded.shape[:2]
+        enc_projected = self.joint.project_encoder(encoded)  # (N, T, J), once for all frames
+        buf = self._buffers_for(n, frames, encoded.device, enc_projected.dtype)
+        start = self.start_state(n, encoded.device, enc_projected.dtype)
+
+        def restore() -> None:
+            buf.reset(enc_projected, lengths.to(encoded.device), start)
+
+        restore()
+        run = self._runner(buf, restore)
+        while True:
+            needed = int(steps_lower_bound(buf))  # the one host read per round: done, or how far to go at least
+            if needed == 0:
+                break
+            for _ in range(math.ceil(needed / STEPS_PER_CHECK)):
+                run()
+        return _collect(buf, n)
+
+
+def _collect(buf: DecodeBuffers, n: int) -> list[Hypothesis]:
+    counts = buf.count.tolist()
+    width = max(counts, default=0)
+    tokens, frames, durations = (x[:, :width].tolist() for x in (buf.tokens, buf.frames, buf.token_durations))
+    steps = int(buf.steps)
+    return [Hypothesis(tokens[i][: counts[i]], frames[i][: counts[i]], durations[i][: counts[i]], steps)
+            for i in range(n)]

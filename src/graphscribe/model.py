@@ -1,0 +1,249 @@
+"""The transducer model and its Python API: `load_model(source).transcribe(inputs)`.
+
+Pipeline: audio -> LogMel (float32) -> FastConformer (eager, model dtype) -> greedy
+decoding (GreedyDecoder, eager or CUDA graphs) -> text and token timestamps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from .audio import AudioError, load_audio, prepare_audio
+from .checkpoint import CheckpointError, read_checkpoint
+from .config import ModelConfig, RunOptions, model_config_from_nemo
+from .decoding import GreedyDecoder, Hypothesis
+from .encoder import FastConformer, subsampled_lengths
+from .features import LogMel, feature_lengths
+from .heads import Joint, PredictionNet
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+_MODULES = ("preprocessor", "encoder", "decoder", "joint")  # state-dict prefixes we load; others are ignored
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _Preprocessor(nn.Module):
+    def __init__(self, model_cfg: ModelConfig):
+        super().__init__()
+        self.featurizer = LogMel(model_cfg.features)
+
+
+class Transducer(nn.Module):
+    """NeMo's EncDecRNNTBPEModel layout: preprocessor, encoder, decoder (prediction net), joint."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.preprocessor = _Preprocessor(cfg)
+        self.encoder = FastConformer(cfg.encoder)
+        self.decoder = PredictionNet(cfg.prediction)
+        self.joint = Joint(cfg.joint)
+
+
+def load_state(module: Transducer, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """Strict loading of our modules' weights, with one line naming what is missing or misshapen."""
+    wanted = module.state_dict()
+    given = {k: v for k, v in state_dict.items() if k.split(".", 1)[0] in _MODULES}
+    missing = [k for k in wanted if k not in given]
+    unexpected = [k for k in given if k not in wanted]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} weights, e.g. {', '.join(missing[:3])}")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} weights, e.g. {', '.join(unexpected[:3])}")
+        raise CheckpointError(f"{source}: weights do not match the config: {'; '.join(parts)}")
+    for key, tensor in given.items():
+        if tuple(tensor.shape) != tuple(wanted[key].shape):
+            raise CheckpointError(
+                f"{source}: weight {key} has shape {tuple(tensor.shape)}, the config implies {tuple(wanted[key].shape)}")
+    module.load_state_dict(given, strict=True)
+
+
+def resolve_device(requested: str) -> torch.device:
+    """auto: CUDA when present, else CPU. A CUDA request without CUDA degrades to CPU with one warning."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(requested)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        log.warning("CUDA is not available on this machine; running on the CPU")
+        return torch.device("cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {requested}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {requested}: use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """auto is float32 (NeMo's own inference precision). float16 on the CPU degrades to float32."""
+    if requested == "auto":
+        return torch.float32
+    if requested not in _DTYPES:
+        raise ValueError(f"--dtype {requested}: use auto, float32, bfloat16 or float16")
+    if requested == "float16" and device.type == "cpu":
+        log.warning("float16 is not supported on the CPU; using float32")
+        return torch.float32
+    return _DTYPES[requested]
+
+
+@dataclass
+class Token:
+    id: int
+    piece: str
+    frame: int  # encoder frame
+    start: float  # seconds
+    end: float  # seconds
+
+
+@dataclass
+class Transcript:
+    """One input's result; `error` is set (and the rest empty) when the input could not be transcribed."""
+
+    source: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)
+    audio_seconds: float = 0.0
+    seconds: float = 0.0  # processing time: its batch's time divided by the batch size
+    error: str | None = None
+
+    @property
+    def frames(self) -> list[int]:
+        return [t.frame for t in self.tokens]
+
+    def to_json(self) -> dict:
+        if self.error is not None:
+            return {"path": self.source, "error": self.error}
+        return {
+            "path": self.source,
+            "text": self.text,
+            "audio_seconds": round(self.audio_seconds, 4),
+            "seconds": round(self.seconds, 4),
+            "tokens": [{"id": t.id, "piece": t.piece, "frame": t.frame, "start": round(t.start, 3), "end": round(t.end, 3)}
+                       for t in self.tokens],
+        }
+
+
+class Model:
+    """A loaded transducer on one device and dtype, ready to transcribe."""
+
+    def __init__(self, module: Transducer, tokenizer: Tokenizer, options: RunOptions, source: str):
+        self.cfg = module.cfg
+        self.source = source
+        self.device = resolve_device(options.device)
+        self.dtype = resolve_dtype(options.dtype, self.device)
+        if options.graphs and self.device.type != "cuda":
+            options = replace(options, graphs=False)  # graphs need CUDA; the CLI says so when asked
+        self.options = options
+        module.eval().to(self.device)
+        module.encoder.to(self.dtype)
+        module.decoder.to(self.dtype)
+        module.joint.to(self.dtype)
+        self.module = module
+        self.tokenizer = tokenizer
+        self.decoder = GreedyDecoder(module.decoder, module.joint, self.cfg.decoding, graphs=options.graphs)
+        self.min_samples = self.cfg.features.hop_length * self.cfg.encoder.subsampling_factor
+
+    @property
+    def sample_rate(self) -> int:
+        return self.cfg.features.sample_rate
+
+    # ------------------------------------------------------------------ stages
+    def read(self, item) -> torch.Tensor:
+        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError for bad input."""
+        if isinstance(item, (str, os.PathLike)):
+            audio = load_audio(item, self.sample_rate)
+        else:
+            audio = prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item,
+                                  self.sample_rate, self.sample_rate)
+        if audio.numel() < self.min_samples:
+            raise AudioError(f"{_name(item)}: too short to transcribe ({audio.numel() / self.sample_rate:.3f} s, "
+                             f"less than one encoder frame of {self.cfg.frame_seconds:.2f} s)")
+        return audio
+
+    @torch.inference_mode()
+    def features(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded batch of audio -> (B, n_mels, T) float32 features and (B,) lengths."""
+        lengths = torch.tensor([a.numel() for a in audios], device=self.device)
+        batch = torch.zeros(len(audios), int(lengths.max()), device=self.device)
+        for i, a in enumerate(audios):
+            batch[i, : a.numel()] = a.to(self.device)
+        return self.module.preprocessor.featurizer(batch, lengths)
+
+    @torch.inference_mode()
+    def encode(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded batch of audio -> (B, T', D) encoder output in the model dtype and (B,) lengths."""
+        features, lengths = self.features(audios)
+        return self.module.encoder(features.to(self.dtype), lengths)
+
+    def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
+        return self.decoder.decode(encoded, lengths)
+
+    def finish(self, source: str, audio: torch.Tensor, hyp: Hypothesis, seconds: float) -> Transcript:
+        frame_s = self.cfg.frame_seconds
+        tdt = self.cfg.decoding.is_tdt
+        tokens = [Token(i, self.tokenizer.piece(i), f, f * frame_s, (f + (d if tdt else 1)) * frame_s)  # TDT: d frames
+                  for i, f, d in zip(hyp.token_ids, hyp.frames, hyp.durations)]
+        return Transcript(source=source, text=self.tokenizer.decode(hyp.token_ids), token_ids=list(hyp.token_ids),
+                          tokens=tokens, audio_seconds=audio.numel() / self.sample_rate, seconds=seconds)
+
+    # ------------------------------------------------------------------ API
+    def transcribe_audio(self, sources: list[str], audios: list[torch.Tensor]) -> list[Transcript]:
+        """One padded batch of checked audio -> transcripts (same order)."""
+        start = time.perf_counter()
+        encoded, lengths = self.encode(audios)
+        hyps = self.decode(encoded, lengths)
+        seconds = (time.perf_counter() - start) / len(audios)
+        return [self.finish(s, a, h, seconds) for s, a, h in zip(sources, audios, hyps)]
+
+    def transcribe(self, inputs, batch_size: int | None = None) -> list[Transcript]:
+        """Paths or sample arrays (at the model's rate) -> one Transcript each, in order.
+
+        A bad input gets a Transcript with `error` set; the others are transcribed.
+        Inputs are batched longest first (padding-invariant, so results do not depend on it).
+        """
+        items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        batch_size = batch_size or self.options.batch_size
+        results: list[Transcript | None] = [None] * len(items)
+        ready: list[tuple[int, torch.Tensor]] = []
+        for i, item in enumerate(items):
+            try:
+                ready.append((i, self.read(item)))
+            except AudioError as err:
+                results[i] = Transcript(source=_name(item), error=str(err))
+        ready.sort(key=lambda x: -x[1].numel())
+        for b in range(0, len(ready), batch_size):
+            chunk = ready[b: b + batch_size]
+            for (i, _), transcript in zip(chunk, self.transcribe_audio([_name(items[i]) for i, _ in chunk],
+                                                                       [a for _, a in chunk])):
+                results[i] = transcript
+        return results  # type: ignore[return-value]
+
+
+def _name(item) -> str:
+    if isinstance(item, (str, os.PathLike)):
+        return str(item)
+    return "<array>"
+
+
+def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
+               batch_size: int = 1) -> Model:
+    """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id."""
+    checkpoint = read_checkpoint(source)
+    cfg = model_config_from_nemo(checkpoint.config)
+    tokenizer = Tokenizer(checkpoint.tokenizer_model, checkpoint.source)
+    if tokenizer.vocab_size != cfg.prediction.vocab_size:
+        raise CheckpointError(f"{checkpoint.source}: the tokenizer has {tokenizer.vocab_size} pieces, "
+                              f"the decoder expects {cfg.prediction.vocab_size}")
+    module = Transducer(cfg)
+    load_state(module, checkpoint.state_dict, checkpoint.source)
+    options = RunOptions(device=device, dtype=dtype, graphs=graphs, batch_size=batch_size)
+    return Model(module, tokenizer, options, checkpoint.source)
