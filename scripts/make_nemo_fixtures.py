@@ -341,7 +341,7 @@ def criteria(s, tdt):
     c = [
         0.3 <= s["rate"] <= 1.0,
         s["multi_token_frames"] >= 3,
-        1 <= s["cap_hits"] <= 15,
+        1 <= s["cap_hits"] <= 30,
         s["distinct"] >= 10,
         s["clips_with_tokens"] >= 5,
     ]
@@ -430,7 +430,7 @@ def calibrate(model, clips, v, gen, log):
         encs.append((enc, int(enc_len[0])))
     _, _, encb, encb_len = features_and_encoder(model, [x for _, x in clips])
     encs_batch = [(encb[i : i + 1], int(encb_len[i])) for i in range(len(clips))]
-    encs_noisy = [(e + 2e-3 * e.std() * torch.randn(e.shape, generator=gen), T) for e, T in encs]
+    encs_noisy = [(e + 5e-4 * e.std() * torch.randn(e.shape, generator=gen), T) for e, T in encs]
     whiten_joint_encoder(model, encs)
     out = joint_out_layer(model)
     w0, b0 = out.weight.clone(), out.bias.clone()
@@ -456,7 +456,7 @@ def calibrate(model, clips, v, gen, log):
         if dp is not None:
             out.bias[blank + 1 :] += dp * scale
 
-    best, tried = None, 0
+    best, tried, n_fail = None, 0, [0]
     grid = [
         (ps, sc, bb, dp)
         for ps in (1.0, 2.0, 3.0, 5.0)
@@ -480,12 +480,13 @@ def calibrate(model, clips, v, gen, log):
                 for alt in (encs_batch, encs_noisy)
             )
             if not robust:
+                n_fail[0] += 1
                 continue
         best = (key, pred_scale, scale, blank_bias, dp, st, ok)
     key, pred_scale, scale, blank_bias, dp, st, ok = best
     apply(pred_scale, scale, blank_bias, dp)
     robust = key[0] == len(ok) + 1
-    log(f"  calibration ({tried} candidates): pred_scale={pred_scale} scale={scale} blank_bias={blank_bias} "
+    log(f"  calibration ({tried} candidates, {n_fail[0]} rejected as not robust): pred_scale={pred_scale} scale={scale} blank_bias={blank_bias} "
         f"dur_bias={None if dp is None else dp.tolist()} criteria={ok} robust={robust} stats={st}")
     return dict(
         joint_pred_projection_scale=pred_scale,

@@ -11,6 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
+import soundfile as sf
 import torch
 from torch import nn
 
@@ -204,28 +205,44 @@ class Model:
         seconds = (time.perf_counter() - start) / len(audios)
         return [self.finish(s, a, h, seconds) for s, a, h in zip(sources, audios, hyps)]
 
-    def transcribe(self, inputs, batch_size: int | None = None) -> list[Transcript]:
-        """Paths or sample arrays (at the model's rate) -> one Transcript each, in order.
+    def transcribe_iter(self, inputs, batch_size: int | None = None):
+        """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
-        A bad input gets a Transcript with `error` set; the others are transcribed.
-        Inputs are batched longest first (padding-invariant, so results do not depend on it).
+        Audio is read a batch at a time. A bad input yields a Transcript with `error` set and the
+        rest of its batch goes on. Results do not depend on the batching (padding-invariant).
         """
+        items = list(inputs)
+        batch_size = max(1, batch_size or self.options.batch_size)
+        order = sorted(range(len(items)), key=lambda i: -_estimated_seconds(items[i], self.sample_rate))
+        for b in range(0, len(order), batch_size):
+            ready: list[tuple[int, torch.Tensor]] = []
+            for i in order[b: b + batch_size]:
+                try:
+                    ready.append((i, self.read(items[i])))
+                except AudioError as err:
+                    yield i, Transcript(source=_name(items[i]), error=str(err))
+            if ready:
+                sources = [_name(items[i]) for i, _ in ready]
+                for (i, _), transcript in zip(ready, self.transcribe_audio(sources, [a for _, a in ready])):
+                    yield i, transcript
+
+    def transcribe(self, inputs, batch_size: int | None = None) -> list[Transcript]:
+        """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order."""
         items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-        batch_size = batch_size or self.options.batch_size
         results: list[Transcript | None] = [None] * len(items)
-        ready: list[tuple[int, torch.Tensor]] = []
-        for i, item in enumerate(items):
-            try:
-                ready.append((i, self.read(item)))
-            except AudioError as err:
-                results[i] = Transcript(source=_name(item), error=str(err))
-        ready.sort(key=lambda x: -x[1].numel())
-        for b in range(0, len(ready), batch_size):
-            chunk = ready[b: b + batch_size]
-            for (i, _), transcript in zip(chunk, self.transcribe_audio([_name(items[i]) for i, _ in chunk],
-                                                                       [a for _, a in chunk])):
-                results[i] = transcript
+        for i, transcript in self.transcribe_iter(items, batch_size):
+            results[i] = transcript
         return results  # type: ignore[return-value]
+
+
+def _estimated_seconds(item, sample_rate: int) -> float:
+    """Length used to order batches; 0 for what cannot be inspected (it fails properly when read)."""
+    if isinstance(item, (str, os.PathLike)):
+        try:
+            return sf.info(str(item)).duration
+        except (sf.LibsndfileError, RuntimeError, OSError, TypeError, ValueError):
+            return 0.0
+    return len(item) / sample_rate
 
 
 def _name(item) -> str:

@@ -1,0 +1,217 @@
+"""`transcribe`: audio files and folders in, transcripts out; `transcribe bench` A/B-tests the graph modes.
+
+Exit codes: 0 every file done, 1 some failed (each named on stderr with its reason), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from .audio import find_audio_files
+from .checkpoint import CheckpointError
+from .config import UnsupportedModelError
+from .tokenizer import TokenizerError
+
+MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class OutputFormat(str, Enum):
+    txt = "txt"
+    json = "json"
+
+
+def _fail_usage(message: str) -> None:
+    err_console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(2)
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    root = logging.getLogger("graphscribe")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    root.propagate = False
+
+
+def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: int = 1):
+    """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is."""
+    from .model import load_model
+
+    source = model or os.environ.get(MODEL_ENV)
+    if not source:
+        _fail_usage(f"no model given: pass --model (a .nemo file, a checkpoint folder or a Hugging Face id such as "
+                    f"nvidia/parakeet-tdt-0.6b-v3) or set {MODEL_ENV}")
+    try:
+        loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch)
+    except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
+        message = str(err)
+        if isinstance(err, UnsupportedModelError):
+            message = f"{source}: {message}"
+        _fail_usage(message)
+    if graphs and loaded.device.type != "cuda":  # asked for explicitly
+        err_console.print("note: CUDA graphs need a CUDA device; decoding eagerly on the CPU")
+    return loaded
+
+
+def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
+    """Files as given and audio files found under folders; plus one error line per input that yields nothing."""
+    files, errors = [], []
+    for path in inputs:
+        if path.is_dir():
+            found = find_audio_files(path)
+            if not found:
+                errors.append(f"{path}: folder has no audio files")
+            files.extend(found)
+        else:
+            files.append(path)  # missing or unreadable files are reported when read
+    return files, errors
+
+
+def _output_path(output_dir: Path, source: Path, roots: list[Path], suffix: str) -> Path:
+    """Output file for `source`, keeping its place under the folder it was found in."""
+    for root in roots:
+        if root.is_dir():
+            try:
+                return (output_dir / source.relative_to(root)).with_suffix(suffix)
+            except ValueError:
+                continue
+    return (output_dir / source.name).with_suffix(suffix)
+
+
+def _render(transcript, fmt: OutputFormat) -> str:
+    if fmt is OutputFormat.json:
+        return json.dumps(transcript.to_json(), ensure_ascii=False)
+    return transcript.text
+
+
+def transcribe_command(
+    inputs: List[Path] = typer.Argument(..., help="Audio files or folders (searched recursively).", show_default=False),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=f".nemo file, checkpoint folder or Hugging Face repo id [env: {MODEL_ENV}]"),
+    batch: int = typer.Option(1, "--batch", "-b", min=1, help="Files per batch."),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
+    dtype: str = typer.Option("auto", help="auto (float32) | float32 | bfloat16 | float16"),
+    graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", help="Replay the decode steps from CUDA graphs [default: on with CUDA]."),
+    fmt: OutputFormat = typer.Option(OutputFormat.txt, "--format", "-f", help="txt or json"),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Write one file per input here instead of stdout."),
+) -> None:
+    """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint."""
+    _setup_logging()
+    files, input_errors = expand_inputs(inputs)
+    for line in input_errors:
+        err_console.print(f"[red]error:[/red] {line}")
+    if not files:
+        raise typer.Exit(1)
+    loaded = load_or_exit(model, device, dtype, graphs, batch)
+
+    results = [None] * len(files)
+    failed = len(input_errors)
+    start = time.perf_counter()
+    show_progress = len(files) > 1 and sys.stderr.isatty()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, disable=not show_progress, transient=True) as progress:
+        task = progress.add_task("transcribing", total=len(files))
+        for i, transcript in loaded.transcribe_iter(files, batch):
+            progress.advance(task)
+            results[i] = transcript
+            if transcript.error is not None:
+                failed += 1
+                progress.console.print(f"[red]error:[/red] {transcript.error}")
+            elif output_dir is not None:
+                target = _output_path(output_dir, files[i], inputs, "." + fmt.value)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(_render(transcript, fmt) + "\n", encoding="utf-8")
+                except OSError as err:
+                    failed += 1
+                    progress.console.print(f"[red]error:[/red] {target}: cannot write output ({err.strerror or err})")
+    elapsed = time.perf_counter() - start
+
+    if output_dir is None:
+        for transcript in results:
+            if transcript is None or transcript.error is not None:
+                continue
+            if fmt is OutputFormat.txt and len(files) > 1:
+                print(f"{transcript.source}: {transcript.text}")
+            else:
+                print(_render(transcript, fmt))
+    done = [t for t in results if t is not None and t.error is None]
+    audio = sum(t.audio_seconds for t in done)
+    total = len(files) + len(input_errors)
+    summary = f"transcribed {len(done)} of {len(files)} files"
+    if failed:
+        summary += f" ({failed} failed)"
+    summary += f": {audio:.1f} s of audio in {elapsed:.2f} s"
+    if elapsed > 0 and audio > 0:
+        summary += f" (RTFx {audio / elapsed:.1f})"
+    if total > 1 or failed:
+        err_console.print(summary)
+    raise typer.Exit(1 if failed else 0)
+
+
+def bench_command(
+    clips: List[Path] = typer.Argument(None, help="Clips to benchmark (default: 7.4 s, 23 s and 77 s tiers of real speech).", show_default=False),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=f".nemo file, checkpoint folder or Hugging Face repo id [env: {MODEL_ENV}]"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
+    dtype: str = typer.Option("auto", help="auto (float32) | float32 | bfloat16 | float16"),
+    reps: int = typer.Option(5, min=1, help="Timed repetitions per row (median reported)."),
+    batch_sizes: str = typer.Option("1,8", help="Comma-separated decode batch sizes."),
+    graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", help="Include the CUDA-graph rows (--no-graphs: eager only) [default: on with CUDA]."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the results as JSON here."),
+) -> None:
+    """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end."""
+    from .bench import print_table, run_bench, tier_clips
+
+    _setup_logging()
+    try:
+        sizes = sorted({int(s) for s in batch_sizes.split(",") if s.strip()})
+    except ValueError:
+        _fail_usage(f"--batch-sizes {batch_sizes!r}: use comma-separated whole numbers such as 1,8")
+    if not sizes or min(sizes) < 1:
+        _fail_usage(f"--batch-sizes {batch_sizes!r}: sizes must be 1 or more")
+    loaded = load_or_exit(model, device, dtype, graphs=False)
+    want_graphs = graphs is not False
+    try:
+        tiers = tier_clips(loaded, clips or None)
+    except ValueError as err:
+        _fail_usage(str(err))
+    modes = [False, True] if want_graphs and loaded.device.type == "cuda" else [False]
+    if loaded.device.type != "cuda":
+        err_console.print("note: CUDA graphs need a CUDA device; benchmarking the eager rows only")
+    report = run_bench(loaded, tiers, sizes, reps, modes)
+    print_table(report, Console())
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+transcribe_app.command()(transcribe_command)
+bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+bench_app.command()(bench_command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: `transcribe bench ...` runs the benchmark, anything else transcribes."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "bench":
+        bench_app(args[1:], prog_name="transcribe bench")
+    else:
+        transcribe_app(args, prog_name="transcribe")
+
+
+if __name__ == "__main__":
+    main()
