@@ -192,7 +192,7 @@ def bench_command(
     if loaded.device.type != "cuda":
         err_console.print("note: CUDA graphs need a CUDA device; benchmarking the eager rows only")
     report = run_bench(loaded, tiers, sizes, reps, modes)
-    print_table(report, Console())
+    print_table(report, Console(width=None if sys.stdout.isatty() else 200))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
