@@ -50,6 +50,7 @@ class DecodeBuffers:
     def __init__(self, n: int, max_frames: int, window: int, joint: Joint, prediction: PredictionNet,
                  durations: tuple[int, ...], max_symbols: int, device: torch.device, dtype: torch.dtype):
         j, layers, hidden = joint.cfg.hidden, prediction.cfg.layers, prediction.cfg.hidden
+        state_dtype = prediction.prediction.embed.weight.dtype  # the prediction net may stay float32
         self.n, self.max_frames, self.window = n, max_frames, window
         self.max_tokens = max_frames * max_symbols + 1  # + 1: a scratch slot written by rows that do not emit
         ints = dict(device=device, dtype=torch.long)
@@ -62,8 +63,8 @@ class DecodeBuffers:
         self.lengths = torch.zeros(n, **ints)
         self.t = torch.zeros(n, **ints)  # current frame
         self.active = torch.zeros(n, device=device, dtype=torch.bool)
-        self.h = torch.zeros(layers, n, hidden, device=device, dtype=dtype)  # (L, N, H)
-        self.c = torch.zeros(layers, n, hidden, device=device, dtype=dtype)
+        self.h = torch.zeros(layers, n, hidden, device=device, dtype=state_dtype)  # (L, N, H)
+        self.c = torch.zeros(layers, n, hidden, device=device, dtype=state_dtype)
         self.g = torch.zeros(n, j, device=device, dtype=dtype)  # (N, J) projected prediction output
         self.last_frame = torch.zeros(n, **ints)  # frame of the last emitted token
         self.run = torch.zeros(n, **ints)  # tokens emitted in a row on last_frame
@@ -131,7 +132,7 @@ def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, bla
 
     # Prediction net for the emitted tokens; the other rows keep their state.
     out, h, c = prediction.step(token, buf.h, buf.c)
-    g = joint.project_prediction(out)
+    g = joint.project_prediction(out.to(buf.g.dtype))
     keep = emit[None, :, None]
     buf.h.copy_(torch.where(keep, h, buf.h))
     buf.c.copy_(torch.where(keep, c, buf.c))
@@ -162,11 +163,14 @@ class GreedyDecoder:
     def __init__(self, prediction: PredictionNet, joint: Joint, cfg: DecodingConfig, graphs: bool,
                  window: int | None = None):
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
+        # cuDNN wants the LSTM weights in one chunk (lost by .to(dtype)); otherwise it copies them at every
+        # call, which also breaks graph capture.
+        prediction.prediction.dec_rnn.lstm.flatten_parameters()
         self.blank_id = prediction.cfg.vocab_size
         self.graphs = graphs
         self.window = window
         self._buffers: dict[int, DecodeBuffers] = {}  # by batch size N
-        self._captured: dict[int, object] = {}  # CapturedSteps by batch size N, for the buffers above
+        self._captured: dict = {}  # CapturedSteps by batch size N, for the buffers above; they share a pool
         self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
 
     def _step(self, buf: DecodeBuffers) -> None:
@@ -188,9 +192,10 @@ class GreedyDecoder:
             captured = self._captured.get(buf.n)
             if captured is None:
                 try:
-                    from .graphs import CapturedSteps
+                    from .graphs import CapturedSteps, pool_of
 
-                    captured = CapturedSteps(lambda: self._step(buf), STEPS_PER_CHECK, before_capture=restore)
+                    pool = pool_of(list(self._captured.values()))
+                    captured = CapturedSteps(lambda: self._step(buf), STEPS_PER_CHECK, pool, before_capture=restore)
                     self.capture_seconds += captured.capture_seconds
                     self._captured[buf.n] = captured
                 except RuntimeError as err:  # capture is an optimisation: decode eagerly rather than fail
@@ -208,10 +213,10 @@ class GreedyDecoder:
 
     def start_state(self, n: int, device: torch.device, dtype: torch.dtype):
         """Prediction state and projected output after the start symbol (blank), as NeMo starts."""
-        h, c = self.prediction.initial_state(n, device, dtype)
+        h, c = self.prediction.initial_state(n, device, self.prediction.prediction.embed.weight.dtype)
         start = torch.full((n,), self.blank_id, device=device, dtype=torch.long)
         out, h, c = self.prediction.step(start, h, c)
-        return h, c, self.joint.project_prediction(out)
+        return h, c, self.joint.project_prediction(out.to(dtype))
 
     @torch.inference_mode()
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:

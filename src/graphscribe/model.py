@@ -47,6 +47,17 @@ class Transducer(nn.Module):
         self.decoder = PredictionNet(cfg.prediction)
         self.joint = Joint(cfg.joint)
 
+    def to_inference(self, device: torch.device, dtype: torch.dtype) -> "Transducer":
+        """Eval mode on `device`: encoder and joint in `dtype`; features and the prediction net stay float32.
+
+        The prediction net is tiny, and cuDNN takes no bfloat16 LSTM weights in one chunk: it would copy
+        them at every step (slower, and impossible inside graph capture).
+        """
+        self.eval().to(device)
+        self.encoder.to(dtype)
+        self.joint.to(dtype)
+        return self
+
 
 def load_state(module: Transducer, state_dict: dict[str, torch.Tensor], source: str) -> None:
     """Strict loading of our modules' weights, with one line naming what is missing or misshapen."""
@@ -144,11 +155,11 @@ class Model:
         if options.graphs and self.device.type != "cuda":
             options = replace(options, graphs=False)  # graphs need CUDA; the CLI says so when asked
         self.options = options
-        module.eval().to(self.device)
-        module.encoder.to(self.dtype)
-        module.decoder.to(self.dtype)
-        module.joint.to(self.dtype)
-        self.module = module
+        if self.device.type == "cuda" and self.dtype == torch.float32:
+            # float32 means float32: cuDNN would otherwise run the encoder's convolutions in TF32,
+            # which moves the features enough to flip near-tied tokens against NeMo's float32 result.
+            torch.backends.cudnn.allow_tf32 = False
+        self.module = module.to_inference(self.device, self.dtype)
         self.tokenizer = tokenizer
         self.decoder = GreedyDecoder(module.decoder, module.joint, self.cfg.decoding, graphs=options.graphs)
         self.min_samples = self.cfg.features.hop_length * self.cfg.encoder.subsampling_factor

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 import sentencepiece as spm
+
+# Pieces that are not text: [tags], <tags>, ##continuations, ▁word pieces, blank pieces (NeMo's list).
+_SPECIAL_PIECE = re.compile(r"^\[.*\]$|^<.*>$|^##|^▁|^\s*$")
 
 
 class TokenizerError(ValueError):
@@ -16,13 +22,28 @@ class Tokenizer:
             self._sp.LoadFromSerializedProto(model_proto)
         except (RuntimeError, TypeError, OSError) as err:
             raise TokenizerError(f"{source}: the tokenizer model is not a SentencePiece model ({err})") from None
+        self._space_before_punct = _space_before_punctuation(
+            [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())])
 
     @property
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
 
     def decode(self, ids: list[int]) -> str:
-        return self._sp.decode_ids(ids)
+        """Text as NeMo's hypotheses have it: SentencePiece's decode, less one space before punctuation."""
+        text = self._sp.decode_ids(ids)
+        if self._space_before_punct is not None:
+            text = self._space_before_punct.sub(r"\2", text)
+        return text
 
     def piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(token_id)
+
+
+def _space_before_punctuation(pieces: list[str]) -> re.Pattern | None:
+    """NeMo removes one whitespace before each punctuation mark that the vocabulary can emit on its own."""
+    marks = sorted({ch for piece in pieces if not _SPECIAL_PIECE.match(piece)
+                    for ch in piece if unicodedata.category(ch).startswith("P")})
+    if not marks:
+        return None
+    return re.compile(r"(\s)(" + "|".join(re.escape(m) for m in marks) + ")")
