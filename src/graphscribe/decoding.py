@@ -56,8 +56,10 @@ class DecodeBuffers:
         ints = dict(device=device, dtype=torch.long)
         self.rows = torch.arange(n, **ints)  # (N,)
         self.offsets = torch.arange(window, **ints)  # (W,)
-        self.durations = torch.tensor(durations or (0,), **ints)  # (D,)
-        self.max_skip = max(max(durations or (0,)), 1)  # frames a blank moves on at most
+        durations = durations or (0,)
+        # skip_table[is_blank, duration index]: frames to move on; a blank's duration 0 counts as 1.
+        self.skip_table = torch.tensor([list(durations), [max(d, 1) for d in durations]], **ints)  # (2, D)
+        self.max_skip = max(max(durations), 1)  # frames a blank moves on at most
         self.positions = torch.arange(window + self.max_skip, **ints)  # (W + max_skip,) window positions and beyond
         self.enc = torch.zeros(n, max_frames, j, device=device, dtype=dtype)  # (N, T, J) projected encoder
         self.lengths = torch.zeros(n, **ints)
@@ -69,9 +71,7 @@ class DecodeBuffers:
         self.last_frame = torch.zeros(n, **ints)  # frame of the last emitted token
         self.run = torch.zeros(n, **ints)  # tokens emitted in a row on last_frame
         self.count = torch.zeros(n, **ints)  # tokens emitted so far
-        self.tokens = torch.zeros(n, self.max_tokens, **ints)  # (N, max_tokens)
-        self.frames = torch.zeros(n, self.max_tokens, **ints)
-        self.token_durations = torch.zeros(n, self.max_tokens, **ints)
+        self.records = torch.zeros(n, self.max_tokens, 3, **ints)  # (N, max_tokens, [token, frame, duration])
         self.steps = torch.zeros((), **ints)  # steps taken while any row was active
 
     def reset(self, enc_projected: torch.Tensor, lengths: torch.Tensor, start: tuple[torch.Tensor, ...]) -> None:
@@ -92,7 +92,10 @@ class DecodeBuffers:
 
 
 def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, blank_id: int, max_symbols: int) -> None:
-    """One greedy step for all N rows: skip blanks through a window of frames, emit at most one token."""
+    """One greedy step for all N rows: skip blanks through a window of frames, emit at most one token.
+
+    Inside a captured graph: only in-place writes to `buf`, no host reads.
+    """
     n, w = buf.n, buf.window
     vocab = joint.num_token_logits
     frame = buf.t[:, None] + buf.offsets  # (N, W)
@@ -100,17 +103,16 @@ def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, bla
     f = buf.enc[buf.rows[:, None], frame.clamp(max=buf.max_frames - 1)]  # (N, W, J)
     logits = joint.logits(f, buf.g[:, None, :])  # (N, W, V + 1 + D)
     tokens = logits[..., :vocab].argmax(dim=-1)  # (N, W)
-    if logits.shape[-1] > vocab:  # TDT
-        durations = buf.durations[logits[..., vocab:].argmax(dim=-1)]  # (N, W)
-    else:  # RNN-T: tokens stay on their frame, blanks move on by one
-        durations = torch.zeros_like(tokens)
     blank = tokens == blank_id
-    durations = torch.where(blank & (durations == 0), 1, durations)
+    if logits.shape[-1] > vocab:  # TDT: the duration, where a blank's 0 counts as 1
+        durations = buf.skip_table[blank.long(), logits[..., vocab:].argmax(dim=-1)]  # (N, W)
+    else:  # RNN-T: tokens stay on their frame, blanks move on by one
+        durations = blank.long()
 
     # Follow blanks from position 0: next[i] = i + d_i for a blank inside the clip, else i (stop).
     # Positions >= W (past the window) stop too; 2**k hops reach the end of any chain in the window.
     hop = buf.positions.repeat(n, 1)  # (N, W + max_skip)
-    hop[:, :w] = torch.where(blank & in_clip, buf.offsets + durations, buf.offsets)
+    hop[:, :w] += durations * (blank & in_clip)
     for _ in range(math.ceil(math.log2(w)) if w > 1 else 0):
         hop = hop.gather(1, hop)
     landing = hop[:, 0]  # (N,) window position where the chain stops
@@ -120,29 +122,27 @@ def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, bla
     landing_frame = buf.t + landing
     emit = buf.active & (landing < w) & (landing_frame < buf.lengths)  # landed on a token
 
-    # Record the token in the row's next slot; rows that do not emit write a slot they do not count.
-    slot = buf.count[:, None]
-    buf.tokens.scatter_(1, slot, token[:, None])
-    buf.frames.scatter_(1, slot, landing_frame[:, None])
-    buf.token_durations.scatter_(1, slot, duration[:, None])
+    # Record (token, frame, duration) in the row's next slot; rows that do not emit write a slot they do not count.
+    record = torch.stack([token, landing_frame, duration], dim=1)[:, None, :]  # (N, 1, 3)
+    buf.records.scatter_(1, buf.count[:, None, None].expand(n, 1, 3), record)
     buf.count.add_(emit)
     same_frame = buf.last_frame == landing_frame
-    buf.run.copy_(torch.where(emit, torch.where(same_frame, buf.run + 1, 1), buf.run))
-    buf.last_frame.copy_(torch.where(emit, landing_frame, buf.last_frame))
+    torch.where(emit, buf.run * same_frame + 1, buf.run, out=buf.run)
+    torch.where(emit, landing_frame, buf.last_frame, out=buf.last_frame)
 
     # Prediction net for the emitted tokens; the other rows keep their state.
     out, h, c = prediction.step(token, buf.h, buf.c)
     g = joint.project_prediction(out.to(buf.g.dtype))
     keep = emit[None, :, None]
-    buf.h.copy_(torch.where(keep, h, buf.h))
-    buf.c.copy_(torch.where(keep, c, buf.c))
-    buf.g.copy_(torch.where(emit[:, None], g, buf.g))
+    torch.where(keep, h, buf.h, out=buf.h)
+    torch.where(keep, c, buf.c, out=buf.c)
+    torch.where(emit[:, None], g, buf.g, out=buf.g)
 
     force = emit & (buf.run >= max_symbols) & (duration == 0)  # max_symbols on this frame: move on
-    advance = torch.where(emit, landing + duration + force.long(), landing)
-    buf.steps.add_(buf.active.any().long())
-    buf.t.copy_(torch.where(buf.active, buf.t + advance, buf.t))
-    buf.active.copy_(buf.t < buf.lengths)
+    advance = landing + (duration + force) * emit
+    buf.steps.add_(buf.active.any())
+    buf.t.add_(advance * buf.active)
+    torch.lt(buf.t, buf.lengths, out=buf.active)
 
 
 def steps_lower_bound(buf: DecodeBuffers) -> torch.Tensor:
@@ -242,8 +242,10 @@ class GreedyDecoder:
 
 def _collect(buf: DecodeBuffers, n: int) -> list[Hypothesis]:
     counts = buf.count.tolist()
-    width = max(counts, default=0)
-    tokens, frames, durations = (x[:, :width].tolist() for x in (buf.tokens, buf.frames, buf.token_durations))
+    records = buf.records[:, : max(counts, default=0)].tolist()  # (N, width, 3)
     steps = int(buf.steps)
-    return [Hypothesis(tokens[i][: counts[i]], frames[i][: counts[i]], durations[i][: counts[i]], steps)
-            for i in range(n)]
+    hyps = []
+    for row, count in zip(records, counts):
+        tokens, frames, durations = zip(*row[:count]) if count else ((), (), ())
+        hyps.append(Hypothesis(list(tokens), list(frames), list(durations), steps))
+    return hyps
