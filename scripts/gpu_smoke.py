@@ -31,7 +31,7 @@ def fixture_check() -> None:
 
 def timing(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    module = Transducer(ModelConfig()).cuda().eval().to(dtype)
+    module = Transducer(ModelConfig()).to_inference(torch.device("cuda"), dtype)
     frames = 256  # random weights emit at random: keep the eager runs short
     for n in (1, 8, 32):
         enc = torch.randn(n, frames, 1024, device="cuda", dtype=dtype)

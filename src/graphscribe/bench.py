@@ -119,6 +119,7 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
                        "peak_mb": _peak_mb(device), "tokens": len(hyps[0].token_ids)}
                 entry["rows"].append(row)
                 texts[("decode", n, graphs)] = [(h.token_ids, h.frames) for h in hyps]
+                entry.setdefault("token_ids", hyps[0].token_ids)
         for graphs in modes:
             model.decoder = _decoder(model, graphs)
             _reset_peak(device)

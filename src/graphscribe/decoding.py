@@ -172,9 +172,10 @@ class GreedyDecoder:
         self._buffers: dict[int, DecodeBuffers] = {}  # by batch size N
         self._captured: dict = {}  # CapturedSteps by batch size N, for the buffers above; they share a pool
         self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
+        self.step_fn = decode_step  # the one step function, eager and captured (experiments may wrap it)
 
     def _step(self, buf: DecodeBuffers) -> None:
-        decode_step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
+        self.step_fn(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
 
     def _buffers_for(self, n: int, frames: int, device: torch.device, dtype: torch.dtype) -> DecodeBuffers:
         buf = self._buffers.get(n)

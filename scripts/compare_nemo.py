@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""graphscribe against NeMo's own greedy decoder, same checkpoint, same clips, one command.
+
+Writes the bench tiers (7.4 s, 23 s, 77 s of real speech) as 16 kHz float WAVs, runs
+`scripts/nemo_peer.py` (NeMo 3.0 label-looping decoder, with and without its full-loop
+CUDA graph) in a subprocess, runs graphscribe's bench on the same WAVs in this process,
+and prints both side by side with whether the token ids agree.
+
+On the lent GPU, with NeMo's wheels installed into NEMO_SITE (see scripts/nemo_peer.py):
+
+    python scripts/compare_nemo.py --model v3.nemo --nemo-path /tmp/nemo-site \
+        --dtype float32 --batch-sizes 1,8 --reps 5 --out $OUT/compare-fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import soundfile as sf
+import torch
+
+import graphscribe as gs
+from graphscribe.bench import run_bench, tier_clips
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--nemo-path", default="", help="folder with NeMo and its dependencies, put on PYTHONPATH for NeMo")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the tier WAVs, JSON and the Markdown table")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    model = gs.load_model(args.model, device="cuda", dtype=args.dtype, graphs=True)
+    wavs = []
+    for tier in tier_clips(model):
+        path = args.out / f"tier-{tier.name.replace(' ', '')}.wav"
+        sf.write(path, tier.audio.numpy(), model.sample_rate, subtype="FLOAT")
+        wavs.append(path)
+
+    nemo_json = args.out / "nemo.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (args.nemo_path, os.environ.get("PYTHONPATH", "")) if p))
+    subprocess.run([sys.executable, str(Path(__file__).with_name("nemo_peer.py")), "--model", args.model,
+                    "--clips", *map(str, wavs), "--batch-sizes", *map(str, sizes), "--reps", str(args.reps),
+                    "--device", "cuda", "--dtype", args.dtype, "--json", str(nemo_json)], check=True, env=env)
+    nemo = json.loads(nemo_json.read_text())
+
+    tiers = tier_clips(model, wavs)  # the very samples NeMo read
+    ours = run_bench(model, tiers, sizes, args.reps, [False, True])
+    (args.out / "graphscribe.json").write_text(json.dumps(ours, indent=1) + "\n")
+    table = side_by_side(ours, nemo)
+    (args.out / "compare.md").write_text(table + "\n")
+    print(table)
+
+
+def side_by_side(ours: dict, nemo: dict) -> str:
+    by_key = {(Path(r["clip"]).name, r["batch"], r["mode"]): r for r in nemo["results"]}
+    lines = [f"{ours['device']}, {ours['dtype']}, torch {ours['torch']}, NeMo {nemo['nemo_version']}; "
+             f"decode only (encoder output given), median of {ours['reps']} in ms", "",
+             "| clip | B | NeMo full graph | NeMo no graphs | graphscribe graphs | graphscribe eager "
+             "| graphscribe vs NeMo graph | same tokens as NeMo |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for tier in ours["tiers"]:
+        decode = {(r["batch"], r["graphs"]): r for r in tier["rows"] if r["what"] == "decode"}
+        for batch in sorted({b for b, _ in decode}):
+            graphed, eager = decode.get((batch, True)), decode.get((batch, False))
+            nemo_graph = by_key.get((tier["tier"], batch, "cudagraph"), {})
+            nemo_eager = by_key.get((tier["tier"], batch, "nograph"), {})
+            nemo_ms = nemo_graph.get("decode_ms", {}).get("median")
+            ratio = f"{nemo_ms / graphed['median_ms']:.2f}x faster" if nemo_ms and graphed else "-"
+            same = "-" if not nemo_graph else "yes" if nemo_graph["token_ids"] == tier["token_ids"] else "NO"
+            lines.append(f"| {tier['tier']} ({tier['frames']} frames, {len(tier['token_ids'])} tokens) | {batch} "
+                         f"| {_fmt(nemo_ms)} | {_fmt(nemo_eager.get('decode_ms', {}).get('median'))} "
+                         f"| {_fmt(graphed and graphed['median_ms'])} | {_fmt(eager and eager['median_ms'])} "
+                         f"| {ratio} | {same} |")
+    return "\n".join(lines)
+
+
+def _fmt(ms) -> str:
+    return f"{ms:.1f}" if ms else "-"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""GPU tests: CUDA-graph decoding gives NeMo's tokens and exactly what eager decoding gives.
+
+Marked `gpu`: skipped without CUDA. On the lent GPU: `pytest -m gpu tests/test_gpu.py`.
+A 0.6b-v3-shaped checkpoint for the real-speech tests is named by GRAPHSCRIBE_TEST_V3
+(made by `scripts/make_checkpoint.py parakeet-tdt-0.6b-v3 OUT --calibrate ...`).
+"""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import graphscribe as gs
+from graphscribe import decoding
+from graphscribe.bench import speech_path
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ORACLES = [("nemo-tdt-tiny", "tdt-tiny.nemo"), ("nemo-rnnt-tiny", "rnnt-tiny.nemo"),
+           ("nemo-tdt-tiny-80mel", "tdt-tiny-80mel.nemo")]
+CLIPS = FIXTURES / "nemo-tdt-tiny" / "clips"
+
+
+def _reference(name):
+    return json.loads((FIXTURES / name / "reference.json").read_text())
+
+
+def _result(transcripts):
+    return [(t.token_ids, t.frames, t.text) for t in transcripts]
+
+
+@pytest.mark.parametrize("name,checkpoint", ORACLES)
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("batch", [1, 6])
+def test_float32_matches_nemo_on_gpu(name, checkpoint, graphs, batch):
+    ref = _reference(name)
+    model = gs.load_model(FIXTURES / name / checkpoint, device="cuda", dtype="float32", graphs=graphs)
+    got = model.transcribe([CLIPS / c["file"] for c in ref["clips"]], batch_size=batch)
+    assert _result(got) == [(c["token_ids"], c["timestamps"], c["text"]) for c in ref["clips"]]
+    if graphs:
+        assert model.decoder.capture_seconds > 0  # the graph path really ran
+
+
+@pytest.mark.parametrize("name,checkpoint", ORACLES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graphs_equal_eager(name, checkpoint, dtype):
+    paths = sorted(CLIPS.glob("*.wav"))
+    results = {}
+    for graphs in (False, True):
+        model = gs.load_model(FIXTURES / name / checkpoint, device="cuda", dtype=dtype, graphs=graphs)
+        results[graphs] = [_result(model.transcribe(paths, batch_size=b)) for b in (1, 4)]
+    assert results[True] == results[False]
+
+
+def test_capture_failure_falls_back_to_eager(monkeypatch, caplog):
+    ref = _reference("nemo-tdt-tiny")
+
+    class Broken:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("capture refused for the test")
+
+    import graphscribe.graphs
+
+    monkeypatch.setattr(graphscribe.graphs, "CapturedSteps", Broken)
+    model = gs.load_model(FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", graphs=True)
+    with caplog.at_level(logging.WARNING, logger="graphscribe"):
+        got = model.transcribe([CLIPS / c["file"] for c in ref["clips"]], batch_size=3)
+    assert [t.token_ids for t in got] == [c["token_ids"] for c in ref["clips"]]
+    assert sum("capture failed" in r.message for r in caplog.records) == 1  # warned once
+    assert model.decoder.graphs is False
+
+
+def test_buffers_grow_and_graphs_are_recaptured():
+    ref = {c["file"]: c for c in _reference("nemo-tdt-tiny")["clips"]}
+    model = gs.load_model(FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", graphs=True)
+    short = model.transcribe([CLIPS / "short_2s.wav"])[0]
+    first_capacity = model.decoder._buffers[1].max_frames
+    long = torch.cat([model.read(CLIPS / "librispeech_2086-149220-0033.wav")] * 10)  # 74 s: outgrows the buffers
+    model.transcribe([long])
+    assert model.decoder._buffers[1].max_frames > first_capacity
+    again = model.transcribe([CLIPS / "short_2s.wav"])[0]
+    assert short.token_ids == again.token_ids == ref["short_2s.wav"]["token_ids"]
+
+
+V3 = os.environ.get("GRAPHSCRIBE_TEST_V3")
+
+
+@pytest.mark.skipif(not V3, reason="set GRAPHSCRIBE_TEST_V3 to a 0.6b-v3-shaped .nemo")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_real_speech_graphs_equal_eager_v3(dtype):
+    speech = [speech_path(name) for name in ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")]
+    results = {}
+    for graphs in (False, True):
+        model = gs.load_model(V3, device="cuda", dtype=dtype, graphs=graphs)
+        audio = [model.read(p) for p in speech]
+        inputs = audio + [torch.cat(audio * 3), audio[0][: 3 * 16000]]  # 7.4 s, 11 s, 55 s, 3 s
+        results[graphs] = [_result(model.transcribe(inputs, batch_size=b)) for b in (1, 8)]
+        assert all(len(t.token_ids) > 0 for t in model.transcribe(inputs))
+    assert results[True] == results[False]
+    assert results[True][0] == results[True][1]  # batched == serial
