@@ -35,12 +35,14 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--nemo-path", default="", help="folder with NeMo and its dependencies, put on PYTHONPATH for NeMo")
+    ap.add_argument("--nemo-python", default=sys.executable, help="the Python that runs NeMo")
+    ap.add_argument("--device", default="cuda", help="cuda (both decoders with and without graphs) or cpu (eager only)")
     ap.add_argument("--out", type=Path, required=True, help="folder for the tier WAVs, JSON and the Markdown table")
     args = ap.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
 
-    model = gs.load_model(args.model, device="cuda", dtype=args.dtype, graphs=True)
+    model = gs.load_model(args.model, device=args.device, dtype=args.dtype, graphs=True)
     wavs = []
     for tier in tier_clips(model):
         path = args.out / f"tier-{tier.name.replace(' ', '')}.wav"
@@ -49,13 +51,13 @@ def main() -> None:
 
     nemo_json = args.out / "nemo.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (args.nemo_path, os.environ.get("PYTHONPATH", "")) if p))
-    subprocess.run([sys.executable, str(Path(__file__).with_name("nemo_peer.py")), "--model", args.model,
+    subprocess.run([args.nemo_python, str(Path(__file__).with_name("nemo_peer.py")), "--model", args.model,
                     "--clips", *map(str, wavs), "--batch-sizes", *map(str, sizes), "--reps", str(args.reps),
-                    "--device", "cuda", "--dtype", args.dtype, "--json", str(nemo_json)], check=True, env=env)
+                    "--device", args.device, "--dtype", args.dtype, "--json", str(nemo_json)], check=True, env=env)
     nemo = json.loads(nemo_json.read_text())
 
     tiers = tier_clips(model, wavs)  # the very samples NeMo read
-    ours = run_bench(model, tiers, sizes, args.reps, [False, True])
+    ours = run_bench(model, tiers, sizes, args.reps, [False, True] if model.device.type == "cuda" else [False])
     (args.out / "graphscribe.json").write_text(json.dumps(ours, indent=1) + "\n")
     table = side_by_side(ours, nemo)
     (args.out / "compare.md").write_text(table + "\n")
@@ -77,7 +79,8 @@ def side_by_side(ours: dict, nemo: dict) -> str:
             nemo_eager = by_key.get((tier["tier"], batch, "nograph"), {})
             nemo_ms = nemo_graph.get("decode_ms", {}).get("median")
             ratio = f"{nemo_ms / graphed['median_ms']:.2f}x faster" if nemo_ms and graphed else "-"
-            same = "-" if not nemo_graph else "yes" if nemo_graph["token_ids"] == tier["token_ids"] else "NO"
+            nemo_ids = (nemo_graph or nemo_eager).get("token_ids")
+            same = "-" if nemo_ids is None else "yes" if nemo_ids == tier["token_ids"] else "NO"
             lines.append(f"| {tier['tier']} ({tier['frames']} frames, {len(tier['token_ids'])} tokens) | {batch} "
                          f"| {_fmt(nemo_ms)} | {_fmt(nemo_eager.get('decode_ms', {}).get('median'))} "
                          f"| {_fmt(graphed and graphed['median_ms'])} | {_fmt(eager and eager['median_ms'])} "

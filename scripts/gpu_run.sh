@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU session in one command (run on the lent H100 from the repo root, with .whl and .whl-nemo carried):
+#   bash scripts/gpu_run.sh            # writes its logs and JSON under $OUT (or ./gpu-out)
+# 1. a calibrated parakeet-tdt-0.6b-v3-shaped checkpoint; 2. graphscribe bench, float32 and bfloat16;
+# 3. graphscribe against NeMo 3.0 on the same checkpoint and clips; 4. the GPU tests; 5. the step profile.
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+log="$OUT/run.log"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nemo-site .whl-nemo/*.whl
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+ckpt=/tmp/v3.nemo
+speech=src/graphscribe/data
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log everything
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name: $*" | tee -a "$log"
+    local start=$SECONDS
+    timeout "$limit" "$@" 2>&1 | tee -a "$log"
+    echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$log"
+}
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } | tee -a "$log"
+step checkpoint 150 python3 scripts/make_checkpoint.py parakeet-tdt-0.6b-v3 $ckpt \
+    --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
+for dtype in float32 bfloat16; do
+    step "bench $dtype" 90 python3 -m graphscribe.cli bench --model $ckpt --dtype $dtype --reps 5 \
+        --batch-sizes 1,8 --json "$OUT/bench-$dtype.json"
+done
+step "compare with NeMo" 120 python3 scripts/compare_nemo.py --model $ckpt --nemo-path /tmp/nemo-site:/tmp/site \
+    --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare
+cp /tmp/compare/compare.md "$OUT/compare-nemo-float32.md"; cp /tmp/compare/nemo.json "$OUT/nemo-float32.json"
+step "gpu tests" 90 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -m gpu tests/test_gpu.py
+step "profile" 40 python3 scripts/profile_step.py --model $ckpt --dtype float32 --batch 1
