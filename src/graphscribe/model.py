@@ -164,6 +164,11 @@ class Model:
         self.decoder = GreedyDecoder(module.decoder, module.joint, self.cfg.decoding, graphs=options.graphs)
         self.min_samples = self.cfg.features.hop_length * self.cfg.encoder.subsampling_factor
 
+    def use_graphs(self, enabled: bool) -> None:
+        """Decode with (CUDA only) or without captured graphs from now on: a fresh decoder, fresh captures."""
+        self.options = replace(self.options, graphs=enabled and self.device.type == "cuda")
+        self.decoder = GreedyDecoder(self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs)
+
     @property
     def sample_rate(self) -> int:
         return self.cfg.features.sample_rate
