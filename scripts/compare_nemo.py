@@ -50,7 +50,7 @@ def main() -> None:
         wavs.append(path)
 
     nemo_json = args.out / "nemo.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (args.nemo_path, os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(os.environ, PYTHONPATH=args.nemo_path)  # NeMo's own packages only: ours may not suit its pins
     subprocess.run([args.nemo_python, str(Path(__file__).with_name("nemo_peer.py")), "--model", args.model,
                     "--clips", *map(str, wavs), "--batch-sizes", *map(str, sizes), "--reps", str(args.reps),
                     "--device", args.device, "--dtype", args.dtype, "--json", str(nemo_json)], check=True, env=env)

@@ -8,7 +8,8 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 log="$OUT/run.log"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nemo-site .whl-nemo/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nemo-site .whl-nemo/*.whl \
+    .whl/soundfile*.whl .whl/cffi*.whl .whl/pycparser*.whl  # not our huggingface_hub: transformers there pins an older one
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 ckpt=/tmp/v3.nemo
 speech=src/graphscribe/data
@@ -29,7 +30,7 @@ for dtype in float32 bfloat16; do
     step "bench $dtype" 90 python3 -m graphscribe.cli bench --model $ckpt --dtype $dtype --reps 5 \
         --batch-sizes 1,8 --json "$OUT/bench-$dtype.json"
 done
-step "compare with NeMo" 120 python3 scripts/compare_nemo.py --model $ckpt --nemo-path /tmp/nemo-site:/tmp/site \
+step "compare with NeMo" 120 python3 scripts/compare_nemo.py --model $ckpt --nemo-path /tmp/nemo-site \
     --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare
 cp /tmp/compare/compare.md "$OUT/compare-nemo-float32.md"; cp /tmp/compare/nemo.json "$OUT/nemo-float32.json"
 step "gpu tests" 90 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -m gpu tests/test_gpu.py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,9 @@ import soundfile as sf
 import torch
 import torchaudio.functional as AF
 
+# libsndfile trims a chunk that claims more bytes than the file holds, and notes it in its log.
+_TRUNCATED_CHUNK = re.compile(r"^\s*data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
+_STREAMED_SIZES = (0, 0xFFFFFFFF, 0x7FFFFFFF)  # sizes written by streaming tools that never seek back: valid files
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".w64", ".caf")
 
 
@@ -25,11 +29,18 @@ def load_audio(path: str | os.PathLike, sample_rate: int) -> torch.Tensor:
     if path.is_dir():
         raise AudioError(f"{path}: is a folder, not an audio file")
     try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # (L, C), integer PCM scaled to [-1, 1)
+        with sf.SoundFile(str(path)) as f:
+            rate = f.samplerate
+            data = f.read(dtype="float32", always_2d=True)  # (L, C), integer PCM scaled to [-1, 1)
+            header_log = f.extra_info
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as err:
         raise AudioError(f"{path}: not a readable audio file ({_first_line(err)})") from None
     except OSError as err:
         raise AudioError(f"{path}: cannot be read ({_first_line(err)})") from None
+    truncated = _TRUNCATED_CHUNK.search(header_log)
+    if truncated and int(truncated.group(1)) not in _STREAMED_SIZES and int(truncated.group(1)) > int(truncated.group(2)):
+        raise AudioError(f"{path}: truncated (the header promises {truncated.group(1)} bytes of audio, "
+                         f"the file holds {truncated.group(2)})")
     return prepare_audio(data, rate, sample_rate, name=str(path))
 
 

@@ -51,7 +51,8 @@ class _TarMembers:
             raise CheckpointError(f"{path}: not a .nemo checkpoint (not a readable tar archive: {err})") from None
         self._path = path
         self._members: dict[str, tarfile.TarInfo] = {}
-        for member in self._tar.getmembers():
+        # NeMo reads the archive's top level: the shallowest member of a name wins (stable within a depth).
+        for member in sorted(self._tar.getmembers(), key=lambda m: (_safe_member_name(m.name) or "").count("/")):
             name = _safe_member_name(member.name)
             if name is None or not member.isfile():  # links, devices, folders, escaping names
                 continue

@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .audio import find_audio_files
@@ -34,7 +35,7 @@ class OutputFormat(str, Enum):
 
 
 def _fail_usage(message: str) -> None:
-    err_console.print(f"[red]error:[/red] {message}")
+    err_console.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(2)
 
 
@@ -112,7 +113,7 @@ def transcribe_command(
     _setup_logging()
     files, input_errors = expand_inputs(inputs)
     for line in input_errors:
-        err_console.print(f"[red]error:[/red] {line}")
+        err_console.print(f"[red]error:[/red] {escape(line)}")
     if not files:
         raise typer.Exit(1)
     loaded = load_or_exit(model, device, dtype, graphs, batch)
@@ -129,7 +130,7 @@ def transcribe_command(
             results[i] = transcript
             if transcript.error is not None:
                 failed += 1
-                progress.console.print(f"[red]error:[/red] {transcript.error}")
+                progress.console.print(f"[red]error:[/red] {escape(transcript.error)}")
             elif output_dir is not None:
                 target = _output_path(output_dir, files[i], inputs, "." + fmt.value)
                 try:
@@ -137,7 +138,8 @@ def transcribe_command(
                     target.write_text(_render(transcript, fmt) + "\n", encoding="utf-8")
                 except OSError as err:
                     failed += 1
-                    progress.console.print(f"[red]error:[/red] {target}: cannot write output ({err.strerror or err})")
+                    progress.console.print(f"[red]error:[/red] {escape(str(target))}: cannot write output "
+                                           f"({escape(str(err.strerror or err))})")
     elapsed = time.perf_counter() - start
 
     if output_dir is None:
@@ -158,7 +160,7 @@ def transcribe_command(
     if elapsed > 0 and audio > 0:
         summary += f" (RTFx {audio / elapsed:.1f})"
     if total > 1 or failed:
-        err_console.print(summary)
+        err_console.print(escape(summary))
     raise typer.Exit(1 if failed else 0)
 
 

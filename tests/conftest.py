@@ -1,0 +1,64 @@
+"""Shared fixtures: the NeMo-made tiny TDT checkpoint, its clips and NeMo's own outputs.
+
+Every expected number comes from `fixtures/nemo-tdt-tiny/reference.{json,npz}` (written by
+NeMo 3.0.0), never from graphscribe itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NEMO_DIR = FIXTURES / "nemo-tdt-tiny"
+NEMO_PATH = NEMO_DIR / "tdt-tiny.nemo"
+CLIPS = NEMO_DIR / "clips"
+SPEECH_CLIP = CLIPS / "librispeech_2086-149220-0033.wav"  # 7.4 s, 16 kHz mono PCM_16
+JFK_FLAC = FIXTURES / "audio" / "jfk_44k1_stereo_24bit.flac"  # 11.0 s, 44.1 kHz stereo 24-bit
+
+_REFERENCE = json.loads((NEMO_DIR / "reference.json").read_text())
+CLIP_NAMES = [clip["file"] for clip in _REFERENCE["clips"]]  # clipN in reference.npz is CLIP_NAMES[N]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip cleanly on machines without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def reference_clip(name: str) -> dict:
+    """NeMo's record for one clip: samples, feature_frames, encoder_frames, token_ids, timestamps, text."""
+    return next(clip for clip in _REFERENCE["clips"] if clip["file"] == name)
+
+
+@pytest.fixture(scope="session")
+def reference() -> dict:
+    return _REFERENCE
+
+
+@pytest.fixture(scope="session")
+def reference_arrays() -> dict[str, np.ndarray]:
+    with np.load(NEMO_DIR / "reference.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.fixture(scope="session")
+def model():
+    """The tiny NeMo checkpoint loaded once, on the CPU, decoding eagerly."""
+    from graphscribe.model import load_model
+
+    return load_model(NEMO_PATH, device="cpu", graphs=False)
+
+
+@pytest.fixture(scope="session")
+def speech_ids() -> list[int]:
+    """NeMo's token ids for SPEECH_CLIP."""
+    return reference_clip(SPEECH_CLIP.name)["token_ids"]

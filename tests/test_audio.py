@@ -1,0 +1,200 @@
+"""Audio in: formats, rates and channels people have; bad files fail alone, with a reason.
+
+Inputs are written with soundfile from the NeMo fixture clip; where the samples are
+bit-identical to the original, the tokens must be NeMo's.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+import torchaudio.functional as AF
+
+from conftest import CLIPS, JFK_FLAC, SPEECH_CLIP, reference_clip
+from graphscribe.audio import AudioError, load_audio
+
+RATE = 16000  # Hz, the model's
+SECONDS = reference_clip(SPEECH_CLIP.name)["samples"] / RATE  # 7.435 s
+
+
+@pytest.fixture(scope="module")
+def pcm16() -> np.ndarray:
+    data, rate = sf.read(SPEECH_CLIP, dtype="int16")
+    assert rate == RATE and data.ndim == 1
+    return data
+
+
+@pytest.fixture(scope="module")
+def samples() -> np.ndarray:
+    return sf.read(SPEECH_CLIP, dtype="float32")[0]
+
+
+# Lossless 16 kHz variants: written from the 16-bit source, they read back as the same float32 samples.
+LOSSLESS = [("wav", "PCM_16"), ("wav", "PCM_24"), ("wav", "PCM_32"), ("wav", "FLOAT"), ("wav", "DOUBLE"),
+            ("flac", "PCM_24"), ("flac", "PCM_16")]
+
+
+@pytest.mark.parametrize("suffix,subtype", LOSSLESS, ids=[f"{s}-{t}" for s, t in LOSSLESS])
+def test_lossless_formats_give_nemo_tokens(model, speech_ids, tmp_path, pcm16, samples, suffix, subtype):
+    path = tmp_path / f"clip_{subtype}.{suffix}"
+    data = pcm16 if subtype in ("PCM_16", "PCM_24", "PCM_32") else samples
+    sf.write(path, data, RATE, subtype=subtype)
+    loaded = load_audio(path, RATE)
+    assert loaded.dtype == torch.float32
+    assert np.array_equal(loaded.numpy(), samples)  # bit-identical, so the tokens must be NeMo's
+    [transcript] = model.transcribe([path])
+    assert transcript.error is None
+    assert transcript.token_ids == speech_ids
+
+
+LOSSY_OR_CONVERTED = [("wav", "PCM_U8"), ("ogg", "VORBIS"), ("mp3", "MPEG_LAYER_III")]
+
+
+@pytest.mark.parametrize("suffix,subtype", LOSSY_OR_CONVERTED, ids=[s for _, s in LOSSY_OR_CONVERTED])
+def test_lossy_formats_transcribe(model, tmp_path, samples, suffix, subtype):
+    if subtype not in sf.available_subtypes(suffix.upper()):
+        pytest.skip(f"this libsndfile cannot write {suffix} {subtype}")
+    path = tmp_path / f"clip.{suffix}"
+    sf.write(path, samples, RATE, subtype=subtype)
+    [transcript] = model.transcribe([path])
+    assert transcript.error is None, transcript.error
+    assert transcript.token_ids
+    assert transcript.audio_seconds == pytest.approx(SECONDS, abs=0.1)  # MP3 pads by a frame or so
+
+
+@pytest.mark.parametrize("rate", [48000, 8000, 44100])
+def test_other_rates_are_resampled(model, tmp_path, samples, rate):
+    resampled = AF.resample(torch.from_numpy(samples), RATE, rate).numpy()
+    path = tmp_path / f"clip_{rate}.wav"
+    sf.write(path, resampled, rate, subtype="FLOAT")
+    loaded = load_audio(path, RATE)
+    assert loaded.numel() / RATE == pytest.approx(SECONDS, abs=0.01)
+    [transcript] = model.transcribe([path])
+    assert transcript.error is None
+    assert transcript.audio_seconds == pytest.approx(SECONDS, abs=0.01)
+    assert transcript.token_ids
+
+
+def test_stereo_with_the_same_signal_gives_nemo_tokens(model, speech_ids, tmp_path, pcm16):
+    path = tmp_path / "stereo.wav"
+    sf.write(path, np.stack([pcm16, pcm16], axis=1), RATE, subtype="PCM_16")
+    assert sf.info(path).channels == 2
+    [transcript] = model.transcribe([path])
+    assert transcript.error is None
+    assert transcript.token_ids == speech_ids
+
+
+def test_six_channels_are_mixed_down(model, tmp_path, samples):
+    path = tmp_path / "six.wav"
+    sf.write(path, np.stack([samples] * 6, axis=1), RATE, subtype="FLOAT")
+    loaded = load_audio(path, RATE)
+    assert loaded.shape == (len(samples),)
+    np.testing.assert_allclose(loaded.numpy(), samples, atol=1e-6)
+    [transcript] = model.transcribe([path])
+    assert transcript.error is None and transcript.token_ids
+
+
+def test_jfk_flac_44k1_stereo_24bit(model):
+    info = sf.info(JFK_FLAC)
+    assert (info.samplerate, info.channels, info.subtype) == (44100, 2, "PCM_24")
+    audio = load_audio(JFK_FLAC, RATE)
+    assert audio.ndim == 1 and audio.dtype == torch.float32
+    assert audio.numel() / RATE == pytest.approx(11.0, abs=0.01)
+    [transcript] = model.transcribe([JFK_FLAC])
+    assert transcript.error is None
+    assert transcript.audio_seconds == pytest.approx(11.0, abs=0.01)
+    assert transcript.token_ids and transcript.text
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def _write_bad_files(folder, pcm16) -> dict[str, tuple[object, tuple[str, ...]]]:
+    """name -> (path, words one of which the error must contain)."""
+    bad = {}
+    bad["missing"] = (folder / "missing.wav", ("no such file", "not found", "does not exist"))
+    text = folder / "notes.wav"
+    text.write_text("these are meeting notes, not audio\n" * 20)
+    bad["text_as_wav"] = (text, ("not a readable audio", "not audio", "format"))
+    header_only = folder / "header_only.wav"
+    sf.write(header_only, pcm16, RATE, subtype="PCM_16")
+    header_only.write_bytes(header_only.read_bytes()[:30])  # cut inside the header
+    bad["cut_in_header"] = (header_only, ("not a readable audio", "truncated", "corrupt"))
+    noise = folder / "noise.flac"
+    noise.write_bytes(np.random.default_rng(0).bytes(4096))
+    bad["random_bytes_flac"] = (noise, ("not a readable audio", "format", "corrupt"))
+    empty = folder / "empty.wav"
+    sf.write(empty, np.zeros(0, np.int16), RATE, subtype="PCM_16")
+    bad["zero_samples"] = (empty, ("no samples", "empty"))
+    short = folder / "short.wav"
+    sf.write(short, pcm16[:500], RATE, subtype="PCM_16")
+    bad["shorter_than_a_frame"] = (short, ("too short",))
+    nan = folder / "nan.wav"
+    x = (pcm16 / 32768).astype(np.float32)
+    x[1000] = np.nan
+    sf.write(nan, x, RATE, subtype="FLOAT")
+    bad["nan"] = (nan, ("nan",))
+    inf = folder / "inf.wav"
+    x[1000] = np.inf
+    sf.write(inf, x, RATE, subtype="FLOAT")
+    bad["inf"] = (inf, ("infinite", "inf"))
+    return bad
+
+
+def test_bad_files_fail_alone_with_a_reason(model, reference, tmp_path, pcm16):
+    bad = _write_bad_files(tmp_path, pcm16)
+    good = [CLIPS / clip["file"] for clip in reference["clips"]]
+    pairs = itertools.zip_longest([path for path, _ in bad.values()], good)
+    items = [item for pair in pairs for item in pair if item is not None]  # bad and good interleaved
+    results = model.transcribe(items, batch_size=3)
+    assert len(results) == len(items)
+    by_path = {str(p): t for p, t in zip(items, results)}
+    for name, (path, words) in bad.items():
+        transcript = by_path[str(path)]
+        assert transcript.error is not None, f"{name}: no error"
+        assert path.name in transcript.error, f"{name}: {transcript.error!r} does not name the file"
+        assert any(w in transcript.error.lower() for w in words), f"{name}: {transcript.error!r}"
+        assert "\n" not in transcript.error
+        assert transcript.token_ids == [] and transcript.text == ""
+    for clip in reference["clips"]:
+        transcript = by_path[str(CLIPS / clip["file"])]
+        assert transcript.error is None
+        assert transcript.token_ids == clip["token_ids"]
+        assert transcript.text == clip["text"]
+
+
+def test_a_folder_is_not_a_file(model, tmp_path):
+    [transcript] = model.transcribe([tmp_path])
+    assert transcript.error is not None and tmp_path.name in transcript.error and "folder" in transcript.error
+
+
+def test_truncated_wav_is_an_error(model, speech_ids, tmp_path, pcm16):
+    path = tmp_path / "half.wav"
+    sf.write(path, pcm16, RATE, subtype="PCM_16")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # the header still says 7.4 s
+    results = model.transcribe([path, SPEECH_CLIP])
+    assert results[1].error is None and results[1].token_ids == speech_ids
+    assert results[0].error is not None
+    assert path.name in results[0].error and "truncated" in results[0].error.lower()
+
+
+@pytest.mark.parametrize("array,words", [
+    (np.zeros(0, np.float32), ("no samples",)),
+    (np.zeros(500, np.float32), ("too short",)),
+    (np.array([0.0, np.nan] * 4000, np.float32), ("nan",)),
+    (np.zeros((4000, 2, 2), np.float32), ("shape",)),
+], ids=["empty", "short", "nan", "3d"])
+def test_bad_arrays_fail_alone(model, speech_ids, samples, array, words):
+    bad, good = model.transcribe([array, samples])
+    assert bad.error is not None and any(w in bad.error.lower() for w in words), bad.error
+    assert good.error is None and good.token_ids == speech_ids
+
+
+def test_load_audio_raises_audio_error(tmp_path):
+    with pytest.raises(AudioError, match="missing.wav"):
+        load_audio(tmp_path / "missing.wav", RATE)

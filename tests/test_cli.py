@@ -1,0 +1,222 @@
+"""End to end: the real `transcribe` command in a subprocess, on the NeMo fixture.
+
+Expected text, ids and frames are NeMo's (reference.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, SPEECH_CLIP, reference_clip
+
+FRAME_SECONDS = 0.08  # 10 ms hop x 8 subsampling
+
+
+def transcribe(*args, model: str | None = str(NEMO_PATH), env: dict | None = None, cwd=None):
+    """Run `python -m graphscribe.cli ARGS [--model MODEL]` with GRAPHSCRIBE_MODEL unset unless in `env`."""
+    full_env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"}
+    full_env.update(env or {})
+    command = [sys.executable, "-m", "graphscribe.cli", *map(str, args)]
+    if model is not None:
+        command += ["--model", model]
+    return subprocess.run(command, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=120)
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def test_one_file_prints_nemo_text():
+    result = transcribe(SPEECH_CLIP)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
+    assert _error_lines(result.stderr) == []
+
+
+def test_several_files_print_path_and_text_in_order():
+    names = [CLIP_NAMES[2], CLIP_NAMES[0], CLIP_NAMES[4]]
+    result = transcribe(*[CLIPS / n for n in names], "--batch", "2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines == [f"{CLIPS / n}: {reference_clip(n)['text']}" for n in names]
+
+
+@pytest.fixture
+def clip_tree(tmp_path) -> Path:
+    """in/<clip>, in/sub/<clip>, in/sub/deeper/<clip>: all six clips spread over subfolders, plus a non-audio file."""
+    root = tmp_path / "in"
+    places = ["", "", "sub", "sub", "sub/deeper", "sub/deeper"]
+    for name, place in zip(CLIP_NAMES, places):
+        (root / place).mkdir(parents=True, exist_ok=True)
+        shutil.copy(CLIPS / name, root / place / name)
+    (root / "sub" / "README.txt").write_text("not audio, and not picked up\n")
+    return root
+
+
+def test_folder_batch_json(clip_tree):
+    result = transcribe(clip_tree, "--batch", "4", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted(Path(r["path"]).name for r in records) == sorted(CLIP_NAMES)  # found in every subfolder
+    for record in records:
+        clip = reference_clip(Path(record["path"]).name)
+        assert set(record) == {"path", "text", "audio_seconds", "seconds", "tokens"}
+        assert record["text"] == clip["text"]
+        assert record["audio_seconds"] == pytest.approx(clip["samples"] / 16000, abs=1e-4)
+        assert record["seconds"] >= 0
+        assert [t["id"] for t in record["tokens"]] == clip["token_ids"]
+        assert [t["frame"] for t in record["tokens"]] == clip["timestamps"]
+        for token in record["tokens"]:
+            assert set(token) == {"id", "piece", "frame", "start", "end"}
+            assert isinstance(token["piece"], str) and token["piece"]
+            assert token["start"] == pytest.approx(token["frame"] * FRAME_SECONDS, abs=1e-3)
+            assert token["end"] >= token["start"]
+
+
+def test_output_dir_keeps_structure_and_survives_a_bad_file(clip_tree, tmp_path):
+    bad = clip_tree / "sub" / "broken.wav"
+    bad.write_text("not audio\n")
+    single = tmp_path / "single_file.wav"  # a file given by name lands at the top of the output folder
+    shutil.copy(SPEECH_CLIP, single)
+    out = tmp_path / "out"
+    result = transcribe(clip_tree, single, "--output-dir", out, "--batch", "4")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    [error] = _error_lines(result.stderr)
+    assert "broken.wav" in error
+    places = ["", "", "sub/", "sub/", "sub/deeper/", "sub/deeper/"]
+    expected = {f"{place}{Path(name).stem}.txt": reference_clip(name)["text"] for name, place in zip(CLIP_NAMES, places)}
+    expected["single_file.txt"] = reference_clip(SPEECH_CLIP.name)["text"]
+    written = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
+    assert written == {name: text + "\n" for name, text in expected.items()}
+
+
+def test_output_dir_json_one_file_per_input(tmp_path):
+    out = tmp_path / "out"
+    result = transcribe(CLIPS / CLIP_NAMES[0], CLIPS / CLIP_NAMES[2], "--output-dir", out, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(Path(n).stem + ".json" for n in (CLIP_NAMES[0], CLIP_NAMES[2]))
+    for path in out.iterdir():
+        record = json.loads(path.read_text())
+        assert record["text"] == reference_clip(path.stem + ".wav")["text"]
+
+
+def test_bad_inputs_exit_1_and_the_good_ones_still_print(tmp_path):
+    empty_folder = tmp_path / "empty"
+    empty_folder.mkdir()
+    (empty_folder / "notes.txt").write_text("no audio here\n")
+    text_wav = tmp_path / "letter.wav"
+    text_wav.write_text("Dear reader,\n" * 10)
+    nan_wav = tmp_path / "nan.wav"
+    x = np.zeros(16000, np.float32)
+    x[5] = np.nan
+    sf.write(nan_wav, x, 16000, subtype="FLOAT")
+    short_wav = tmp_path / "blip.wav"
+    sf.write(short_wav, np.zeros(500, np.int16), 16000, subtype="PCM_16")
+    good = [CLIPS / CLIP_NAMES[0], CLIPS / CLIP_NAMES[1]]
+    bad = {tmp_path / "missing.wav": "no such file", text_wav: "not a readable audio file",
+           empty_folder: "no audio", nan_wav: "NaN", short_wav: "too short"}
+    result = transcribe(good[0], *bad, good[1], "--batch", "3")
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [f"{p}: {reference_clip(p.name)['text']}" for p in good]
+    errors = _error_lines(result.stderr)
+    assert len(errors) == len(bad)
+    for path, reason in bad.items():
+        [line] = [e for e in errors if str(path) in e]
+        assert reason in line
+    assert "2 of" in result.stderr  # the summary counts what was done
+
+
+def test_error_names_file_with_brackets(tmp_path):
+    bad = tmp_path / "notes[bold].wav"
+    bad.write_text("not audio\n")
+    result = transcribe(bad, SPEECH_CLIP)
+    assert result.returncode == 1
+    [error] = _error_lines(result.stderr)
+    assert "notes[bold].wav" in error
+
+
+def test_only_an_empty_folder_exits_1(tmp_path):
+    result = transcribe(tmp_path)
+    assert result.returncode == 1
+    [error] = _error_lines(result.stderr)
+    assert str(tmp_path) in error and "no audio" in error
+
+
+def test_no_model_is_bad_usage():
+    result = transcribe(SPEECH_CLIP, model=None)
+    assert result.returncode == 2
+    [error] = _error_lines(result.stderr)
+    assert "--model" in error and "GRAPHSCRIBE_MODEL" in error
+    assert result.stdout == ""
+
+
+def test_bad_dtype_is_bad_usage():
+    result = transcribe(SPEECH_CLIP, "--dtype", "int7")
+    assert result.returncode == 2
+    [error] = _error_lines(result.stderr)
+    assert "int7" in error
+
+
+def test_missing_model_file_is_bad_usage(tmp_path):
+    result = transcribe(SPEECH_CLIP, model=str(tmp_path / "nope.nemo"))
+    assert result.returncode == 2
+    [error] = _error_lines(result.stderr)
+    assert "nope.nemo" in error and "Traceback" not in result.stderr
+
+
+def test_model_from_environment():
+    result = transcribe(SPEECH_CLIP, model=None, env={"GRAPHSCRIBE_MODEL": str(NEMO_PATH)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_graphs_on_cpu_notes_once_and_transcribes():
+    result = transcribe(SPEECH_CLIP, "--graphs", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
+    notes = [line for line in result.stderr.splitlines() if "graph" in line.lower()]
+    assert len(notes) == 1 and notes[0].startswith("note:")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_cuda_on_cpu_machine_warns_and_runs():
+    result = transcribe(SPEECH_CLIP, "--device", "cuda")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "CUDA" in warnings[0] and "CPU" in warnings[0]
+
+
+@pytest.mark.gpu
+def test_cuda_with_graphs_gives_nemo_text():
+    result = transcribe(SPEECH_CLIP, "--device", "cuda", "--graphs")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
+
+
+def test_bench_help():
+    result = transcribe("bench", "--help", model=None)
+    assert result.returncode == 0, result.stderr
+    assert "Usage: transcribe bench" in result.stdout
+
+
+def test_installed_script_runs():
+    script = shutil.which("transcribe", path=sysconfig.get_path("scripts")) or shutil.which("transcribe")
+    if script is None:
+        pytest.skip("the transcribe script is not installed")
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--model" in result.stdout and "--output-dir" in result.stdout
