@@ -37,12 +37,13 @@ def main() -> None:
     ap.add_argument("--nemo-path", default="", help="folder with NeMo and its dependencies, put on PYTHONPATH for NeMo")
     ap.add_argument("--nemo-python", default=sys.executable, help="the Python that runs NeMo")
     ap.add_argument("--device", default="cuda", help="cuda (both decoders with and without graphs) or cpu (eager only)")
+    ap.add_argument("--compile", action="store_true", help="graphscribe with its torch.compile'd decode step")
     ap.add_argument("--out", type=Path, required=True, help="folder for the tier WAVs, JSON and the Markdown table")
     args = ap.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
 
-    model = gs.load_model(args.model, device=args.device, dtype=args.dtype, graphs=True)
+    model = gs.load_model(args.model, device=args.device, dtype=args.dtype, graphs=True, compile=args.compile)
     wavs = []
     for tier in tier_clips(model):
         path = args.out / f"tier-{tier.name.replace(' ', '')}.wav"
@@ -58,6 +59,7 @@ def main() -> None:
 
     tiers = tier_clips(model, wavs)  # the very samples NeMo read
     ours = run_bench(model, tiers, sizes, args.reps, [False, True] if model.device.type == "cuda" else [False])
+    ours["nemo"] = {k: v for k, v in nemo.items() if k != "results"}
     (args.out / "graphscribe.json").write_text(json.dumps(ours, indent=1) + "\n")
     table = side_by_side(ours, nemo)
     (args.out / "compare.md").write_text(table + "\n")
@@ -66,7 +68,8 @@ def main() -> None:
 
 def side_by_side(ours: dict, nemo: dict) -> str:
     by_key = {(Path(r["clip"]).name, r["batch"], r["mode"]): r for r in nemo["results"]}
-    lines = [f"{ours['device']}, {ours['dtype']}, torch {ours['torch']}, NeMo {nemo['nemo_version']}; "
+    lines = [f"{ours['device']}, {ours['dtype']}{', compiled step' if ours.get('compile') else ''}, "
+             f"torch {ours['torch']}, NeMo {nemo['nemo_version']}; "
              f"decode only (encoder output given), median of {ours['reps']} in ms", "",
              "| clip | B | NeMo full graph | NeMo no graphs | graphscribe graphs | graphscribe eager "
              "| graphscribe vs NeMo graph | same tokens as NeMo |",

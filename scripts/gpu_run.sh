@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU session in one command (run on the lent H100 from the repo root, with .whl and .whl-nemo carried):
-#   bash scripts/gpu_run.sh            # writes its logs and JSON under $OUT (or ./gpu-out)
+#   bash scripts/gpu_run.sh                                  # all parts; logs and JSON under $OUT (or ./gpu-out)
+#   COMPILE=--compile bash scripts/gpu_run.sh checkpoint compare bench   # some parts, compiled decode step
 # 1. a calibrated parakeet-tdt-0.6b-v3-shaped checkpoint; 2. graphscribe against NeMo 3.0 on the same checkpoint
 # and clips; 3. the GPU tests; 4. graphscribe bench, float32 and bfloat16; 5. the step profile (and torch.compile'd).
 set -uo pipefail
@@ -24,15 +25,31 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log everything
 }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } | tee -a "$log"
-step checkpoint 150 python3 scripts/make_checkpoint.py parakeet-tdt-0.6b-v3 $ckpt \
-    --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
-step "compare with NeMo" 120 python3 scripts/compare_nemo.py --model $ckpt --nemo-path /tmp/nemo-site \
-    --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare
-cp /tmp/compare/compare.md "$OUT/compare-nemo-float32.md"; cp /tmp/compare/nemo.json "$OUT/nemo-float32.json"; cp /tmp/compare/graphscribe.json "$OUT/compare-graphscribe-float32.json"
-step "gpu tests" 90 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -m gpu tests/test_gpu.py
-for dtype in float32 bfloat16; do
-    step "bench $dtype" 90 python3 -m graphscribe.cli bench --model $ckpt --dtype $dtype --reps 5 \
-        --batch-sizes 1,8 --json "$OUT/bench-$dtype.json"
+run_checkpoint() {
+    step checkpoint 150 python3 scripts/make_checkpoint.py parakeet-tdt-0.6b-v3 $ckpt \
+        --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
+}
+run_compare() {  # COMPILE=--compile: graphscribe with its compiled step
+    local tag=float32${COMPILE:+-compiled}
+    step "compare with NeMo" 150 python3 scripts/compare_nemo.py --model $ckpt --nemo-path /tmp/nemo-site \
+        --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare ${COMPILE:-}
+    cp /tmp/compare/compare.md "$OUT/compare-nemo-$tag.md"
+    cp /tmp/compare/nemo.json "$OUT/nemo-$tag.json"
+    cp /tmp/compare/graphscribe.json "$OUT/compare-graphscribe-$tag.json"
+}
+run_tests() {
+    step "gpu tests" 90 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -m gpu tests/test_gpu.py
+}
+run_bench() {
+    for dtype in float32 bfloat16; do
+        step "bench $dtype" 120 python3 -m graphscribe.cli bench --model $ckpt --dtype $dtype --reps 5 \
+            --batch-sizes 1,8 --json "$OUT/bench-$dtype${COMPILE:+-compiled}.json" ${COMPILE:-}
+    done
+}
+run_profile() {
+    step "profile" 90 python3 scripts/profile_step.py --model $ckpt --dtype float32 --batch 1 ${COMPILE:-}
+}
+
+for what in "${@:-checkpoint compare tests bench profile}"; do
+    for part in $what; do "run_$part"; done
 done
-step "profile" 40 python3 scripts/profile_step.py --model $ckpt --dtype float32 --batch 1
-step "profile compiled" 120 python3 scripts/profile_step.py --model $ckpt --dtype float32 --batch 1 --compile

@@ -95,6 +95,9 @@ def main():
                     help="default: cudagraph and nograph on cuda, nograph on cpu")
     ap.add_argument("--max-symbols", type=int, default=None, help="default: the checkpoint's decoding config")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tf32", action="store_true",
+                    help="let cuDNN use TF32 in float32 (PyTorch's default); off by default, as in graphscribe, "
+                         "so that both compute the same float32 encoder output")
     ap.add_argument("--check-reference", default=None,
                     help="reference.json of a fixture: compare row-0 token ids of every B and mode")
     args = ap.parse_args()
@@ -110,6 +113,8 @@ def main():
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda but CUDA is not available")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    if dtype == torch.float32 and not args.tf32:
+        torch.backends.cudnn.allow_tf32 = False
     modes = args.modes or (["cudagraph", "nograph"] if device.type == "cuda" else ["nograph"])
 
     t0 = time.perf_counter()

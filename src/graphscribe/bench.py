@@ -85,7 +85,8 @@ def _peak_mb(device: torch.device) -> float | None:
 
 
 def _decoder(model, graphs: bool) -> GreedyDecoder:
-    return GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs)
+    return GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs,
+                         compile=model.options.compile)
 
 
 def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes: list[bool]) -> dict:
@@ -95,6 +96,7 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
         "model": model.source,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(model.dtype).removeprefix("torch."),
+        "compile": model.options.compile,
         "torch": torch.__version__,
         "graphscribe": __version__,
         "reps": reps,
@@ -158,7 +160,8 @@ def print_table(report: dict, console: Console) -> None:
     if graphed_rows:
         columns += ["graphs ms (min-max)", "us/step", "speedup", "capture ms"]
     columns += ["peak MB", "same"]
-    table = Table(title=f"graphscribe bench: {report['device']}, {report['dtype']}, median of {report['reps']}")
+    compiled = ", compiled step" if report.get("compile") else ""
+    table = Table(title=f"graphscribe bench: {report['device']}, {report['dtype']}{compiled}, median of {report['reps']}")
     for column in columns:
         table.add_column(column, justify="left" if column in ("tier", "what") else "right", no_wrap=True)
     for tier in report["tiers"]:

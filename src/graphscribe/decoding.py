@@ -152,6 +152,24 @@ def steps_lower_bound(buf: DecodeBuffers) -> torch.Tensor:
     return (remaining + per_step - 1) // per_step
 
 
+_compiled = None
+
+
+def compiled_step():
+    """`decode_step` through torch.compile: its small integer and mask kernels fused into a few.
+
+    Compiles once per batch shape, on first use (seconds); if compilation fails, dynamo runs the
+    step as written.
+    """
+    global _compiled
+    if _compiled is None:
+        import torch._dynamo
+
+        torch._dynamo.config.suppress_errors = True  # an optimisation must never stop a transcription
+        _compiled = torch.compile(decode_step, dynamic=False)
+    return _compiled
+
+
 def default_window(n: int) -> int:
     """Frames looked at per step: the joint's matrix product stays about as cheap as one frame's."""
     return max(1, min(8, 64 // n))
@@ -161,7 +179,7 @@ class GreedyDecoder:
     """Batched greedy decoding of encoder output; `graphs=True` replays captured CUDA graphs (CUDA only)."""
 
     def __init__(self, prediction: PredictionNet, joint: Joint, cfg: DecodingConfig, graphs: bool,
-                 window: int | None = None):
+                 window: int | None = None, compile: bool = False):
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
         # cuDNN wants the LSTM weights in one chunk (lost by .to(dtype)); otherwise it copies them at every
         # call, which also breaks graph capture.
@@ -172,7 +190,8 @@ class GreedyDecoder:
         self._buffers: dict[int, DecodeBuffers] = {}  # by batch size N
         self._captured: dict = {}  # CapturedSteps by batch size N, for the buffers above; they share a pool
         self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
-        self.step_fn = decode_step  # the one step function, eager and captured (experiments may wrap it)
+        self.compile = compile
+        self.step_fn = compiled_step() if compile else decode_step  # the one step, eager and captured
 
     def _step(self, buf: DecodeBuffers) -> None:
         self.step_fn(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)

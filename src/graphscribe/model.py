@@ -152,8 +152,8 @@ class Model:
         self.source = source
         self.device = resolve_device(options.device)
         self.dtype = resolve_dtype(options.dtype, self.device)
-        if options.graphs and self.device.type != "cuda":
-            options = replace(options, graphs=False)  # graphs need CUDA; the CLI says so when asked
+        if self.device.type != "cuda":
+            options = replace(options, graphs=False, compile=False)  # CUDA only; the CLI says so when asked
         self.options = options
         if self.device.type == "cuda" and self.dtype == torch.float32:
             # float32 means float32: cuDNN would otherwise run the encoder's convolutions in TF32,
@@ -161,13 +161,17 @@ class Model:
             torch.backends.cudnn.allow_tf32 = False
         self.module = module.to_inference(self.device, self.dtype)
         self.tokenizer = tokenizer
-        self.decoder = GreedyDecoder(module.decoder, module.joint, self.cfg.decoding, graphs=options.graphs)
+        self.decoder = self._new_decoder()
         self.min_samples = self.cfg.features.hop_length * self.cfg.encoder.subsampling_factor
 
     def use_graphs(self, enabled: bool) -> None:
         """Decode with (CUDA only) or without captured graphs from now on: a fresh decoder, fresh captures."""
         self.options = replace(self.options, graphs=enabled and self.device.type == "cuda")
-        self.decoder = GreedyDecoder(self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs)
+        self.decoder = self._new_decoder()
+
+    def _new_decoder(self) -> GreedyDecoder:
+        return GreedyDecoder(self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs,
+                             compile=self.options.compile)
 
     @property
     def sample_rate(self) -> int:
@@ -268,7 +272,7 @@ def _name(item) -> str:
 
 
 def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
-               batch_size: int = 1) -> Model:
+               batch_size: int = 1, compile: bool = False) -> Model:
     """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id."""
     checkpoint = read_checkpoint(source)
     cfg = model_config_from_nemo(checkpoint.config)
@@ -278,5 +282,5 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
                               f"the decoder expects {cfg.prediction.vocab_size}")
     module = Transducer(cfg)
     load_state(module, checkpoint.state_dict, checkpoint.source)
-    options = RunOptions(device=device, dtype=dtype, graphs=graphs, batch_size=batch_size)
+    options = RunOptions(device=device, dtype=dtype, graphs=graphs, batch_size=batch_size, compile=compile)
     return Model(module, tokenizer, options, checkpoint.source)
