@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--nemo-python", default=sys.executable, help="the Python that runs NeMo")
     ap.add_argument("--device", default="cuda", help="cuda (both decoders with and without graphs) or cpu (eager only)")
     ap.add_argument("--compile", action="store_true", help="graphscribe with its torch.compile'd decode step")
+    ap.add_argument("--nemo-tf32", action="store_true",
+                    help="NeMo with PyTorch's default TF32 convolutions (faster, other float32 encoder output)")
     ap.add_argument("--out", type=Path, required=True, help="folder for the tier WAVs, JSON and the Markdown table")
     args = ap.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",")]
@@ -54,7 +56,8 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=args.nemo_path)  # NeMo's own packages only: ours may not suit its pins
     subprocess.run([args.nemo_python, str(Path(__file__).with_name("nemo_peer.py")), "--model", args.model,
                     "--clips", *map(str, wavs), "--batch-sizes", *map(str, sizes), "--reps", str(args.reps),
-                    "--device", args.device, "--dtype", args.dtype, "--json", str(nemo_json)], check=True, env=env)
+                    "--device", args.device, "--dtype", args.dtype, "--json", str(nemo_json)]
+                   + (["--tf32"] if args.nemo_tf32 else []), check=True, env=env)
     nemo = json.loads(nemo_json.read_text())
 
     tiers = tier_clips(model, wavs)  # the very samples NeMo read
@@ -69,7 +72,7 @@ def main() -> None:
 def side_by_side(ours: dict, nemo: dict) -> str:
     by_key = {(Path(r["clip"]).name, r["batch"], r["mode"]): r for r in nemo["results"]}
     lines = [f"{ours['device']}, {ours['dtype']}{', compiled step' if ours.get('compile') else ''}, "
-             f"torch {ours['torch']}, NeMo {nemo['nemo_version']}; "
+             f"torch {ours['torch']}, NeMo {nemo['nemo_version']}{' with TF32' if nemo.get('tf32') else ''}; "
              f"decode only (encoder output given), median of {ours['reps']} in ms", "",
              "| clip | B | NeMo full graph | NeMo no graphs | graphscribe graphs | graphscribe eager "
              "| graphscribe vs NeMo graph | same tokens as NeMo |",

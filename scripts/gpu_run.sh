@@ -29,10 +29,10 @@ run_checkpoint() {
     step checkpoint 150 python3 scripts/make_checkpoint.py parakeet-tdt-0.6b-v3 $ckpt \
         --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
 }
-run_compare() {  # COMPILE=--compile: graphscribe with its compiled step
-    local tag=float32${COMPILE:+-compiled}
+run_compare() {  # COMPILE=--compile: graphscribe with its compiled step; NEMO_TF32=--nemo-tf32: NeMo's default TF32
+    local tag=float32${COMPILE:+-compiled}${NEMO_TF32:+-nemo-tf32}
     step "compare with NeMo" 150 python3 scripts/compare_nemo.py --model $ckpt --nemo-path /tmp/nemo-site \
-        --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare ${COMPILE:-}
+        --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare ${COMPILE:-} ${NEMO_TF32:-}
     cp /tmp/compare/compare.md "$OUT/compare-nemo-$tag.md"
     cp /tmp/compare/nemo.json "$OUT/nemo-$tag.json"
     cp /tmp/compare/graphscribe.json "$OUT/compare-graphscribe-$tag.json"

@@ -210,6 +210,7 @@ def main():
     out = dict(
         tool="nemo_peer",
         nemo_version=nemo.__version__,
+        tf32=bool(torch.backends.cudnn.allow_tf32),
         torch_version=torch.__version__,
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         dtype=args.dtype,
