@@ -40,8 +40,9 @@ import torch.nn.functional as F
 import torchaudio.functional as AF
 from torch.nn.utils.rnn import pad_sequence
 
+from graphscribe.checkpoint import read_checkpoint
 from graphscribe.config import model_config_from_nemo
-from graphscribe.model import Transducer, load_model
+from graphscribe.model import Transducer, load_model, load_state
 
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -242,15 +243,21 @@ def spec_augment(features: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------- model and loss
 
 
-def build_model(seed: int, device: torch.device) -> tuple[Transducer, torch.nn.Linear, dict]:
+def build_model(seed: int, device: torch.device, init=None) -> tuple[Transducer, torch.nn.Linear, dict]:
+    """The demo Transducer: random, or the weights of `init` (a graphscribe Checkpoint) to train on."""
     config = mc.preset_config(PRESET, seed)
     cfg = model_config_from_nemo(config)
     torch.manual_seed(seed)
     module = Transducer(cfg)
+    if init is not None:
+        load_state(module, {k: v.float() if v.is_floating_point() else v for k, v in init.state_dict.items()},
+                   init.source)
     feats = cfg.features
     fb = mc.mel_filterbank(feats.sample_rate, feats.n_fft, feats.n_mels, 0.0, feats.sample_rate / 2)
     module.preprocessor.featurizer.fb.copy_(torch.from_numpy(fb)[None])
     module.preprocessor.featurizer.window.copy_(torch.hann_window(feats.win_length, periodic=False))
+    if init is not None:
+        return module.to(device), torch.nn.Linear(cfg.encoder.d_model, VOCAB + 1).to(device), config
     ctc_head = torch.nn.Linear(cfg.encoder.d_model, VOCAB + 1)  # training only: not exported
     return module.to(device), ctc_head.to(device), config
 
@@ -397,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--utterances", type=int, help="override the number of training utterances")
     parser.add_argument("--max-return-mb", type=float, default=15.5, help="split the .nemo in $OUT into parts above this")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", type=Path, help="continue training this .nemo (its weights and tokenizer); "
+                        "use another --seed for fresh utterances")
     args = parser.parse_args(argv)
     settings = SMOKE if args.smoke else GPU
     if args.train_seconds:
@@ -416,7 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     pool, clips_iter = speech.start_synthesis(root, train_texts + held_texts, train_voices + held_voices, settings.workers)
     arrivals = Arrivals(clips_iter)  # fork happened above, before CUDA starts
 
-    tokenizer_model = train_tokenizer(corpus, args.seed)
+    init = read_checkpoint(args.init) if args.init else None
+    if init is not None:  # continue: the same pieces, a shorter warm-up from a lower peak
+        settings.lr, settings.warmup = 1e-3, 0.03
+    tokenizer_model = init.tokenizer_model if init is not None else train_tokenizer(corpus, args.seed)
     sp = spm.SentencePieceProcessor(model_proto=tokenizer_model)
     token_lists = [sp.encode(speech.normalize(t)) for t in train_texts]
     log(f"tokenizer: {sp.get_piece_size()} pieces; {sum(map(len, token_lists)) / len(token_lists):.1f} tokens per utterance")
@@ -424,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True  # training only; the evaluation's loader sets its own
     torch.backends.cudnn.allow_tf32 = True
-    module, ctc_head, config = build_model(args.seed, device)
+    module, ctc_head, config = build_model(args.seed, device, init)
     n_params = sum(p.numel() for p in module.parameters())
     n_encoder = sum(p.numel() for p in module.encoder.parameters())
     log(f"model: {n_params / 1e6:.2f} M parameters ({n_encoder / 1e6:.2f} M encoder) on {device}")

@@ -154,12 +154,12 @@ def test_only_an_empty_folder_exits_1(tmp_path):
     assert str(tmp_path) in error and "no audio" in error
 
 
-def test_no_model_is_bad_usage():
+def test_no_model_uses_the_demo_and_says_so():
     result = transcribe(SPEECH_CLIP, model=None)
-    assert result.returncode == 2
-    [error] = _error_lines(result.stderr)
-    assert "--model" in error and "GRAPHSCRIBE_MODEL" in error
-    assert result.stdout == ""
+    assert result.returncode == 0, result.stderr
+    [note] = [line for line in result.stderr.splitlines() if "demo" in line]
+    assert "--model" in note and "parakeet" in note
+    assert result.stdout.strip()
 
 
 def test_bad_dtype_is_bad_usage():

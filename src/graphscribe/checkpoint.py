@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 import torch
 import yaml
 
+DEMO_NAME = "demo"  # the small model shipped in the package (graphscribe/data/demo.nemo)
 CONFIG_NAME = "model_config.yaml"
 WEIGHTS_NAME = "model_weights.ckpt"
 _HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -89,13 +90,21 @@ class _FolderMembers:
 
 
 def resolve_model_path(source: str) -> Path:
-    """A local `.nemo` file or folder for `source`; Hugging Face repo ids go through its cache."""
+    """A local `.nemo` file or folder for `source`; `demo` is the bundled model; Hugging Face ids go through its cache."""
+    if source == DEMO_NAME:
+        return demo_path()
     path = Path(os.path.expanduser(source))
     if path.exists():
         return path
     if not _HF_REPO_ID.match(source) or source.endswith(".nemo"):
         raise CheckpointError(f"{source}: no such file or folder")
     return _download_from_hub(source)
+
+
+def demo_path() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("graphscribe") / "data" / "demo.nemo"))
 
 
 def _download_from_hub(repo_id: str) -> Path:

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .audio import find_audio_files
-from .checkpoint import CheckpointError
+from .checkpoint import DEMO_NAME, CheckpointError
 from .config import UnsupportedModelError
 from .tokenizer import TokenizerError
 
@@ -53,10 +53,11 @@ def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is."""
     from .model import load_model
 
-    source = model or os.environ.get(MODEL_ENV)
-    if not source:
-        _fail_usage(f"no model given: pass --model (a .nemo file, a checkpoint folder or a Hugging Face id such as "
-                    f"nvidia/parakeet-tdt-0.6b-v3) or set {MODEL_ENV}")
+    source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
+    if source == DEMO_NAME:
+        err_console.print("note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
+                          "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
+                          f"or a .nemo file, or set {MODEL_ENV}")
     try:
         loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch,
                             compile=compile)
@@ -105,7 +106,7 @@ def _render(transcript, fmt: OutputFormat) -> str:
 
 def transcribe_command(
     inputs: List[Path] = typer.Argument(..., help="Audio files or folders (searched recursively).", show_default=False),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help=f".nemo file, checkpoint folder or Hugging Face repo id [env: {MODEL_ENV}]"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=f".nemo file, checkpoint folder, Hugging Face repo id, or 'demo' [env: {MODEL_ENV}; default: demo]"),
     batch: int = typer.Option(1, "--batch", "-b", min=1, help="Files per batch."),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option("auto", help="auto (float32) | float32 | bfloat16 | float16"),
@@ -171,7 +172,7 @@ def transcribe_command(
 
 def bench_command(
     clips: List[Path] = typer.Argument(None, help="Clips to benchmark (default: 7.4 s, 23 s and 77 s tiers of real speech).", show_default=False),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help=f".nemo file, checkpoint folder or Hugging Face repo id [env: {MODEL_ENV}]"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=f".nemo file, checkpoint folder, Hugging Face repo id, or 'demo' [env: {MODEL_ENV}; default: demo]"),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option("auto", help="auto (float32) | float32 | bfloat16 | float16"),
     reps: int = typer.Option(5, min=1, help="Timed repetitions per row (median reported)."),
