@@ -24,7 +24,8 @@ class FeatureConfig:
     n_fft: int = 512  # samples
     win_length: int = 400  # samples, 25 ms
     hop_length: int = 160  # samples, 10 ms
-    preemph: float = 0.97
+    preemph: float = 0.97  # 0: none
+    mag_power: float = 2.0  # |STFT| ** mag_power
     log_zero_guard: float = 2**-24
     std_guard: float = 1e-5  # added to the per-feature std
 
@@ -146,6 +147,26 @@ def _int(section: dict, key: str, default: Any = None, where: str = "") -> int:
         raise UnsupportedModelError(f"config {where}.{key} should be a number, got {value!r}") from None
 
 
+def _float(section: dict, key: str, default: float, where: str) -> float:
+    """A float switch; null (as NeMo writes "off") reads as 0."""
+    value = section.get(key, default)
+    try:
+        return 0.0 if value is None else float(value)
+    except (TypeError, ValueError):
+        raise UnsupportedModelError(f"config {where}.{key} should be a number, got {value!r}") from None
+
+
+def _log_zero_guard(value) -> float:
+    """NeMo's log_zero_guard_value: a number, or 'tiny' / 'eps' of float32."""
+    named = {"tiny": 1.1754943508222875e-38, "eps": 1.1920928955078125e-07}
+    if isinstance(value, str) and value in named:
+        return named[value]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UnsupportedModelError(f"config preprocessor.log_zero_guard_value={value!r} is not a number") from None
+
+
 def model_config_from_nemo(raw: dict) -> ModelConfig:
     """Build a `ModelConfig` from NeMo's `model_config.yaml` (already parsed)."""
     cfg = resolve_interpolations(raw, raw)
@@ -160,6 +181,9 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
              f"preprocessor normalize={pre.get('normalize')!r} is not supported (only per_feature)")
     _require(int(pre.get("frame_splicing", 1) or 1) == 1, "preprocessor frame_splicing > 1 is not supported")
     _require(pre.get("log", True) is True, "preprocessor log=false is not supported")
+    _require(pre.get("log_zero_guard_type", "add") == "add",
+             f"preprocessor log_zero_guard_type={pre.get('log_zero_guard_type')!r} is not supported (only add)")
+    _require(not pre.get("exact_pad", False), "preprocessor exact_pad=true is not supported")
     sample_rate = _int(pre, "sample_rate", cfg.get("sample_rate", 16000), "preprocessor")
     features = FeatureConfig(
         sample_rate=sample_rate,
@@ -167,6 +191,9 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         n_fft=_int(pre, "n_fft", 512, "preprocessor"),
         win_length=round(float(pre.get("window_size", 0.025)) * sample_rate),
         hop_length=round(float(pre.get("window_stride", 0.01)) * sample_rate),
+        preemph=_float(pre, "preemph", 0.97, "preprocessor"),
+        mag_power=_float(pre, "mag_power", 2.0, "preprocessor"),
+        log_zero_guard=_log_zero_guard(pre.get("log_zero_guard_value", 2**-24)),
     )
 
     _require(_short_target(enc) == "ConformerEncoder", f"encoder {_short_target(enc) or '?'} is not supported (only ConformerEncoder)")
@@ -181,6 +208,11 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
     _require(enc.get("untie_biases", True) is True, "encoder untie_biases=false is not supported")
     _require(not enc.get("causal_downsampling", False), "encoder causal_downsampling is not supported")
     _require(int(enc.get("feat_out", -1) or -1) == -1, "encoder feat_out (an output projection) is not supported")
+    _require(enc.get("reduction") in (None, "null"), f"encoder reduction={enc.get('reduction')!r} is not supported")
+    _require(not enc.get("global_tokens", 0), "encoder global_tokens (Longformer attention) is not supported")
+    _require(enc.get("conv_context_size") in (None, "null") or
+             list(enc["conv_context_size"]) == [(int(enc.get("conv_kernel_size", 31)) - 1) // 2] * 2,
+             f"encoder conv_context_size={enc.get('conv_context_size')!r} is not supported (only symmetric)")
     d_model = _int(enc, "d_model", where="encoder")
     channels = _int(enc, "subsampling_conv_channels", -1, "encoder")
     encoder = EncoderConfig(
@@ -215,9 +247,14 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
     jointnet = joint.get("jointnet") or {}
     _require(jointnet.get("activation", "relu") == "relu",
              f"joint activation={jointnet.get('activation')!r} is not supported (only relu)")
-    model_type = str(decoding.get("model_type", "tdt" if "durations" in decoding else "rnnt"))
-    durations = tuple(int(d) for d in (decoding.get("durations") or [])) if model_type == "tdt" else ()
     num_extra = _int(joint, "num_extra_outputs", 0, "joint")
+    listed = (decoding.get("durations") or (cfg.get("model_defaults") or {}).get("tdt_durations")
+              or ((cfg.get("loss") or {}).get("tdt_kwargs") or {}).get("durations") or [])
+    model_type = str(decoding.get("model_type") or ("tdt" if num_extra and listed else "rnnt"))
+    try:
+        durations = tuple(int(d) for d in listed) if model_type == "tdt" else ()
+    except (TypeError, ValueError):
+        raise UnsupportedModelError(f"TDT durations {listed!r} are not a list of whole numbers") from None
     _require(num_extra == len(durations),
              f"joint has {num_extra} extra outputs but decoding lists {len(durations)} TDT durations")
     _require(model_type in ("tdt", "rnnt"), f"decoding model_type={model_type!r} is not supported (tdt or rnnt)")
@@ -233,6 +270,8 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
     )
     _require(joint_cfg.vocab_size == prediction.vocab_size,
              f"joint num_classes={joint_cfg.vocab_size} does not match decoder vocab_size={prediction.vocab_size}")
+    tokenizer_type = (cfg.get("tokenizer") or {}).get("type", "bpe")
+    _require(tokenizer_type == "bpe", f"tokenizer type {tokenizer_type!r} is not supported (only SentencePiece bpe)")
     greedy = decoding.get("greedy") or {}
     max_symbols = greedy.get("max_symbols", greedy.get("max_symbols_per_step", 10))
     return ModelConfig(

@@ -33,7 +33,8 @@ class LogMel(nn.Module):
         audio = audio.float()  # (B, L)
         frames = feature_lengths(num_samples, cfg.hop_length)  # (B,)
         valid = torch.arange(audio.shape[1], device=audio.device)[None, :] < num_samples[:, None]  # (B, L)
-        audio = torch.cat([audio[:, :1], audio[:, 1:] - cfg.preemph * audio[:, :-1]], dim=1)
+        if cfg.preemph:
+            audio = torch.cat([audio[:, :1], audio[:, 1:] - cfg.preemph * audio[:, :-1]], dim=1)
         audio = audio.masked_fill(~valid, 0.0)
         spec = torch.stft(
             audio,
@@ -45,7 +46,7 @@ class LogMel(nn.Module):
             pad_mode="constant",
             return_complex=True,
         )  # (B, n_fft // 2 + 1, T)
-        power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(2)  # NeMo's |X| then ^2, for bit-equality
+        power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(cfg.mag_power)  # NeMo's |X| then ^p: bit-equal
         mel = torch.matmul(self.fb, power)  # (B, n_mels, T)
         logmel = torch.log(mel + cfg.log_zero_guard)
         features = _normalize_per_feature(logmel, frames, cfg.std_guard)

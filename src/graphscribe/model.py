@@ -27,6 +27,7 @@ from .tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 _MODULES = ("preprocessor", "encoder", "decoder", "joint")  # state-dict prefixes we load; others are ignored
+_DERIVED = ("encoder.pos_enc.pe",)  # buffers older NeMo versions saved; recomputed here
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -62,7 +63,7 @@ class Transducer(nn.Module):
 def load_state(module: Transducer, state_dict: dict[str, torch.Tensor], source: str) -> None:
     """Strict loading of our modules' weights, with one line naming what is missing or misshapen."""
     wanted = module.state_dict()
-    given = {k: v for k, v in state_dict.items() if k.split(".", 1)[0] in _MODULES}
+    given = {k: v for k, v in state_dict.items() if k.split(".", 1)[0] in _MODULES and k not in _DERIVED}
     missing = [k for k in wanted if k not in given]
     unexpected = [k for k in given if k not in wanted]
     if missing or unexpected:

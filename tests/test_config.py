@@ -1,0 +1,93 @@
+"""Reading NeMo's model_config.yaml: the switches that real checkpoints of the family write differently."""
+
+from __future__ import annotations
+
+import copy
+import tarfile
+
+import pytest
+import torch
+import yaml
+
+from conftest import NEMO_PATH
+from graphscribe.config import UnsupportedModelError, model_config_from_nemo
+from graphscribe.features import LogMel
+from graphscribe.model import Transducer, load_state
+
+
+@pytest.fixture(scope="module")
+def nemo_config() -> dict:
+    with tarfile.open(NEMO_PATH) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("model_config.yaml"))
+        return yaml.safe_load(tar.extractfile(member).read())
+
+
+def changed(config: dict, **sections) -> dict:
+    out = copy.deepcopy(config)
+    for section, values in sections.items():
+        for key, value in values.items():
+            if value is None and key.startswith("-"):
+                out[section].pop(key[1:], None)
+            else:
+                out[section][key] = value
+    return out
+
+
+def test_durations_from_model_defaults_interpolation(nemo_config):
+    config = changed(nemo_config, decoding={"durations": "${model.model_defaults.tdt_durations}"})
+    assert model_config_from_nemo(config).decoding.durations == (0, 1, 2, 3, 4)
+
+
+def test_tdt_without_model_type_or_durations_in_decoding(nemo_config):
+    config = changed(nemo_config, decoding={"-model_type": None, "-durations": None})
+    cfg = model_config_from_nemo(config)  # durations from model_defaults / loss, 5 extra joint outputs
+    assert cfg.decoding.durations == (0, 1, 2, 3, 4)
+
+
+def test_rnnt_when_the_joint_has_no_extra_outputs(nemo_config):
+    config = changed(nemo_config, decoding={"-model_type": None, "-durations": None}, joint={"num_extra_outputs": 0})
+    config.pop("model_defaults")
+    config.pop("loss")
+    assert model_config_from_nemo(config).decoding.durations == ()
+
+
+def test_null_max_symbols_falls_back_to_ten(nemo_config):
+    config = changed(nemo_config, decoding={"greedy": {"max_symbols": None}})
+    assert model_config_from_nemo(config).decoding.max_symbols == 10
+
+
+def test_preprocessor_switches_are_honoured(nemo_config):
+    cfg = model_config_from_nemo(changed(nemo_config, preprocessor={"preemph": None, "mag_power": 1.0,
+                                                                     "log_zero_guard_value": "tiny"}))
+    assert cfg.features.preemph == 0 and cfg.features.mag_power == 1.0 and cfg.features.log_zero_guard < 1e-37
+    default = model_config_from_nemo(nemo_config).features
+    audio = torch.randn(1, 16000)
+    lengths = torch.tensor([16000])
+    a, _ = LogMel(default)(audio, lengths)
+    b, _ = LogMel(cfg.features)(audio, lengths)
+    assert not torch.allclose(a, b)
+
+
+@pytest.mark.parametrize("section,key,value,named", [
+    ("encoder", "reduction", "pooling", "reduction"),
+    ("encoder", "global_tokens", 4, "global_tokens"),
+    ("encoder", "conv_context_size", "causal", "conv_context_size"),
+    ("preprocessor", "exact_pad", True, "exact_pad"),
+    ("preprocessor", "log_zero_guard_type", "clamp", "log_zero_guard_type"),
+    ("tokenizer", "type", "wpe", "tokenizer"),
+    ("decoding", "durations", ["a", "b"], "durations"),
+])
+def test_unsupported_switches_are_named(nemo_config, section, key, value, named):
+    with pytest.raises(UnsupportedModelError, match=named):
+        model_config_from_nemo(changed(nemo_config, **{section: {key: value}}))
+
+
+def test_symmetric_conv_context_is_accepted(nemo_config):
+    model_config_from_nemo(changed(nemo_config, encoder={"conv_context_size": [4, 4]}))
+
+
+def test_saved_positional_buffer_is_ignored(nemo_config):
+    module = Transducer(model_config_from_nemo(nemo_config))
+    state = dict(module.state_dict())
+    state["encoder.pos_enc.pe"] = torch.zeros(1, 9999, 64)  # older NeMo versions saved it
+    load_state(module, state, "old.nemo")
