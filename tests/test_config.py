@@ -76,6 +76,7 @@ def test_preprocessor_switches_are_honoured(nemo_config):
     ("preprocessor", "log_zero_guard_type", "clamp", "log_zero_guard_type"),
     ("tokenizer", "type", "wpe", "tokenizer"),
     ("decoding", "durations", ["a", "b"], "durations"),
+    ("decoder", "prednet", {"pred_hidden": 48, "pred_rnn_layers": 2, "rnn_hidden_size": 96}, "rnn_hidden_size"),
 ])
 def test_unsupported_switches_are_named(nemo_config, section, key, value, named):
     with pytest.raises(UnsupportedModelError, match=named):

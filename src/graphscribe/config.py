@@ -237,6 +237,8 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
     _require(dec.get("blank_as_pad", True) is True, "decoder blank_as_pad=false is not supported")
     _require(dec.get("normalization_mode") in (None, "null"), "decoder normalization_mode is not supported")
     prednet = dec.get("prednet") or {}
+    _require(prednet.get("rnn_hidden_size", -1) in (None, -1, prednet.get("pred_hidden")),
+             f"decoder.prednet rnn_hidden_size={prednet.get('rnn_hidden_size')} (a projected LSTM) is not supported")
     prediction = PredictionConfig(
         vocab_size=_int(dec, "vocab_size", where="decoder"),
         hidden=_int(prednet, "pred_hidden", where="decoder.prednet"),
