@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import soundfile as sf
-import torch
 
 import graphscribe as gs
 from graphscribe.bench import run_bench, tier_clips

@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import io
 import json
 import logging
 import os
 import re
-import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -49,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import torch
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 logging.getLogger("nemo_logger").setLevel(logging.ERROR)
 

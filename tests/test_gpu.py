@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import graphscribe as gs
-from graphscribe import decoding
 from graphscribe.bench import speech_path
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -190,7 +190,6 @@ class GreedyDecoder:
         self._buffers: dict[int, DecodeBuffers] = {}  # by batch size N
         self._captured: dict = {}  # CapturedSteps by batch size N, for the buffers above; they share a pool
         self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
-        self.compile = compile
         self.step_fn = compiled_step() if compile else decode_step  # the one step, eager and captured
 
     def _step(self, buf: DecodeBuffers) -> None:

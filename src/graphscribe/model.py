@@ -19,8 +19,8 @@ from .audio import AudioError, load_audio, prepare_audio
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
-from .encoder import FastConformer, subsampled_lengths
-from .features import LogMel, feature_lengths
+from .encoder import FastConformer
+from .features import LogMel
 from .heads import Joint, PredictionNet
 from .tokenizer import Tokenizer
 
