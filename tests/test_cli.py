@@ -220,3 +220,19 @@ def test_installed_script_runs():
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "--model" in result.stdout and "--output-dir" in result.stdout
+
+
+def test_output_dir_never_overwrites_one_input_with_another(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    clip = CLIPS / "short_2s.wav"
+    shutil.copy(clip, a / "x.wav")
+    shutil.copy(CLIPS / "espeak_fox.wav", b / "x.wav")
+    out = tmp_path / "out"
+    result = transcribe(a, b, a / "x.wav", "--output-dir", out)
+    assert result.returncode == 0, result.stderr
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ["x-2.txt", "x-3.txt", "x.txt"]
+    texts = {p.name: p.read_text() for p in out.iterdir()}
+    assert texts["x.txt"] == reference_clip("short_2s.wav")["text"] + "\n"  # a/x.wav, first in input order
+    assert texts["x-2.txt"] == reference_clip("espeak_fox.wav")["text"] + "\n"  # b/x.wav

@@ -98,6 +98,21 @@ def _output_path(output_dir: Path, source: Path, roots: list[Path], suffix: str)
     return (output_dir / source.name).with_suffix(suffix)
 
 
+def output_paths(output_dir: Path, files: list[Path], roots: list[Path], suffix: str) -> list[Path]:
+    """One distinct output file per input, in input order: a name taken already gets -2, -3, ..."""
+    taken: set[Path] = set()
+    paths = []
+    for source in files:
+        target = _output_path(output_dir, source, roots, suffix)
+        n = 1
+        while target in taken:
+            n += 1
+            target = target.with_name(f"{_output_path(output_dir, source, roots, suffix).stem}-{n}{suffix}")
+        taken.add(target)
+        paths.append(target)
+    return paths
+
+
 def _render(transcript, fmt: OutputFormat) -> str:
     if fmt is OutputFormat.json:
         return json.dumps(transcript.to_json(), ensure_ascii=False)
@@ -125,6 +140,7 @@ def transcribe_command(
     loaded = load_or_exit(model, device, dtype, graphs, batch, compile)
 
     results = [None] * len(files)
+    targets = output_paths(output_dir, files, inputs, "." + fmt.value) if output_dir is not None else []
     failed = len(input_errors)
     start = time.perf_counter()
     show_progress = len(files) > 1 and sys.stderr.isatty()
@@ -138,7 +154,7 @@ def transcribe_command(
                 failed += 1
                 progress.console.print(f"[red]error:[/red] {escape(transcript.error)}")
             elif output_dir is not None:
-                target = _output_path(output_dir, files[i], inputs, "." + fmt.value)
+                target = targets[i]
                 try:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_text(_render(transcript, fmt) + "\n", encoding="utf-8")
