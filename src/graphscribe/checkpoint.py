@@ -110,13 +110,14 @@ def demo_path() -> Path:
 def _download_from_hub(repo_id: str) -> Path:
     try:
         from huggingface_hub import hf_hub_download, list_repo_files
+        from huggingface_hub.errors import EntryNotFoundError, HFValidationError, LocalEntryNotFoundError
     except ImportError:  # pragma: no cover - a declared dependency
         raise CheckpointError(f"{repo_id}: huggingface_hub is not installed; pass a .nemo file with --model") from None
     filename = f"{repo_id.split('/')[1]}.nemo"
     try:  # the cache first: works offline
         return Path(hf_hub_download(repo_id, filename, local_files_only=True))
-    except Exception:  # noqa: BLE001 - any miss falls through to the online attempt below
-        pass
+    except (LocalEntryNotFoundError, EntryNotFoundError, HFValidationError, OSError):
+        pass  # not cached (or under another name): ask the hub below
     try:
         names = [n for n in list_repo_files(repo_id) if n.endswith(".nemo")]
         if not names:
@@ -124,7 +125,7 @@ def _download_from_hub(repo_id: str) -> Path:
         return Path(hf_hub_download(repo_id, filename if filename in names else names[0]))
     except CheckpointError:
         raise
-    except Exception as err:  # noqa: BLE001 - network, auth and hub errors all end the same way for a user
+    except Exception as err:  # noqa: BLE001 - network, auth, offline and hub errors all end the same way for a user
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointError(
             f"{repo_id}: could not fetch it from Hugging Face ({reason}); "
