@@ -69,34 +69,18 @@ class Preset:
     conv_kernel: int = 9
 
 
-_XL = dict(d_model=1024, n_heads=8, subsampling_channels=256, pred_hidden=640, pred_layers=2, joint_hidden=640)
-_TINY = dict(d_model=64, n_heads=4, subsampling_channels=32, pred_hidden=48, joint_hidden=40)
+PRESETS_FILE = Path(__file__).resolve().parents[1] / "configs" / "presets.yaml"
 
-PRESETS: dict[str, Preset] = {
-    # Released checkpoints (shapes from NEMO_NOTES.md "Known checkpoints").
-    "parakeet-tdt-0.6b-v3": Preset(n_mels=128, n_layers=24, xscaling=False, use_bias=False, vocab_size=8192,
-                                   durations=TDT_DURATIONS, **_XL),
-    "parakeet-tdt-0.6b-v2": Preset(n_mels=128, n_layers=24, xscaling=False, use_bias=False, vocab_size=1024,
-                                   durations=TDT_DURATIONS, **_XL),
-    "parakeet-rnnt-0.6b": Preset(n_mels=80, n_layers=24, xscaling=True, use_bias=True, vocab_size=1024,
-                                 durations=None, **_XL),
-    # xscaling of the 1.1b TDT is not confirmed (NEMO_NOTES: "?"); FastConformer-XL configs default to true.
-    "parakeet-tdt-1.1b": Preset(n_mels=80, n_layers=42, xscaling=True, use_bias=True, vocab_size=1024,
-                                durations=TDT_DURATIONS, **_XL),
-    # Small ones for tests; together they cover every switch.
-    "tiny-tdt": Preset(n_mels=128, n_layers=2, xscaling=False, use_bias=False, vocab_size=128, pred_layers=2,
-                       durations=TDT_DURATIONS, max_symbols=10, **_TINY),  # the NeMo fixture's shapes
-    "tiny-rnnt": Preset(n_mels=80, n_layers=2, xscaling=True, use_bias=True, vocab_size=128, pred_layers=1,
-                        durations=None, max_symbols=10, **_TINY),
-    "tiny-tdt-80mel": Preset(n_mels=80, n_layers=2, xscaling=True, use_bias=True, vocab_size=128, pred_layers=2,
-                             durations=TDT_DURATIONS, max_symbols=3, **_TINY),
-    "tiny-tdt-3dur": Preset(n_mels=128, n_layers=1, d_model=48, n_heads=2, subsampling_channels=16,
-                            xscaling=True, use_bias=False, vocab_size=256, pred_hidden=32, pred_layers=1,
-                            joint_hidden=24, durations=(0, 1, 2), max_symbols=2),
-    "tiny-rnnt-128mel": Preset(n_mels=128, n_layers=3, d_model=32, n_heads=2, subsampling_channels=8,
-                               xscaling=False, use_bias=True, vocab_size=64, pred_hidden=32, pred_layers=2,
-                               joint_hidden=32, durations=None, max_symbols=5),
-}
+
+def _load_presets(path: Path) -> dict[str, Preset]:
+    presets = {}
+    for name, values in yaml.safe_load(path.read_text()).items():
+        durations = values.pop("durations")
+        presets[name] = Preset(**values, durations=tuple(durations) if durations else None)
+    return presets
+
+
+PRESETS: dict[str, Preset] = _load_presets(PRESETS_FILE)
 TINY_PRESETS = [name for name in PRESETS if name.startswith("tiny-")]
 
 

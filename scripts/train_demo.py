@@ -62,9 +62,7 @@ mc = _script("make_checkpoint")
 PRESET = "graphscribe-demo"
 VOCAB = 1024
 DURATIONS = (0, 1, 2, 3, 4)
-mc.PRESETS[PRESET] = mc.Preset(n_mels=128, n_layers=9, d_model=192, n_heads=4, subsampling_channels=128,
-                               ff_expansion=2, xscaling=False, use_bias=False, vocab_size=VOCAB, pred_hidden=640,
-                               pred_layers=2, joint_hidden=640, durations=DURATIONS, max_symbols=10)
+assert mc.PRESETS[PRESET].vocab_size == VOCAB and mc.PRESETS[PRESET].durations == DURATIONS  # configs/presets.yaml
 SPEEDS = ((1, 1), (1, 1), (10, 9), (20, 19), (20, 21), (10, 11))  # (new, orig) resampling rates: speed orig/new
 SIGMA, OMEGA = 0.02, 0.1  # NeMo's TDT loss options, at its FastConformer-TDT config's values
 CTC_WEIGHT = 0.3
