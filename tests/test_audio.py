@@ -14,7 +14,7 @@ import soundfile as sf
 import torch
 import torchaudio.functional as AF
 
-from conftest import CLIPS, JFK_FLAC, SPEECH_CLIP, reference_clip
+from conftest import CLIP_NAMES, CLIPS, JFK_FLAC, NEMO_PATH, SPEECH_CLIP, reference_clip
 from graphscribe.audio import AudioError, load_audio
 
 RATE = 16000  # Hz, the model's
@@ -198,3 +198,26 @@ def test_bad_arrays_fail_alone(model, speech_ids, samples, array, words):
 def test_load_audio_raises_audio_error(tmp_path):
     with pytest.raises(AudioError, match="missing.wav"):
         load_audio(tmp_path / "missing.wav", RATE)
+
+
+def test_out_of_memory_splits_the_batch_and_names_the_file(monkeypatch):
+    """A batch that does not fit is retried one file at a time; a file that alone does not fit gets one line."""
+    from graphscribe.model import load_model
+
+    model = load_model(NEMO_PATH, device="cpu", graphs=False)
+    encode = model.encode
+    longest = max(a.numel() for a in [model.read(CLIPS / n) for n in CLIP_NAMES])
+
+    def tight_memory(audios):
+        if len(audios) > 1 or audios[0].numel() == longest:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+        return encode(audios)
+
+    monkeypatch.setattr(model, "encode", tight_memory)
+    got = model.transcribe([CLIPS / n for n in CLIP_NAMES], batch_size=3)
+    for name, transcript in zip(CLIP_NAMES, got):
+        ref = reference_clip(name)
+        if ref["samples"] == longest:
+            assert transcript.error and name in transcript.error and "memory" in transcript.error
+        else:
+            assert transcript.error is None and transcript.token_ids == ref["token_ids"]

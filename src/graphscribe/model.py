@@ -242,10 +242,31 @@ class Model:
                     ready.append((i, self.read(items[i])))
                 except AudioError as err:
                     yield i, Transcript(source=_name(items[i]), error=str(err))
-            if ready:
-                sources = [_name(items[i]) for i, _ in ready]
-                for (i, _), transcript in zip(ready, self.transcribe_audio(sources, [a for _, a in ready])):
-                    yield i, transcript
+            yield from self._transcribe_ready(items, ready)
+
+    def _transcribe_ready(self, items: list, ready: list[tuple[int, torch.Tensor]]):
+        """A batch of read audio -> (index, Transcript); out of memory: one at a time, then an error line."""
+        if not ready:
+            return
+        try:
+            transcripts = self.transcribe_audio([_name(items[i]) for i, _ in ready], [a for _, a in ready])
+        except (torch.OutOfMemoryError, RuntimeError) as err:
+            if not _out_of_memory(err):
+                raise
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if len(ready) > 1:
+                for one in ready:
+                    yield from self._transcribe_ready(items, [one])
+                return
+            i, audio = ready[0]
+            minutes = audio.numel() / self.sample_rate / 60
+            yield i, Transcript(source=_name(items[i]), error=(
+                f"{_name(items[i])}: out of {self.device.type.upper()} memory for {minutes:.1f} min of audio "
+                "(the encoder's attention grows with the square of the length); split the file"))
+            return
+        for (i, _), transcript in zip(ready, transcripts):
+            yield i, transcript
 
     def transcribe(self, inputs, batch_size: int | None = None) -> list[Transcript]:
         """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order."""
@@ -254,6 +275,11 @@ class Model:
         for i, transcript in self.transcribe_iter(items, batch_size):
             results[i] = transcript
         return results  # type: ignore[return-value]
+
+
+def _out_of_memory(err: Exception) -> bool:
+    text = str(err)
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 def _estimated_seconds(item, sample_rate: int) -> float:
