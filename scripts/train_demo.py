@@ -66,7 +66,7 @@ assert mc.PRESETS[PRESET].vocab_size == VOCAB and mc.PRESETS[PRESET].durations =
 SPEEDS = ((1, 1), (1, 1), (10, 9), (20, 19), (20, 21), (10, 11))  # (new, orig) resampling rates: speed orig/new
 SIGMA, OMEGA = 0.02, 0.1  # NeMo's TDT loss options, at its FastConformer-TDT config's values
 CTC_WEIGHT = 0.3
-RANDOM_SHARE = 0.3  # of the training utterances: random word sequences rather than fortune sentences
+RANDOM_SHARE = 0.5  # of the training utterances: random word sequences rather than fortune sentences
 
 
 @dataclass
@@ -76,18 +76,19 @@ class Settings:
     train_seconds: float
     batch_seconds: float  # audio per batch
     max_batch: int
-    start_share: float  # of the training audio that must have arrived before training starts
+    start_clips: int  # training clips that must have arrived before training starts
     deadline: float = 540.0  # seconds after start by which everything, evaluation included, should be done
     reserve: float = 75.0  # kept for export and evaluation
+    snapshot_every: float = 300.0  # seconds of training between snapshots (work/snapshot.nemo)
     lr: float = 2e-3
     warmup: float = 0.08  # share of the training time
     workers: int = max(1, (os.cpu_count() or 2) - 1)
 
 
 GPU = Settings(utterances=64000, eval_utterances=400, train_seconds=390.0, batch_seconds=720.0, max_batch=384,
-               start_share=0.25)
+               start_clips=16000)
 SMOKE = Settings(utterances=160, eval_utterances=12, train_seconds=25.0, batch_seconds=30.0, max_batch=16,
-                 start_share=1.0, workers=2, deadline=1e9)
+                 start_clips=160, workers=2, deadline=1e9, snapshot_every=10.0)
 
 
 def log(*parts) -> None:
@@ -185,10 +186,15 @@ class Arrivals:
 
 
 def take_in(store: ClipStore, arrivals: Arrivals, taken: int, limit: int, token_lists, device) -> int:
-    """Move the clips that arrived since `taken` (up to `limit`, the training ones) into the store."""
+    """Move the clips that arrived since `taken` (up to `limit`, the training ones) into the store.
+
+    The host copies are dropped once on the device: a long run's raw audio would not fit in memory twice.
+    """
     upto = min(len(arrivals.clips), limit)
     if upto > taken:
         store.add(speech.to_model_rate(arrivals.clips[taken:upto], device), token_lists[taken:upto])
+        for i in range(taken, upto):
+            arrivals.clips[i] = None
     return max(upto, taken)
 
 
@@ -294,13 +300,17 @@ def learning_rate(settings: Settings, progress: float) -> float:
 
 
 def train(module, ctc_head, optimizer, settings: Settings, planned: float, store: ClipStore, arrivals: Arrivals,
-          taken: int, token_lists, rng: random.Random) -> tuple[int, list[dict]]:
-    """The training loop, for `planned` seconds; takes in arriving clips. -> (steps, logged history)."""
+          taken: int, token_lists, rng: random.Random, snapshot=None) -> tuple[int, list[dict]]:
+    """The training loop, for `planned` seconds; takes in arriving clips. -> (steps, logged history).
+
+    `snapshot()`, if given, is called every `settings.snapshot_every` seconds (a run cut short still leaves a model).
+    """
     n_train = len(token_lists)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     module.train()
     budget = int(settings.batch_seconds * speech.SAMPLE_RATE)
     start, step, history = time.perf_counter(), 0, []
+    next_snapshot = settings.snapshot_every
     sums = {"tdt": 0.0, "ctc": 0.0, "tokens": 0, "clips": 0}
     while (elapsed := time.perf_counter() - start) < planned:
         if step % 20 == 0 and taken < n_train:
@@ -327,6 +337,9 @@ def train(module, ctc_head, optimizer, settings: Settings, planned: float, store
             history.append(entry)
             log(json.dumps(entry))
             sums = {"tdt": 0.0, "ctc": 0.0, "tokens": 0, "clips": 0}
+        if snapshot is not None and elapsed > next_snapshot:
+            snapshot()
+            next_snapshot += settings.snapshot_every
     log(f"trained {step} steps in {time.perf_counter() - start:.0f} s")
     return step, history
 
@@ -377,6 +390,13 @@ def evaluate(path: Path, device: str, clips: list[torch.Tensor], texts: list[str
     seconds = time.perf_counter() - start
     hyps = [r.text for r in results]
     wer = speech.word_error_rate(texts, hyps)
+    graphs = {}
+    if device == "cuda":  # the same clips without CUDA graphs: the transcripts must be byte-identical
+        eager = load_model(path, device=device, graphs=False)
+        eager_hyps = [r.text for r in eager.transcribe([c.float().cpu().numpy() for c in clips], batch_size=32)]
+        differ = [i for i, (a, b) in enumerate(zip(hyps, eager_hyps)) if a != b]
+        graphs = {"graphs_identical": not differ, "graphs_differ": [{"graphs": hyps[i], "eager": eager_hyps[i]}
+                                                                    for i in differ[:10]]}
     worst = sorted(((speech.word_errors(t, h)[0], t, h) for t, h in zip(texts, hyps)), reverse=True)[:10]
     real_results = model.transcribe([str(p) for p in real]) if real else []
     return {
@@ -387,6 +407,7 @@ def evaluate(path: Path, device: str, clips: list[torch.Tensor], texts: list[str
         "examples": [{"ref": speech.normalize(t), "hyp": h} for t, h in list(zip(texts, hyps))[:10]],
         "worst": [{"errors": e, "ref": speech.normalize(t), "hyp": h} for e, t, h in worst],
         "real": [{"path": p.name, "text": r.text, "error": r.error} for p, r in zip(real, real_results)],
+        **graphs,
     }
 
 
@@ -400,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny run of the whole pipeline on the CPU")
     parser.add_argument("--train-seconds", type=float, help="override the training time")
     parser.add_argument("--utterances", type=int, help="override the number of training utterances")
+    parser.add_argument("--deadline", type=float, help="override the seconds by which the whole run, evaluation "
+                        "included, should end (training is shortened to fit)")
     parser.add_argument("--max-return-mb", type=float, default=15.5, help="split the .nemo in $OUT into parts above this")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", type=Path, help="continue training this .nemo (its weights and tokenizer); "
@@ -410,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         settings.train_seconds = args.train_seconds
     if args.utterances:
         settings.utterances = args.utterances
+    if args.deadline:
+        settings.deadline = args.deadline
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
@@ -443,11 +468,16 @@ def main(argv: list[str] | None = None) -> int:
 
     store = ClipStore(device)
     n_train = len(train_texts)
-    arrivals.wait_for(int(n_train * settings.start_share))
+    arrivals.wait_for(min(n_train, settings.start_clips))
     taken = take_in(store, arrivals, 0, n_train, token_lists, device)
     planned = min(settings.train_seconds, settings.deadline - (time.perf_counter() - T0) - settings.reserve)
     log(f"training starts with {len(store.audio)} clips, for {planned:.0f} s")
-    step, history = train(module, ctc_head, optimizer, settings, planned, store, arrivals, taken, token_lists, rng)
+
+    def snapshot() -> None:  # write_nemo renames a finished file into place: a reader never sees half of one
+        log(f"snapshot: {export(module, config, tokenizer_model, args.work / 'snapshot.nemo', args.seed)}")
+
+    step, history = train(module, ctc_head, optimizer, settings, planned, store, arrivals, taken, token_lists, rng,
+                          snapshot)
 
     module.eval()
     nemo_path = export(module, config, tokenizer_model, args.work / "demo.nemo", args.seed)
@@ -466,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
                   training_clips=len(store.audio), heldout_variants=list(held_pool),
                   device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu")
     (args.out / "eval.json").write_text(json.dumps(report, indent=1))
+    if "graphs_identical" in report:
+        log(f"graphs on and off: {'identical' if report['graphs_identical'] else 'DIFFERENT'} transcripts")
     log(f"held-out WER {report['heldout_wer']:.2%} on {len(held_texts)} utterances; real speech: "
         + " | ".join(f"{r['path']}: {r['text']!r}" for r in report["real"]))
     return 0

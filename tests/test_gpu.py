@@ -105,3 +105,19 @@ def test_real_speech_graphs_equal_eager_v3(dtype):
     assert results[True] == results[False]
     if dtype == "float32":  # bfloat16 matrix products round differently for other batch shapes
         assert results[True][0] == results[True][1]  # batched == serial
+
+
+def test_demo_cli_graphs_on_and_off_print_the_same_bytes():
+    """The bundled demo model through the real CLI on the GPU: --graphs and --no-graphs, batched."""
+    import subprocess
+    import sys
+
+    heldout = FIXTURES / "demo-heldout"
+    outputs = {}
+    for flag in ("--graphs", "--no-graphs"):
+        done = subprocess.run([sys.executable, "-m", "graphscribe.cli", str(heldout), "--batch", "4", "--device", "cuda",
+                               flag], capture_output=True, env={**os.environ, "GRAPHSCRIBE_MODEL": "demo"}, timeout=300)
+        assert done.returncode == 0, done.stderr.decode()
+        outputs[flag] = done.stdout
+    assert outputs["--graphs"] == outputs["--no-graphs"]
+    assert len(outputs["--graphs"].splitlines()) == len(list(heldout.glob("*.wav")))
