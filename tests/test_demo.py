@@ -2,8 +2,8 @@
 
 The clips in fixtures/demo-heldout were synthesised by `scripts/eval_demo.py --write-wavs` from
 sentences and espeak-ng voice variants kept out of training; `transcripts.json` holds the
-sentences that were spoken. The model card (README) reports 16.7% word error rate on 400
-such utterances; the bar here leaves room for a handful of clips.
+sentences that were spoken. The bar is the issue's (10%); the model card (README) reports 4.7%
+on 400 such utterances, and 3 errors in these 70 words (4.3%).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import graphscribe as gs
 
 HELDOUT = Path(__file__).parent / "fixtures" / "demo-heldout"
 CLIPS = json.loads((HELDOUT / "transcripts.json").read_text())["clips"]
-WER_BAR = 0.25
+WER_BAR = 0.10
 
 
 def word_error_rate(refs: list[str], hyps: list[str]) -> float:
