@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .decoding import default_window
+from .decoding import default_window, size_class
 
 TIER_SECONDS = (7.4, 23.0, 77.0)
 SPEECH = ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")  # shipped in graphscribe/data
@@ -91,7 +91,7 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
         "model": model.source,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(model.dtype).removeprefix("torch."),
-        "compile": model.options.compile,
+        "step": "fused (Triton)" if device.type == "cuda" and model.decoder.fused is not False else "PyTorch",
         "torch": torch.__version__,
         "graphscribe": __version__,
         "reps": reps,
@@ -114,7 +114,8 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
                 steps = hyps[0].steps
                 row = {"what": "decode", "batch": n, "graphs": graphs, **_stats(times), "steps": steps,
                        "us_per_step": statistics.median(times) * 1e6 / max(steps, 1),
-                       "window": default_window(n), "capture_ms": decoder.capture_seconds * 1e3,
+                       "window": default_window(size_class(n)), "capture_ms": decoder.capture_seconds * 1e3,
+                       "compile_ms": decoder.compile_seconds * 1e3,
                        "peak_mb": _peak_mb(device), "tokens": len(hyps[0].token_ids)}
                 entry["rows"].append(row)
                 texts[("decode", n, graphs)] = [(h.token_ids, h.frames) for h in hyps]
@@ -156,8 +157,8 @@ def print_table(report: dict, console: Console) -> None:
     if graphed_rows:
         columns += ["graphs ms (min-max)", "us/step", "speedup", "capture ms"]
     columns += ["peak MB", "same"]
-    compiled = ", compiled step" if report.get("compile") else ""
-    table = Table(title=f"graphscribe bench: {report['device']}, {report['dtype']}{compiled}, median of {report['reps']}")
+    table = Table(title=f"graphscribe bench: {report['device']}, {report['dtype']}, {report['step']} decode step, "
+                        f"median of {report['reps']}")
     for column in columns:
         table.add_column(column, justify="left" if column in ("tier", "what") else "right", no_wrap=True)
     for tier in report["tiers"]:

@@ -48,8 +48,7 @@ def _setup_logging() -> None:
     root.propagate = False
 
 
-def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: int = 1,
-                 compile: bool = False):
+def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: int = 1):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is."""
     from .model import load_model
 
@@ -59,8 +58,7 @@ def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional
                           "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
                           f"or a .nemo file, or set {MODEL_ENV}")
     try:
-        loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch,
-                            compile=compile)
+        loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch)
     except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
         message = str(err)
         if isinstance(err, UnsupportedModelError):
@@ -68,8 +66,6 @@ def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional
         _fail_usage(message)
     if graphs and loaded.device.type != "cuda":  # asked for explicitly
         err_console.print("note: CUDA graphs need a CUDA device; decoding eagerly on the CPU")
-    if compile and loaded.device.type != "cuda":
-        err_console.print("note: --compile is for CUDA; decoding without it on the CPU")
     return loaded
 
 
@@ -126,7 +122,6 @@ def transcribe_command(
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option("auto", help="auto (float32) | float32 | bfloat16 | float16"),
     graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", help="Replay the decode steps from CUDA graphs [default: on with CUDA]."),
-    compile: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile the decode step (CUDA): faster steps after seconds of compiling per batch size."),
     fmt: OutputFormat = typer.Option(OutputFormat.txt, "--format", "-f", help="txt or json"),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Write one file per input here instead of stdout."),
 ) -> None:
@@ -137,7 +132,7 @@ def transcribe_command(
         err_console.print(f"[red]error:[/red] {escape(line)}")
     if not files:
         raise typer.Exit(1)
-    loaded = load_or_exit(model, device, dtype, graphs, batch, compile)
+    loaded = load_or_exit(model, device, dtype, graphs, batch)
 
     results = [None] * len(files)
     targets = output_paths(output_dir, files, inputs, "." + fmt.value) if output_dir is not None else []
@@ -194,7 +189,6 @@ def bench_command(
     reps: int = typer.Option(5, min=1, help="Timed repetitions per row (median reported)."),
     batch_sizes: str = typer.Option("1,8", help="Comma-separated decode batch sizes."),
     graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", help="Include the CUDA-graph rows (--no-graphs: eager only) [default: on with CUDA]."),
-    compile: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile the decode step (CUDA): faster steps after seconds of compiling per batch size."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the results as JSON here."),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end."""
@@ -207,7 +201,7 @@ def bench_command(
         _fail_usage(f"--batch-sizes {batch_sizes!r}: use comma-separated whole numbers such as 1,8")
     if not sizes or min(sizes) < 1:
         _fail_usage(f"--batch-sizes {batch_sizes!r}: sizes must be 1 or more")
-    loaded = load_or_exit(model, device, dtype, graphs=False, compile=compile)
+    loaded = load_or_exit(model, device, dtype, graphs=False)
     want_graphs = graphs is not False
     try:
         tiers = tier_clips(loaded, clips or None)

@@ -95,7 +95,6 @@ class RunOptions:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     graphs: bool = True  # replay captured CUDA graphs for decoding (CUDA only)
-    compile: bool = False  # torch.compile the decode step (CUDA only; seconds of compiling per batch size)
     batch_size: int = 1
 
 

@@ -15,15 +15,17 @@ followed inside the window by pointer jumping. So one step does what NeMo's inne
 tokens instead of the number of joint evaluations. Frames off the chain are computed
 and ignored, so the tokens are NeMo's.
 
-All state lives in `DecodeBuffers`, allocated once per batch size and written in place,
-so the step can be captured in a CUDA graph (`graphs.py`) and replayed; the eager path
-calls the very same function.
+All state lives in `DecodeBuffers`, allocated once per batch size class and written in
+place, so the step can be captured in a CUDA graph (`graphs.py`) and replayed; the eager
+path calls the very same function. On CUDA that function is `fused_step.FusedStep`: the same
+step in four Triton kernels, tested against `decode_step`, which stays the CPU path.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +43,7 @@ class Hypothesis:
     token_ids: list[int]
     frames: list[int]  # encoder frame at which each token was emitted
     durations: list[int]  # predicted duration of each token, in encoder frames (RNN-T: 0)
-    steps: int = 0  # decode steps spent on the batch this clip was in
+    steps: int = 0  # decode steps spent on the batch this clip was in (its slowest row's)
 
 
 class DecodeBuffers:
@@ -52,7 +54,8 @@ class DecodeBuffers:
         j, layers, hidden = joint.cfg.hidden, prediction.cfg.layers, prediction.cfg.hidden
         state_dtype = prediction.prediction.embed.weight.dtype  # the prediction net may stay float32
         self.n, self.max_frames, self.window = n, max_frames, window
-        self.max_tokens = max_frames * max_symbols + 1  # + 1: a scratch slot written by rows that do not emit
+        # at most max_symbols tokens a frame; + 1: a slot written (and not counted) by rows that do not emit
+        self.max_tokens = max_frames * max_symbols + 1
         ints = dict(device=device, dtype=torch.long)
         self.rows = torch.arange(n, **ints)  # (N,)
         self.offsets = torch.arange(window, **ints)  # (W,)
@@ -71,16 +74,19 @@ class DecodeBuffers:
         self.last_frame = torch.zeros(n, **ints)  # frame of the last emitted token
         self.run = torch.zeros(n, **ints)  # tokens emitted in a row on last_frame
         self.count = torch.zeros(n, **ints)  # tokens emitted so far
-        self.records = torch.zeros(n, self.max_tokens, 3, **ints)  # (N, max_tokens, [token, frame, duration])
-        self.steps = torch.zeros((), **ints)  # steps taken while any row was active
+        self.records = torch.zeros(n, self.max_tokens, 3, device=device, dtype=torch.int32)  # [token, frame, duration]
+        self.row_steps = torch.zeros(n, **ints)  # steps taken while the row was active
+        self.scratch: dict[str, torch.Tensor] | None = None  # the fused step's, made on its first call
 
     def reset(self, enc_projected: torch.Tensor, lengths: torch.Tensor, start: tuple[torch.Tensor, ...]) -> None:
-        """Load a batch: enc_projected (N, T, J), lengths (N,), start = (h0, c0, g0) after the start symbol."""
-        t = enc_projected.shape[1]
-        self.enc[:, :t].copy_(enc_projected)
-        self.lengths.copy_(lengths)
+        """Load a batch: enc_projected (B, T, J), lengths (B,) for the first B <= N rows (the others stay
+        empty), start = (h0, c0, g0) after the start symbol, for all N rows."""
+        b, t = enc_projected.shape[:2]
+        self.enc[:b, :t].copy_(enc_projected)
+        self.lengths.zero_()
+        self.lengths[:b].copy_(lengths)
         self.t.zero_()
-        self.active.copy_(lengths > 0)
+        torch.gt(self.lengths, 0, out=self.active)
         h0, c0, g0 = start
         self.h.copy_(h0)
         self.c.copy_(c0)
@@ -88,7 +94,7 @@ class DecodeBuffers:
         self.last_frame.fill_(-1)
         self.run.zero_()
         self.count.zero_()
-        self.steps.zero_()
+        self.row_steps.zero_()
 
 
 def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, blank_id: int, max_symbols: int) -> None:
@@ -123,7 +129,7 @@ def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, bla
     emit = buf.active & (landing < w) & (landing_frame < buf.lengths)  # landed on a token
 
     # Record (token, frame, duration) in the row's next slot; rows that do not emit write a slot they do not count.
-    record = torch.stack([token, landing_frame, duration], dim=1)[:, None, :]  # (N, 1, 3)
+    record = torch.stack([token, landing_frame, duration], dim=1)[:, None, :].to(buf.records.dtype)  # (N, 1, 3)
     buf.records.scatter_(1, buf.count[:, None, None].expand(n, 1, 3), record)
     buf.count.add_(emit)
     same_frame = buf.last_frame == landing_frame
@@ -140,7 +146,7 @@ def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, bla
 
     force = emit & (buf.run >= max_symbols) & (duration == 0)  # max_symbols on this frame: move on
     advance = landing + (duration + force) * emit
-    buf.steps.add_(buf.active.any())
+    buf.row_steps.add_(buf.active)
     buf.t.add_(advance * buf.active)
     torch.lt(buf.t, buf.lengths, out=buf.active)
 
@@ -152,34 +158,27 @@ def steps_lower_bound(buf: DecodeBuffers) -> torch.Tensor:
     return (remaining + per_step - 1) // per_step
 
 
-_compiled = None
-
-
-def compiled_step():
-    """`decode_step` through torch.compile: its small integer and mask kernels fused into a few.
-
-    Compiles once per batch shape, on first use (seconds); if compilation fails, dynamo runs the
-    step as written.
-    """
-    global _compiled
-    if _compiled is None:
-        import torch._dynamo
-
-        torch._dynamo.config.suppress_errors = True  # an optimisation must never stop a transcription
-        _compiled = torch.compile(decode_step, dynamic=False)
-    return _compiled
-
-
 def default_window(n: int) -> int:
     """Frames looked at per step: the joint's matrix product stays about as cheap as one frame's."""
     return max(1, min(8, 64 // n))
 
 
+def size_class(n: int) -> int:
+    """Rows of the buffers (and graph) that a batch of n uses: a power of two up to 128, then multiples of 64.
+
+    A partial last batch replays the graph of its class with the spare rows empty, instead of capturing anew.
+    """
+    return 1 << (n - 1).bit_length() if n <= 128 else -(-n // 64) * 64
+
+
 class GreedyDecoder:
-    """Batched greedy decoding of encoder output; `graphs=True` replays captured CUDA graphs (CUDA only)."""
+    """Batched greedy decoding of encoder output; `graphs=True` replays captured CUDA graphs (CUDA only).
+
+    `fused`: the Triton step on CUDA (None: on CUDA when Triton is there); the PyTorch `decode_step` otherwise.
+    """
 
     def __init__(self, prediction: PredictionNet, joint: Joint, cfg: DecodingConfig, graphs: bool,
-                 window: int | None = None, compile: bool = False):
+                 window: int | None = None, fused: bool | None = None):
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
         # cuDNN wants the LSTM weights in one chunk (lost by .to(dtype)); otherwise it copies them at every
         # call, which also breaks graph capture.
@@ -187,13 +186,47 @@ class GreedyDecoder:
         self.blank_id = prediction.cfg.vocab_size
         self.graphs = graphs
         self.window = window
-        self._buffers: dict[int, DecodeBuffers] = {}  # by batch size N
-        self._captured: dict = {}  # CapturedSteps by batch size N, for the buffers above; they share a pool
+        self.fused = fused
+        self._fused_step = None  # FusedStep, made for the first CUDA batch
+        self._buffers: dict[int, DecodeBuffers] = {}  # by batch size class N
+        self._captured: dict = {}  # CapturedSteps by batch size class N, for the buffers above; they share a pool
         self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
-        self.step_fn = compiled_step() if compile else decode_step  # the one step, eager and captured
+        self.compile_seconds = 0.0  # spent preparing and compiling the fused step (first use; Triton caches on disk)
 
-    def _step(self, buf: DecodeBuffers) -> None:
-        self.step_fn(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
+    def _step_fn(self, device: torch.device, dtype: torch.dtype):
+        """The one step for this device: the fused kernels on CUDA, unless unavailable or not wanted."""
+        if self.fused is False or (device.type != "cuda" and not self.fused):
+            return decode_step
+        if self._fused_step is None:
+            try:
+                from .fused_step import FusedStep
+
+                start = time.perf_counter()
+                self._fused_step = FusedStep(self.prediction, self.joint, dtype, self.cfg.durations)
+                self.compile_seconds += time.perf_counter() - start
+            except ImportError as err:  # no Triton: the PyTorch step does the same on CUDA, slower
+                log.warning("fused decode step unavailable (%s); using the PyTorch step", err)
+                self.fused = False
+                return decode_step
+        return self._fused_step
+
+    def _check_fused(self, buf: DecodeBuffers, step, restore) -> object:
+        """First call of the fused step on new buffers (it compiles its kernels): the step, or the PyTorch one if it fails."""
+        if step is decode_step or buf.scratch is not None:
+            return step
+        start = time.perf_counter()
+        try:
+            step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
+            if buf.t.is_cuda:
+                torch.cuda.synchronize(buf.t.device)
+        except (RuntimeError, ValueError, TypeError) as err:  # Triton's compile errors are RuntimeErrors
+            # an optimisation must never stop a transcription: the reference step gives the same tokens
+            log.warning("fused decode step failed (%s); using the PyTorch step", str(err).splitlines()[0])
+            self.fused = False
+            step = decode_step
+        self.compile_seconds += time.perf_counter() - start
+        restore()
+        return step
 
     def _buffers_for(self, n: int, frames: int, device: torch.device, dtype: torch.dtype) -> DecodeBuffers:
         buf = self._buffers.get(n)
@@ -205,8 +238,11 @@ class GreedyDecoder:
             self._captured.pop(n, None)
         return buf
 
-    def _runner(self, buf: DecodeBuffers, restore):
+    def _runner(self, buf: DecodeBuffers, step, restore):
         """A callable that runs STEPS_PER_CHECK steps: a graph replay, or eager calls of the same step."""
+        def one() -> None:
+            step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
+
         if self.graphs and buf.enc.is_cuda:
             captured = self._captured.get(buf.n)
             if captured is None:
@@ -214,7 +250,7 @@ class GreedyDecoder:
                     from .graphs import CapturedSteps, pool_of
 
                     pool = pool_of(list(self._captured.values()))
-                    captured = CapturedSteps(lambda: self._step(buf), STEPS_PER_CHECK, pool, before_capture=restore)
+                    captured = CapturedSteps(one, STEPS_PER_CHECK, pool, before_capture=restore)
                     self.capture_seconds += captured.capture_seconds
                     self._captured[buf.n] = captured
                 except RuntimeError as err:  # capture is an optimisation: decode eagerly rather than fail
@@ -226,7 +262,7 @@ class GreedyDecoder:
 
         def eager() -> None:
             for _ in range(STEPS_PER_CHECK):
-                self._step(buf)
+                one()
 
         return eager
 
@@ -239,30 +275,35 @@ class GreedyDecoder:
 
     @torch.inference_mode()
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
-        """encoded (N, T, D) encoder output, lengths (N,) valid frames -> one hypothesis per row."""
-        n, frames = encoded.shape[:2]
-        enc_projected = self.joint.project_encoder(encoded)  # (N, T, J), once for all frames
-        buf = self._buffers_for(n, frames, encoded.device, enc_projected.dtype)
-        start = self.start_state(n, encoded.device, enc_projected.dtype)
+        """encoded (B, T, D) encoder output, lengths (B,) valid frames -> one hypothesis per row."""
+        b, frames = encoded.shape[:2]
+        device = encoded.device
+        enc_projected = self.joint.project_encoder(encoded)  # (B, T, J), once for all frames
+        step = self._step_fn(device, enc_projected.dtype)
+        n = b if step is decode_step and device.type != "cuda" else size_class(b)  # graphs are kept per class
+        buf = self._buffers_for(n, frames, device, enc_projected.dtype)
+        start = self.start_state(n, device, enc_projected.dtype)
 
         def restore() -> None:
-            buf.reset(enc_projected, lengths.to(encoded.device), start)
+            buf.reset(enc_projected, lengths.to(device), start)
 
         restore()
-        run = self._runner(buf, restore)
+        step = self._check_fused(buf, step, restore)
+        run = self._runner(buf, step, restore)
         while True:
             needed = int(steps_lower_bound(buf))  # the one host read per round: done, or how far to go at least
             if needed == 0:
                 break
             for _ in range(math.ceil(needed / STEPS_PER_CHECK)):
                 run()
-        return _collect(buf, n)
+        return _collect(buf, b)
 
 
-def _collect(buf: DecodeBuffers, n: int) -> list[Hypothesis]:
-    counts = buf.count.tolist()
-    records = buf.records[:, : max(counts, default=0)].tolist()  # (N, width, 3)
-    steps = int(buf.steps)
+def _collect(buf: DecodeBuffers, b: int) -> list[Hypothesis]:
+    """The first b rows' records as hypotheses."""
+    counts = buf.count[:b].tolist()
+    records = buf.records[:b, : max(counts, default=0)].tolist()  # (B, width, 3)
+    steps = int(buf.row_steps.max())
     hyps = []
     for row, count in zip(records, counts):
         tokens, frames, durations = zip(*row[:count]) if count else ((), (), ())

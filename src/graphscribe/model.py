@@ -154,7 +154,7 @@ class Model:
         self.device = resolve_device(options.device)
         self.dtype = resolve_dtype(options.dtype, self.device)
         if self.device.type != "cuda":
-            options = replace(options, graphs=False, compile=False)  # CUDA only; the CLI says so when asked
+            options = replace(options, graphs=False)  # CUDA only; the CLI says so when asked
         self.options = options
         if self.device.type == "cuda" and self.dtype == torch.float32:
             # float32 means float32: cuDNN would otherwise run the encoder's convolutions in TF32,
@@ -171,8 +171,7 @@ class Model:
         self.decoder = self._new_decoder()
 
     def _new_decoder(self) -> GreedyDecoder:
-        return GreedyDecoder(self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs,
-                             compile=self.options.compile)
+        return GreedyDecoder(self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs)
 
     @property
     def sample_rate(self) -> int:
@@ -299,7 +298,7 @@ def _name(item) -> str:
 
 
 def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
-               batch_size: int = 1, compile: bool = False) -> Model:
+               batch_size: int = 1) -> Model:
     """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id."""
     checkpoint = read_checkpoint(source)
     cfg = model_config_from_nemo(checkpoint.config)
@@ -309,5 +308,5 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
                               f"the decoder expects {cfg.prediction.vocab_size}")
     module = Transducer(cfg)
     load_state(module, checkpoint.state_dict, checkpoint.source)
-    options = RunOptions(device=device, dtype=dtype, graphs=graphs, batch_size=batch_size, compile=compile)
+    options = RunOptions(device=device, dtype=dtype, graphs=graphs, batch_size=batch_size)
     return Model(module, tokenizer, options, checkpoint.source)
