@@ -7,11 +7,17 @@ NeMo 3.0.0), never from graphscribe itself.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # the fused decode step's Triton kernels run on the CPU through Triton's interpreter (tests/test_fused_step.py);
+    # it has to be chosen before Triton is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NEMO_DIR = FIXTURES / "nemo-tdt-tiny"
