@@ -36,7 +36,6 @@ def main() -> None:
     ap.add_argument("--nemo-path", default="", help="folder with NeMo and its dependencies, put on PYTHONPATH for NeMo")
     ap.add_argument("--nemo-python", default=sys.executable, help="the Python that runs NeMo")
     ap.add_argument("--device", default="cuda", help="cuda (both decoders with and without graphs) or cpu (eager only)")
-    ap.add_argument("--compile", action="store_true", help="graphscribe with its torch.compile'd decode step")
     ap.add_argument("--nemo-tf32", action="store_true",
                     help="NeMo with PyTorch's default TF32 convolutions (faster, other float32 encoder output)")
     ap.add_argument("--out", type=Path, required=True, help="folder for the tier WAVs, JSON and the Markdown table")
@@ -44,7 +43,7 @@ def main() -> None:
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
 
-    model = gs.load_model(args.model, device=args.device, dtype=args.dtype, graphs=True, compile=args.compile)
+    model = gs.load_model(args.model, device=args.device, dtype=args.dtype, graphs=True)
     wavs = []
     for tier in tier_clips(model):
         path = args.out / f"tier-{tier.name.replace(' ', '')}.wav"
@@ -70,7 +69,7 @@ def main() -> None:
 
 def side_by_side(ours: dict, nemo: dict) -> str:
     by_key = {(Path(r["clip"]).name, r["batch"], r["mode"]): r for r in nemo["results"]}
-    lines = [f"{ours['device']}, {ours['dtype']}{', compiled step' if ours.get('compile') else ''}, "
+    lines = [f"{ours['device']}, {ours['dtype']}{', ' + ours['step'] + ' step' if ours.get('step') else ''}, "
              f"torch {ours['torch']}, NeMo {nemo['nemo_version']}{' with TF32' if nemo.get('tf32') else ''}; "
              f"decode only (encoder output given), median of {ours['reps']} in ms", "",
              "| clip | B | NeMo full graph | NeMo no graphs | graphscribe graphs | graphscribe eager "

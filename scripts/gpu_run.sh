@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU session in one command (run on the lent H100 from the repo root, with .whl and .whl-nemo carried):
 #   bash scripts/gpu_run.sh                                  # all parts; logs and JSON under $OUT (or ./gpu-out)
-#   COMPILE=--compile bash scripts/gpu_run.sh checkpoint compare bench   # some parts, compiled decode step
+#   bash scripts/gpu_run.sh checkpoint compare bench           # some parts
 # 1. a calibrated parakeet-tdt-0.6b-v3-shaped checkpoint; 2. graphscribe against NeMo 3.0 on the same checkpoint
-# and clips; 3. the GPU tests; 4. graphscribe bench, float32 and bfloat16; 5. the step profile (and torch.compile'd).
+# and clips; 3. the GPU tests; 4. graphscribe bench, float32 and bfloat16; 5. the step profile (fused and PyTorch
+# steps); 6. the fused step's tile and window measurements.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -31,10 +32,10 @@ run_checkpoint() {
     step checkpoint 150 python3 scripts/make_checkpoint.py parakeet-tdt-0.6b-v3 $ckpt \
         --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
 }
-run_compare() {  # COMPILE=--compile: graphscribe with its compiled step; NEMO_TF32=--nemo-tf32: NeMo's default TF32
-    local tag=float32${COMPILE:+-compiled}${NEMO_TF32:+-nemo-tf32}
+run_compare() {  # NEMO_TF32=--nemo-tf32: NeMo with PyTorch's default TF32 convolutions
+    local tag=float32${NEMO_TF32:+-nemo-tf32}
     step "compare with NeMo" 150 python3 scripts/compare_nemo.py --model $ckpt --nemo-path /tmp/nemo-site \
-        --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare ${COMPILE:-} ${NEMO_TF32:-}
+        --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare ${NEMO_TF32:-}
     cp /tmp/compare/compare.md "$OUT/compare-nemo-$tag.md"
     cp /tmp/compare/nemo.json "$OUT/nemo-$tag.json"
     cp /tmp/compare/graphscribe.json "$OUT/compare-graphscribe-$tag.json"
@@ -45,13 +46,20 @@ run_tests() {
 run_bench() {
     for dtype in float32 bfloat16; do
         step "bench $dtype" 120 python3 -m graphscribe.cli bench --model $ckpt --dtype $dtype --reps 5 \
-            --batch-sizes 1,8 --json "$OUT/bench-$dtype${COMPILE:+-compiled}.json" ${COMPILE:-}
+            --batch-sizes 1,8 --json "$OUT/bench-$dtype.json"
     done
 }
 run_profile() {
-    step "profile" 90 python3 scripts/profile_step.py --model $ckpt --dtype float32 --batch 1 ${COMPILE:-}
+    for args in "float32 1 fused" "float32 8 fused" "bfloat16 1 fused" "float32 1 pytorch"; do
+        set -- $args
+        step "profile $*" 90 python3 scripts/profile_step.py --model $ckpt --dtype $1 --batch $2 --step $3 \
+            --json "$OUT/profile.jsonl"
+    done
+}
+run_tune() {
+    step "tune" 280 python3 scripts/tune_step.py --model $ckpt --out "$OUT"
 }
 
-for what in "${@:-checkpoint compare tests bench profile}"; do
+for what in "${@:-checkpoint compare tests bench profile tune}"; do
     for part in $what; do "run_$part"; done
 done

@@ -1,17 +1,20 @@
 #!/usr/bin/env python
-"""Where a decode step's time goes: GPU kernel time per step (torch.profiler) against graph replay time.
+"""Where a decode step's time goes: kernels per step, GPU time per step, achieved bandwidth, graph replay.
 
-    python scripts/profile_step.py --model v3.nemo --dtype float32 --batch 1
+    python scripts/profile_step.py --model v3.nemo --dtype float32 --batch 1 [--step fused|pytorch]
 
-Decodes the 77 s bench tier eagerly under the profiler and divides each kernel's total GPU
-time by the number of steps; then times the same decode replayed from CUDA graphs. The
-gap between "sum of kernel time" and "graph time per step" is what launching the kernels
+Decodes the 77 s bench tier eagerly under torch.profiler and divides each kernel's GPU time by
+the number of steps; then times the same decode replayed from CUDA graphs (median of 5). The
+weights a step reads once set its floor: bytes / kernel time is the bandwidth achieved. The
+gap between "graph replay per step" and "GPU kernel time per step" is what running the kernels
 one after another costs inside the graph.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import time
 from collections import defaultdict
 
@@ -28,8 +31,9 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--compile", action="store_true", help="experiment: torch.compile the step before capture")
+    ap.add_argument("--step", default="fused", choices=["fused", "pytorch"])
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--json", default=None, help="append the summary as one JSON line here")
     args = ap.parse_args()
 
     model = gs.load_model(args.model, device="cuda", dtype=args.dtype)
@@ -37,9 +41,16 @@ def main() -> None:
     encoded, lengths = model.encode([tier.audio])
     encoded = encoded.expand(args.batch, -1, -1).contiguous()
     lengths = lengths.expand(args.batch).contiguous()
+    fused = args.step == "fused"
 
-    eager = GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=False)
-    steps = eager.decode(encoded, lengths)[0].steps
+    def decoder(graphs: bool) -> GreedyDecoder:
+        return GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs, fused=fused)
+
+    eager = decoder(False)
+    start = time.perf_counter()
+    reference = eager.decode(encoded, lengths)
+    first_s = time.perf_counter() - start
+    steps = reference[0].steps
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         eager.decode(encoded, lengths)
@@ -47,21 +58,13 @@ def main() -> None:
     per_kernel = defaultdict(lambda: [0.0, 0])
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            per_kernel[event.name][0] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+            per_kernel[event.name][0] += event.device_time_total
             per_kernel[event.name][1] += 1
     total_us = sum(t for t, _ in per_kernel.values())
     launches = sum(c for _, c in per_kernel.values())
 
-    graphed = GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=True)
-    if args.compile:
-        from graphscribe.decoding import decode_step
-
-        graphed.step_fn = torch.compile(decode_step, dynamic=False)
-    start = time.perf_counter()
-    reference = [(h.token_ids, h.frames) for h in eager.decode(encoded, lengths)]
-    same = [(h.token_ids, h.frames) for h in graphed.decode(encoded, lengths)] == reference
-    print(f"first graphed decode (capture{' and compile' if args.compile else ''}): {time.perf_counter() - start:.1f} s; "
-          f"same tokens as eager: {same}")
+    graphed = decoder(True)
+    same = [(h.token_ids, h.frames) for h in graphed.decode(encoded, lengths)] == [(h.token_ids, h.frames) for h in reference]
     times = []
     for _ in range(5):
         torch.cuda.synchronize()
@@ -69,14 +72,29 @@ def main() -> None:
         graphed.decode(encoded, lengths)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    graph_us = sorted(times)[2] * 1e6 / steps
-
-    print(f"{tier.name}, B={args.batch}, {args.dtype}: {steps} steps")
+    graph_ms = statistics.median(times) * 1e3
+    step_bytes = eager._fused_step.weight_bytes() if fused else None
+    summary = {
+        "tier": tier.name, "batch": args.batch, "dtype": args.dtype, "step": args.step, "steps": steps,
+        "tokens": len(reference[0].token_ids), "kernels_per_step": launches / steps,
+        "gpu_us_per_step": total_us / steps, "graph_ms": graph_ms, "graph_us_per_step": graph_ms * 1e3 / steps,
+        "weight_mb_per_step": step_bytes / 1e6 if step_bytes else None,
+        "achieved_tb_s": step_bytes / (total_us / steps) / 1e6 if step_bytes else None,
+        "first_decode_s": first_s, "graphs_same_as_eager": same,
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    }
+    print(f"{tier.name}, B={args.batch}, {args.dtype}, {args.step} step: {steps} steps, {summary['tokens']} tokens; "
+          f"first decode (kernel compile or cache load) {first_s:.2f} s; graphs == eager: {same}")
     print(f"kernels per step: {launches / steps:.1f}; GPU kernel time per step: {total_us / steps:.1f} us; "
-          f"graph replay per step: {graph_us:.1f} us; launch gaps per step: {graph_us - total_us / steps:.1f} us")
+          f"graph replay per step: {summary['graph_us_per_step']:.1f} us ({graph_ms:.2f} ms a decode)")
+    if step_bytes:
+        print(f"weights read per step: {step_bytes / 1e6:.1f} MB -> {summary['achieved_tb_s']:.2f} TB/s over the kernel time")
     print(f"{'us/step':>8} {'calls/step':>10}  kernel")
     for name, (t, c) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"{t / steps:8.2f} {c / steps:10.2f}  {name[:110]}")
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(summary) + "\n")
 
 
 if __name__ == "__main__":

@@ -120,3 +120,31 @@ def test_demo_cli_graphs_on_and_off_print_the_same_bytes():
         outputs[flag] = done.stdout
     assert outputs["--graphs"] == outputs["--no-graphs"]
     assert len(outputs["--graphs"].splitlines()) == len(list(heldout.glob("*.wav")))
+
+
+def test_partial_batch_replays_the_graph_of_its_size_class():
+    ref = _reference("nemo-tdt-tiny")
+    paths = [CLIPS / c["file"] for c in ref["clips"]]
+    model = gs.load_model(FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype="float32", graphs=True)
+    model.transcribe(paths[:4], batch_size=4)
+    first = dict(model.decoder._captured)
+    got = model.transcribe(paths[:3], batch_size=3)  # 3 rows run in the 4-row graph, the spare row empty
+    assert list(first) == [4] and model.decoder._captured == first
+    assert [t.token_ids for t in got] == [c["token_ids"] for c in ref["clips"][:3]]
+
+
+@pytest.mark.skipif(not V3, reason="set GRAPHSCRIBE_TEST_V3 to a 0.6b-v3-shaped .nemo")
+def test_fused_step_gives_the_pytorch_steps_tokens_v3():
+    """float32 on the 0.6b-v3 shape: the Triton step and the PyTorch step (cuBLAS, cuDNN) agree on real speech."""
+    from graphscribe.decoding import GreedyDecoder
+
+    model = gs.load_model(V3, device="cuda", dtype="float32")
+    audio = [model.read(speech_path(name)) for name in ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")]
+    encoded, lengths = model.encode([audio[0], audio[1], torch.cat(audio * 3)])
+    results = []
+    for fused in (True, False):
+        decoder = GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=True, fused=fused)
+        results.append([(h.token_ids, h.frames) for h in decoder.decode(encoded, lengths)])
+        assert (decoder._fused_step is not None) == fused
+    assert results[0] == results[1]
+    assert all(len(ids) > 10 for ids, _ in results[0])

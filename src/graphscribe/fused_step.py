@@ -50,6 +50,7 @@ class Tiles:
     cols: int  # LSTM gate rows / projection columns per program
     k: int  # reduction chunk
     dot: bool  # tensor cores (16-bit weights) or FMA (float32)
+    warps: int = 4  # per program
 
 
 FMA_TILES = Tiles(rows=8, joint_cols=32, cols=32, k=32, dot=False)
@@ -144,7 +145,7 @@ def _cell(gi, gf, gg, go, c):
     return tl.sigmoid(go) * _tanh(c), c
 
 
-@triton.jit(do_not_specialize=["N", "W", "max_tokens", "blank_id", "max_symbols"])
+@triton.jit(do_not_specialize=["W", "max_tokens", "blank_id", "max_symbols"])
 def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials of kernel 1; (D,) TDT durations
                     t, lengths, active, last_frame, run, count, row_steps, records,  # row state (N,), records (N, max_tokens, 3)
                     token, emit_out,  # (N,) out: the emitted token (or 0) and whether the row emitted
@@ -288,10 +289,11 @@ def _next_pow2(n: int) -> int:
 class FusedStep:
     """The step's weights laid out for the kernels, prepared once per decoder; called like `decode_step`."""
 
-    def __init__(self, prediction: PredictionNet, joint: Joint, dtype: torch.dtype, durations: tuple[int, ...]):
+    def __init__(self, prediction: PredictionNet, joint: Joint, dtype: torch.dtype, durations: tuple[int, ...],
+                 tiles: Tiles | None = None):
         lstm = prediction.prediction.dec_rnn.lstm
         self.layers, self.hidden = lstm.num_layers, lstm.hidden_size
-        self.tiles = DOT_TILES if dtype in (torch.bfloat16, torch.float16) else FMA_TILES
+        self.tiles = tiles or (DOT_TILES if dtype in (torch.bfloat16, torch.float16) else FMA_TILES)
         out = joint.joint_net[-1]
         self.vocab = joint.num_token_logits  # V + 1 token logits, blank last
         self.outputs, self.joint_hidden = out.weight.shape
@@ -312,6 +314,11 @@ class FusedStep:
         self.durations = torch.tensor(durations or (1,), device=self.table.device, dtype=torch.long)
         self.joint_blocks = triton.cdiv(self.outputs, self.tiles.joint_cols)
         self.gate_blocks = triton.cdiv(4 * self.hidden, self.tiles.cols)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights a step reads (the table's one row aside): the floor of its memory traffic."""
+        weights = [self.w_hh, self.w_pred, self.w_out, *self.w_ih]
+        return sum(w.numel() * w.element_size() for w in weights)
 
     def _scratch(self, buf) -> dict[str, torch.Tensor]:
         """Per-buffers scratch, made on the first call (before any capture) and kept with the buffers."""
@@ -334,7 +341,7 @@ class FusedStep:
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], buf.h, self.w_hh, s["hh"],
             n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, hidden, self.joint_blocks, self.gate_blocks,
-            BM=tiles.rows, BC=tiles.joint_cols, BQ=tiles.cols, BK=tiles.k, DOT=tiles.dot, TDT=self.tdt)
+            BM=tiles.rows, BC=tiles.joint_cols, BQ=tiles.cols, BK=tiles.k, DOT=tiles.dot, TDT=self.tdt, num_warps=tiles.warps)
         _advance_kernel[(n,)](
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], self.durations,
             buf.t, buf.lengths, buf.active, buf.last_frame, buf.run, buf.count, buf.row_steps, buf.records,
@@ -344,7 +351,8 @@ class FusedStep:
         for i in range(1, layers):
             _lstm_kernel[(triton.cdiv(hidden, tiles.cols),)](
                 s["hn"][i - 1], self.w_ih[i - 1], self.bias[i - 1], s["hh"][i], buf.c[i], s["hn"][i], s["cn"][i], s["emit"],
-                n, hidden, BM=tiles.rows, BC=tiles.cols, BK=tiles.k, DOT=tiles.dot)
+                n, hidden, BM=tiles.rows, BC=tiles.cols, BK=tiles.k, DOT=tiles.dot, num_warps=tiles.warps)
         _project_kernel[(triton.cdiv(self.joint_hidden, tiles.cols),)](
             s["hn"][layers - 1], self.w_pred, self.b_pred, buf.g, s["emit"], s["hn"], s["cn"], buf.h, buf.c,
-            n, hidden, self.joint_hidden, layers, BM=tiles.rows, BC=tiles.cols, BK=tiles.k, DOT=tiles.dot)
+            n, hidden, self.joint_hidden, layers, BM=tiles.rows, BC=tiles.cols, BK=tiles.k, DOT=tiles.dot,
+            num_warps=tiles.warps)

@@ -1,0 +1,108 @@
+#!/usr/bin/env python
+"""Measure the fused decode step's tile sizes and window per batch size on the GPU (the figures behind
+`fused_step.FMA_TILES` / `DOT_TILES` and `decoding.WINDOWS`).
+
+    python scripts/tune_step.py --model v3.nemo --out DIR [--parts tiles,windows]
+
+Decode-only times of the 77 s bench tier (the clip repeated B times), graphs on, median of 5
+after a warm-up that compiles and captures; float32 and bfloat16 (the joint in bfloat16, as
+`--dtype bfloat16` runs it). Every row says whether its tokens equal the default's. Writes
+tune.json and tune.md to DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+import graphscribe as gs
+from graphscribe.bench import tier_clips
+from graphscribe.decoding import GreedyDecoder
+from graphscribe.fused_step import DOT_TILES, FMA_TILES, FusedStep
+
+TILES = {
+    "float32": [FMA_TILES, replace(FMA_TILES, joint_cols=16, cols=16), replace(FMA_TILES, rows=4),
+                replace(FMA_TILES, joint_cols=64), replace(FMA_TILES, k=64, joint_cols=16, cols=16),
+                replace(FMA_TILES, warps=2), replace(FMA_TILES, warps=8), replace(FMA_TILES, rows=4, k=64)],
+    "bfloat16": [DOT_TILES, replace(DOT_TILES, joint_cols=32), replace(DOT_TILES, joint_cols=128),
+                 replace(DOT_TILES, cols=16), replace(DOT_TILES, cols=64), replace(DOT_TILES, k=128),
+                 replace(DOT_TILES, k=32), replace(DOT_TILES, warps=2), replace(DOT_TILES, warps=8)],
+}
+
+
+def timed(decoder, encoded, lengths, reps=5):
+    start = time.perf_counter()
+    hyps = decoder.decode(encoded, lengths)  # warm-up: compile (or load the kernel cache) and capture
+    warm = time.perf_counter() - start
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        decoder.decode(encoded, lengths)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3, warm, hyps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--parts", default="tiles,windows")
+    ap.add_argument("--batches", default="1,8,32,64,128")
+    ap.add_argument("--windows", default="1,2,4,8,16")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = gs.load_model(args.model, device="cuda", dtype="float32")
+    tier = tier_clips(model)[-1]
+    encoded32, lengths1 = model.encode([tier.audio])
+    joints = {"float32": model.module.joint, "bfloat16": copy.deepcopy(model.module.joint).to(torch.bfloat16)}
+    rows, lines = [], []
+
+    def run(dtype, batch, window=None, tiles=None):
+        encoded = encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous()
+        lengths = lengths1.expand(batch).contiguous()
+        decoder = GreedyDecoder(model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, window=window, fused=True)
+        decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, encoded.dtype, model.cfg.decoding.durations, tiles)
+        ms, warm, hyps = timed(decoder, encoded, lengths)
+        return ms, warm, hyps[0].steps, [(h.token_ids, h.frames) for h in hyps]
+
+    for dtype in ("float32", "bfloat16"):
+        if "tiles" in args.parts:
+            for batch in (1, 8):
+                base = None
+                for tiles in TILES[dtype]:
+                    ms, warm, steps, result = run(dtype, batch, tiles=tiles)
+                    base = base or result
+                    row = dict(part="tiles", dtype=dtype, batch=batch, tiles=asdict(tiles), ms=ms, steps=steps,
+                               us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
+                    rows.append(row)
+                    lines.append(f"| tiles | {dtype} | {batch} | {tiles.rows}x{tiles.joint_cols}/{tiles.cols}x{tiles.k} "
+                                 f"w{tiles.warps} | {ms:.2f} | {steps} | {row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
+                    print(lines[-1], flush=True)
+        if "windows" in args.parts:
+            for batch in map(int, args.batches.split(",")):
+                for window in map(int, args.windows.split(",")):
+                    ms, warm, steps, result = run(dtype, batch, window=window)
+                    row = dict(part="windows", dtype=dtype, batch=batch, window=window, ms=ms, steps=steps,
+                               us_per_step=ms * 1e3 / steps, warm_s=warm)
+                    rows.append(row)
+                    lines.append(f"| window {window} | {dtype} | {batch} | default | {ms:.2f} | {steps} | "
+                                 f"{row['us_per_step']:.1f} | {warm:.1f} | |")
+                    print(lines[-1], flush=True)
+    header = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {tier.name} tier, decode only, graphs, "
+              "median of 5 (ms)", "", "| what | dtype | B | tiles | ms | steps | us/step | warm-up s | same tokens |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    (args.out / "tune.md").write_text("\n".join(header + lines) + "\n")
+    (args.out / "tune.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
