@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .heads import Joint, PredictionNet
 
-_NO_INDEX = 2**30  # larger than any column index
+_NO_INDEX = tl.constexpr(2**30)  # larger than any column index
 
 
 @dataclass(frozen=True)
