@@ -35,7 +35,7 @@ from .heads import Joint, PredictionNet
 
 log = logging.getLogger(__name__)
 
-STEPS_PER_CHECK = 4  # decode steps run (or replayed) between two reads of "is any row still active"
+STEPS_PER_CHECK = 4  # decode steps run (or replayed) at a time; even: the fused step's state alternates buffers
 
 
 @dataclass
@@ -76,7 +76,8 @@ class DecodeBuffers:
         self.count = torch.zeros(n, **ints)  # tokens emitted so far
         self.records = torch.zeros(n, self.max_tokens, 3, device=device, dtype=torch.int32)  # [token, frame, duration]
         self.row_steps = torch.zeros(n, **ints)  # steps taken while the row was active
-        self.scratch: dict[str, torch.Tensor] | None = None  # the fused step's, made on its first call
+        self.scratch: dict | None = None  # the fused step's, made on its first call
+        self.parity = 0  # which of the fused step's two state buffers holds the state (0: h and c above)
 
     def reset(self, enc_projected: torch.Tensor, lengths: torch.Tensor, start: tuple[torch.Tensor, ...]) -> None:
         """Load a batch: enc_projected (B, T, J), lengths (B,) for the first B <= N rows (the others stay
@@ -95,6 +96,7 @@ class DecodeBuffers:
         self.run.zero_()
         self.count.zero_()
         self.row_steps.zero_()
+        self.parity = 0
 
 
 def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, blank_id: int, max_symbols: int) -> None:

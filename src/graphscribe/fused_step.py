@@ -14,16 +14,20 @@ step for the same `DecodeBuffers` in four launches (three for a one-layer predic
                        first LSTM layer's cell. Its input half, embedding times W_ih plus both
                        biases, is one row of a table computed once (`FusedStep.table`), so the
                        first layer reads a row instead of a matrix.
-  3. `_lstm_kernel`    each further LSTM layer: W_ih x plus the W_hh h of kernel 1, gates, cell.
-  4. `_project_kernel` g = W_pred h + b for the rows that emitted, and their new LSTM state
-                       written back (the kernels above write the new state aside, because
-                       other programs of their launch still read the old one).
+  3. `_gates_kernel`   each further LSTM layer's gates: W_ih h (of the layer below) plus the
+                       W_hh h of kernel 1 plus biases, spread over many programs by gate rows.
+  4. `_project_kernel` the top layer's cell and g = W_pred h + b for the rows that emitted, and
+                       the new state of the layers above the first.
 
-Arithmetic: float32 weights use plain FMA products reduced in an order fixed by the tile
-sizes, which do not depend on the batch size, so a row's result does not depend on its
-batch; 16-bit weights go through tensor cores (`tl.dot`), accumulating in float32. The
-LSTM state is float32 either way. Kernels 3 and 4 return at once when no row emitted, and
-kernel 1 when every row has finished.
+A cell is computed where its output is read, from the gates and the old cell state. The
+LSTM state is double-buffered: a step reads one copy and writes the other (rows that do not
+emit copy theirs), so no program overwrites what another program of its launch still reads;
+steps run in pairs (`STEPS_PER_CHECK` is even), so every round starts from `buf.h`, `buf.c`.
+
+Arithmetic: float32 weights go through `tl.dot` in IEEE float32 (FMA, each sum in k order,
+so a row's result does not depend on its batch); 16-bit weights through tensor cores,
+accumulating in float32. The LSTM state is float32 either way. Kernel 1 returns at once when
+every row has finished, kernel 3 when no row emitted.
 
 Tested against `decode_step` on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
@@ -45,25 +49,25 @@ _NO_INDEX = tl.constexpr(2**30)  # larger than any column index
 class Tiles:
     """Tile sizes of one arithmetic: rows x columns x reduction. The same for every batch size."""
 
-    rows: int  # batch rows (or row x window frames) per tile
+    rows: int  # batch rows (or row x window frames) per tile, >= 16 for tl.dot
     joint_cols: int  # joint output columns per program
     cols: int  # LSTM gate rows / projection columns per program
     k: int  # reduction chunk
-    dot: bool  # tensor cores (16-bit weights) or FMA (float32)
+    fp32: bool  # float32 weights: IEEE float32 products; else 16-bit weights on tensor cores
     warps: int = 4  # per program
 
 
-FMA_TILES = Tiles(rows=8, joint_cols=32, cols=32, k=32, dot=False)
-DOT_TILES = Tiles(rows=16, joint_cols=64, cols=32, k=64, dot=True)
+FP32_TILES = Tiles(rows=16, joint_cols=32, cols=16, k=32, fp32=True)
+HALF_TILES = Tiles(rows=16, joint_cols=64, cols=16, k=64, fp32=False)
 
 
 @triton.jit
-def _mac(acc, x, w, DOT: tl.constexpr):
+def _mac(acc, x, w, FP32: tl.constexpr):
     """acc (M, C) += x (M, K) @ w (C, K)^T, accumulating in float32."""
-    if DOT:
-        acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
+    if FP32:
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     else:
-        acc += tl.sum(x[:, None, :] * w[None, :, :].to(tl.float32), axis=2)
+        acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
     return acc
 
 
@@ -73,7 +77,33 @@ def _tanh(x):
 
 
 @triton.jit
-def _any(flags, N):
+def _cell(gi, gf, gg, go, c):
+    """LSTM cell (PyTorch's gate order i, f, g, o) -> new h, new c."""
+    c = tl.sigmoid(gf) * c + tl.sigmoid(gi) * _tanh(gg)
+    return tl.sigmoid(go) * _tanh(c), c
+
+
+@triton.jit
+def _cell_from_gates(gates, c, n, j, ok, H):
+    """New (h, c) of hidden units j for rows n from the layer's gates (N, 4H) and old cell state (N, H)."""
+    at = gates + n[:, None] * 4 * H + j[None, :]
+    return _cell(tl.load(at, mask=ok, other=0.0), tl.load(at + H, mask=ok, other=0.0),
+                 tl.load(at + 2 * H, mask=ok, other=0.0), tl.load(at + 3 * H, mask=ok, other=0.0),
+                 tl.load(c + n[:, None] * H + j[None, :], mask=ok, other=0.0))
+
+
+@triton.jit
+def _new_h(src, gates, c, n, k, ok, H, FROM_GATES: tl.constexpr):
+    """A (rows, k) tile of a layer's new h: read (the first layer's, from kernel 2), or made from its gates."""
+    if FROM_GATES:
+        h, _ = _cell_from_gates(gates, c, n, k, ok, H)
+    else:
+        h = tl.load(src + n[:, None] * H + k[None, :], mask=ok, other=0.0)
+    return h
+
+
+@triton.jit
+def _count(flags, N):
     """How many of the N flags are set (int32)."""
     n = tl.arange(0, 128)
     total = tl.sum(tl.load(flags + n, mask=n < N, other=0).to(tl.int32))
@@ -89,9 +119,9 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
                   h, w_hh, hh,  # (L, N, H) state, (L, 4H, H), (L, N, 4H) out
                   N, T, W, J, V1, O, H, NBJ, NBQ,
                   BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-                  DOT: tl.constexpr, TDT: tl.constexpr):
+                  FP32: tl.constexpr, TDT: tl.constexpr):
     pid = tl.program_id(0)
-    if _any(active, N) > 0:
+    if _count(active, N) > 0:
         if pid < NBJ:  # joint columns [pid * BC, pid * BC + BC)
             cols = pid * BC + tl.arange(0, BC)
             col_ok = cols < O
@@ -109,7 +139,7 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
                     f = tl.load(enc + enc_row[:, None] + k[None, :], mask=x_ok, other=0.0).to(tl.float32)
                     gk = tl.load(g + n[:, None] * J + k[None, :], mask=x_ok, other=0.0).to(tl.float32)
                     w = tl.load(w_out + cols[:, None] * J + k[None, :], mask=col_ok[:, None] & (k < J)[None, :], other=0.0)
-                    acc = _mac(acc, tl.maximum(f + gk, 0.0), w, DOT)
+                    acc = _mac(acc, tl.maximum(f + gk, 0.0), w, FP32)
                 logits = acc + bias[None, :]  # (BM, BC)
                 tokens = tl.where((cols < V1)[None, :], logits, float("-inf"))
                 best = tl.max(tokens, axis=1)
@@ -134,22 +164,15 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
                     k = k0 + tl.arange(0, BK)
                     x = tl.load(h + (layer * N + n[:, None]) * H + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
                     w = tl.load(w_hh + (layer * 4 * H + q[:, None]) * H + k[None, :], mask=q_ok[:, None] & (k < H)[None, :], other=0.0)
-                    acc = _mac(acc, x, w, DOT)
+                    acc = _mac(acc, x, w, FP32)
                 tl.store(hh + (layer * N + n[:, None]) * 4 * H + q[None, :], acc, mask=n_ok[:, None] & q_ok[None, :])
-
-
-@triton.jit
-def _cell(gi, gf, gg, go, c):
-    """LSTM cell (PyTorch's gate order i, f, g, o) -> new h, new c."""
-    c = tl.sigmoid(gf) * c + tl.sigmoid(gi) * _tanh(gg)
-    return tl.sigmoid(go) * _tanh(c), c
 
 
 @triton.jit(do_not_specialize=["W", "max_tokens", "blank_id", "max_symbols"])
 def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials of kernel 1; (D,) TDT durations
                     t, lengths, active, last_frame, run, count, row_steps, records,  # row state (N,), records (N, max_tokens, 3)
-                    token, emit_out,  # (N,) out: the emitted token (or 0) and whether the row emitted
-                    table, hh, c, hn, cn,  # (V + 1, 4H) first layer's input half; (N, 4H) its W_hh h; (N, H) c; (N, H) out x 2
+                    emit_out,  # (N,) out: whether the row emitted
+                    table, hh, h, c, h_out, c_out,  # (V + 1, 4H) first layer's input half; (N, 4H) its W_hh h; (N, H) x 4
                     W, NBJ, H, max_tokens, blank_id, max_symbols,
                     WB: tl.constexpr, NB: tl.constexpr, HB: tl.constexpr, TDT: tl.constexpr):
     row = tl.program_id(0)
@@ -201,85 +224,83 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials o
     t_new = t_row + advance * is_active
     tl.store(t + row, t_new)
     tl.store(active + row, t_new < length)
-    tl.store(token + row, tok)
     tl.store(emit_out + row, emit.to(tl.int32))
 
-    # the first LSTM layer for the emitted token
+    # the first LSTM layer: the cell for the emitted token, the old state for a row that did not emit
     j = tl.arange(0, HB)
-    ok = (j < H) & emit
+    ok = j < H
     x = table + tok.to(tl.int64) * 4 * H + j
     r = hh + row * 4 * H + j
-    gi = tl.load(x, mask=ok, other=0.0) + tl.load(r, mask=ok, other=0.0)
-    gf = tl.load(x + H, mask=ok, other=0.0) + tl.load(r + H, mask=ok, other=0.0)
-    gg = tl.load(x + 2 * H, mask=ok, other=0.0) + tl.load(r + 2 * H, mask=ok, other=0.0)
-    go = tl.load(x + 3 * H, mask=ok, other=0.0) + tl.load(r + 3 * H, mask=ok, other=0.0)
-    h_new, c_new = _cell(gi, gf, gg, go, tl.load(c + row * H + j, mask=ok, other=0.0))
-    tl.store(hn + row * H + j, h_new, mask=ok)
-    tl.store(cn + row * H + j, c_new, mask=ok)
+    new = ok & emit
+    gi = tl.load(x, mask=new, other=0.0) + tl.load(r, mask=new, other=0.0)
+    gf = tl.load(x + H, mask=new, other=0.0) + tl.load(r + H, mask=new, other=0.0)
+    gg = tl.load(x + 2 * H, mask=new, other=0.0) + tl.load(r + 2 * H, mask=new, other=0.0)
+    go = tl.load(x + 3 * H, mask=new, other=0.0) + tl.load(r + 3 * H, mask=new, other=0.0)
+    c_old = tl.load(c + row * H + j, mask=ok, other=0.0)
+    h_new, c_new = _cell(gi, gf, gg, go, c_old)
+    tl.store(h_out + row * H + j, tl.where(emit, h_new, tl.load(h + row * H + j, mask=ok, other=0.0)), mask=ok)
+    tl.store(c_out + row * H + j, tl.where(emit, c_new, c_old), mask=ok)
 
 
 @triton.jit(do_not_specialize=["N"])
-def _lstm_kernel(x_in, w_ih, bias, hh, c, hn, cn, emit,  # (N, H) the layer below's new h; (4H, H); (4H,); (N, 4H); (N, H) x 3
-                 N, H, BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr):
-    if _any(emit, N) > 0:
-        j = tl.program_id(0) * BC + tl.arange(0, BC)  # hidden units of this program, all four gates
-        j_ok = j < H
+def _gates_kernel(x_src, x_gates, x_c,  # the layer below: its new h (N, H), or its gates (N, 4H) and old c (N, H)
+                  w_ih, bias, hh, gates, emit,  # (4H, H), (4H,), (N, 4H) W_hh h, (N, 4H) out, (N,)
+                  N, H, BM: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+                  FP32: tl.constexpr, FROM_GATES: tl.constexpr):
+    if _count(emit, N) > 0:
+        q = tl.program_id(0) * BQ + tl.arange(0, BQ)  # gate rows of this program
+        q_ok = q < 4 * H
+        b = tl.load(bias + q, mask=q_ok, other=0.0)
         for n0 in range(0, N, BM):
             n = n0 + tl.arange(0, BM)
             n_ok = n < N
-            acc_i = tl.zeros((BM, BC), tl.float32)
-            acc_f = tl.zeros((BM, BC), tl.float32)
-            acc_g = tl.zeros((BM, BC), tl.float32)
-            acc_o = tl.zeros((BM, BC), tl.float32)
+            acc = tl.zeros((BM, BQ), tl.float32)
             for k0 in range(0, H, BK):
                 k = k0 + tl.arange(0, BK)
-                k_ok = (k < H)[None, :]
-                x = tl.load(x_in + n[:, None] * H + k[None, :], mask=n_ok[:, None] & k_ok, other=0.0)
-                w = w_ih + j[:, None] * H + k[None, :]
-                w_ok = j_ok[:, None] & k_ok
-                acc_i = _mac(acc_i, x, tl.load(w, mask=w_ok, other=0.0), DOT)
-                acc_f = _mac(acc_f, x, tl.load(w + H * H, mask=w_ok, other=0.0), DOT)
-                acc_g = _mac(acc_g, x, tl.load(w + 2 * H * H, mask=w_ok, other=0.0), DOT)
-                acc_o = _mac(acc_o, x, tl.load(w + 3 * H * H, mask=w_ok, other=0.0), DOT)
-            ok = n_ok[:, None] & j_ok[None, :]
-            r = hh + n[:, None] * 4 * H + j[None, :]
-            b = bias + j[None, :]
-            gi = acc_i + tl.load(r, mask=ok, other=0.0) + tl.load(b, mask=j_ok[None, :], other=0.0)
-            gf = acc_f + tl.load(r + H, mask=ok, other=0.0) + tl.load(b + H, mask=j_ok[None, :], other=0.0)
-            gg = acc_g + tl.load(r + 2 * H, mask=ok, other=0.0) + tl.load(b + 2 * H, mask=j_ok[None, :], other=0.0)
-            go = acc_o + tl.load(r + 3 * H, mask=ok, other=0.0) + tl.load(b + 3 * H, mask=j_ok[None, :], other=0.0)
-            h_new, c_new = _cell(gi, gf, gg, go, tl.load(c + n[:, None] * H + j[None, :], mask=ok, other=0.0))
-            tl.store(hn + n[:, None] * H + j[None, :], h_new, mask=ok)
-            tl.store(cn + n[:, None] * H + j[None, :], c_new, mask=ok)
+                x = _new_h(x_src, x_gates, x_c, n, k, n_ok[:, None] & (k < H)[None, :], H, FROM_GATES)
+                w = tl.load(w_ih + q[:, None] * H + k[None, :], mask=q_ok[:, None] & (k < H)[None, :], other=0.0)
+                acc = _mac(acc, x, w, FP32)
+            ok = n_ok[:, None] & q_ok[None, :]
+            acc += tl.load(hh + n[:, None] * 4 * H + q[None, :], mask=ok, other=0.0) + b[None, :]
+            tl.store(gates + n[:, None] * 4 * H + q[None, :], acc, mask=ok)
 
 
-@triton.jit(do_not_specialize=["N"])
-def _project_kernel(h_top, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J, H); (J,); (N, J) out
-                    hn, cn, h, c,  # (L, N, H) new state -> state, for the rows that emitted
-                    N, H, J, L, BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr):
-    if _any(emit, N) > 0:
-        pid = tl.program_id(0)
+@triton.jit(do_not_specialize=["N", "L"])
+def _project_kernel(top_src, gates, h, c, h_out, c_out,  # (N, H) first layer's new h; (L, N, 4H); (L, N, H) x 4
+                    w_pred, b_pred, g, emit,  # (J, H), (J,), (N, J) out, (N,)
+                    N, H, J, L, BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                    FP32: tl.constexpr, TOP_FROM_GATES: tl.constexpr):
+    pid = tl.program_id(0)
+    top = L - 1
+    if _count(emit, N) > 0:  # g = W_pred h + b of the top layer's new h, for the rows that emitted
         j = pid * BC + tl.arange(0, BC)
         j_ok = j < J
         bias = tl.load(b_pred + j, mask=j_ok, other=0.0).to(tl.float32)
         for n0 in range(0, N, BM):
             n = n0 + tl.arange(0, BM)
             n_ok = n < N
-            emitted = tl.load(emit + n, mask=n_ok, other=0) != 0
             acc = tl.zeros((BM, BC), tl.float32)
             for k0 in range(0, H, BK):
                 k = k0 + tl.arange(0, BK)
-                x = tl.load(h_top + n[:, None] * H + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
+                x = _new_h(top_src, gates + top * N * 4 * H, c + top * N * H, n, k, n_ok[:, None] & (k < H)[None, :],
+                           H, TOP_FROM_GATES)
                 w = tl.load(w_pred + j[:, None] * H + k[None, :], mask=j_ok[:, None] & (k < H)[None, :], other=0.0)
-                acc = _mac(acc, x, w, DOT)
+                acc = _mac(acc, x, w, FP32)
+            emitted = tl.load(emit + n, mask=n_ok, other=0) != 0
             tl.store(g + n[:, None] * J + j[None, :], acc + bias[None, :], mask=(n_ok & emitted)[:, None] & j_ok[None, :])
-            for col0 in range(pid * BC, H, tl.num_programs(0) * BC):  # this program's share of the state
-                col = col0 + tl.arange(0, BC)
-                ok = (n_ok & emitted)[:, None] & (col < H)[None, :]
-                for layer in range(0, L):
-                    at = (layer * N + n[:, None]) * H + col[None, :]
-                    tl.store(h + at, tl.load(hn + at, mask=ok), mask=ok)
-                    tl.store(c + at, tl.load(cn + at, mask=ok), mask=ok)
+    # the new state of layers 1.. for this program's share of the hidden units (layer 0's came from kernel 2)
+    for j0 in range(pid * BC, H, tl.num_programs(0) * BC):
+        j = j0 + tl.arange(0, BC)
+        for n0 in range(0, N, BM):
+            n = n0 + tl.arange(0, BM)
+            n_ok = n < N
+            ok = n_ok[:, None] & (j < H)[None, :]
+            emitted = (tl.load(emit + n, mask=n_ok, other=0) != 0)[:, None]
+            for layer in range(1, L):
+                at = (layer * N + n[:, None]) * H + j[None, :]
+                h_new, c_new = _cell_from_gates(gates + layer * N * 4 * H, c + layer * N * H, n, j, ok, H)
+                tl.store(h_out + at, tl.where(emitted, h_new, tl.load(h + at, mask=ok, other=0.0)), mask=ok)
+                tl.store(c_out + at, tl.where(emitted, c_new, tl.load(c + at, mask=ok, other=0.0)), mask=ok)
 
 
 def _next_pow2(n: int) -> int:
@@ -293,7 +314,7 @@ class FusedStep:
                  tiles: Tiles | None = None):
         lstm = prediction.prediction.dec_rnn.lstm
         self.layers, self.hidden = lstm.num_layers, lstm.hidden_size
-        self.tiles = tiles or (DOT_TILES if dtype in (torch.bfloat16, torch.float16) else FMA_TILES)
+        self.tiles = tiles or (HALF_TILES if dtype in (torch.bfloat16, torch.float16) else FP32_TILES)
         out = joint.joint_net[-1]
         self.vocab = joint.num_token_logits  # V + 1 token logits, blank last
         self.outputs, self.joint_hidden = out.weight.shape
@@ -320,39 +341,47 @@ class FusedStep:
         weights = [self.w_hh, self.w_pred, self.w_out, *self.w_ih]
         return sum(w.numel() * w.element_size() for w in weights)
 
-    def _scratch(self, buf) -> dict[str, torch.Tensor]:
+    def _scratch(self, buf) -> dict:
         """Per-buffers scratch, made on the first call (before any capture) and kept with the buffers."""
         if buf.scratch is None:
             n, w, device = buf.n, buf.window, buf.t.device
             partial = (n * w, self.joint_blocks)
-            state = (self.layers, n, self.hidden)
+            gates = (self.layers, n, 4 * self.hidden)
             buf.scratch = dict(
                 tok_val=torch.empty(partial, device=device), tok_idx=torch.empty(partial, device=device, dtype=torch.int32),
                 dur_val=torch.empty(partial, device=device), dur_idx=torch.empty(partial, device=device, dtype=torch.int32),
-                hh=torch.empty(self.layers, n, 4 * self.hidden, device=device),
-                hn=torch.empty(state, device=device), cn=torch.empty(state, device=device),
-                token=torch.zeros(n, device=device, dtype=torch.long), emit=torch.zeros(n, device=device, dtype=torch.int32))
+                hh=torch.empty(gates, device=device), gates=torch.zeros(gates, device=device),
+                emit=torch.zeros(n, device=device, dtype=torch.int32),
+                states=((buf.h, buf.c), (torch.empty_like(buf.h), torch.empty_like(buf.c))))  # read one, write the other
         return buf.scratch
+
+    def state(self, buf) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LSTM state (h, c) after the steps so far: `buf.h`, `buf.c` after an even number of steps."""
+        return self._scratch(buf)["states"][buf.parity]
 
     def __call__(self, buf, prediction=None, joint=None, blank_id: int = 0, max_symbols: int = 10) -> None:
         s, tiles = self._scratch(buf), self.tiles
         n, w, layers, hidden = buf.n, buf.window, self.layers, self.hidden
+        (h, c), (h_out, c_out) = s["states"][buf.parity], s["states"][1 - buf.parity]
+        buf.parity = 1 - buf.parity
         _joint_kernel[(self.joint_blocks + layers * self.gate_blocks,)](
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
-            s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], buf.h, self.w_hh, s["hh"],
+            s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], h, self.w_hh, s["hh"],
             n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, hidden, self.joint_blocks, self.gate_blocks,
-            BM=tiles.rows, BC=tiles.joint_cols, BQ=tiles.cols, BK=tiles.k, DOT=tiles.dot, TDT=self.tdt, num_warps=tiles.warps)
+            BM=tiles.rows, BC=tiles.joint_cols, BQ=tiles.cols, BK=tiles.k, FP32=tiles.fp32, TDT=self.tdt,
+            num_warps=tiles.warps)
         _advance_kernel[(n,)](
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], self.durations,
             buf.t, buf.lengths, buf.active, buf.last_frame, buf.run, buf.count, buf.row_steps, buf.records,
-            s["token"], s["emit"], self.table, s["hh"][0], buf.c[0], s["hn"][0], s["cn"][0],
+            s["emit"], self.table, s["hh"][0], h[0], c[0], h_out[0], c_out[0],
             w, self.joint_blocks, hidden, buf.max_tokens, blank_id, max_symbols,
             WB=_next_pow2(w), NB=_next_pow2(self.joint_blocks), HB=_next_pow2(hidden), TDT=self.tdt)
-        for i in range(1, layers):
-            _lstm_kernel[(triton.cdiv(hidden, tiles.cols),)](
-                s["hn"][i - 1], self.w_ih[i - 1], self.bias[i - 1], s["hh"][i], buf.c[i], s["hn"][i], s["cn"][i], s["emit"],
-                n, hidden, BM=tiles.rows, BC=tiles.cols, BK=tiles.k, DOT=tiles.dot, num_warps=tiles.warps)
+        for i in range(1, layers):  # the layer below: its new h (i == 1), else its gates and old cell state
+            _gates_kernel[(self.gate_blocks,)](
+                h_out[0], s["gates"][i - 1], c[i - 1], self.w_ih[i - 1], self.bias[i - 1], s["hh"][i], s["gates"][i],
+                s["emit"], n, hidden, BM=tiles.rows, BQ=tiles.cols, BK=tiles.k, FP32=tiles.fp32, FROM_GATES=i > 1,
+                num_warps=tiles.warps)
         _project_kernel[(triton.cdiv(self.joint_hidden, tiles.cols),)](
-            s["hn"][layers - 1], self.w_pred, self.b_pred, buf.g, s["emit"], s["hn"], s["cn"], buf.h, buf.c,
-            n, hidden, self.joint_hidden, layers, BM=tiles.rows, BC=tiles.cols, BK=tiles.k, DOT=tiles.dot,
-            num_warps=tiles.warps)
+            h_out[0], s["gates"], h, c, h_out, c_out, self.w_pred, self.b_pred, buf.g, s["emit"],
+            n, hidden, self.joint_hidden, layers, BM=tiles.rows, BC=tiles.cols, BK=tiles.k, FP32=tiles.fp32,
+            TOP_FROM_GATES=layers > 1, num_warps=tiles.warps)

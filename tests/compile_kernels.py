@@ -1,0 +1,43 @@
+"""Compile the fused decode step's kernels for a Hopper GPU (sm_90) without one: Triton's compiler and ptxas
+run on the CPU. Run by tests/test_fused_step.py in a process of its own (without the interpreter)."""
+
+import inspect
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from graphscribe import fused_step as fs
+
+F32, I32, I64 = "*fp32", "*i32", "*i64"
+
+
+def compile_kernel(kernel, pointers: dict[str, str], constexprs: dict) -> None:
+    """Scalars are i32 unless named; every parameter not in `constexprs` is a pointer in `pointers` or a scalar."""
+    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32")
+                 for name in inspect.signature(kernel.fn).parameters}
+    triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+
+
+def main() -> None:
+    for weights, tiles in (("*fp32", fs.FP32_TILES), ("*bf16", fs.HALF_TILES)):
+        mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32)
+        for tdt in (True, False):
+            compile_kernel(fs._joint_kernel, dict(enc=weights, g=weights, t=I64, active="*i1", w_out=weights, b_out=F32,
+                                                  tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32, h=F32, w_hh=weights,
+                                                  hh=F32), dict(mm, BC=tiles.joint_cols, BQ=tiles.cols, TDT=tdt))
+            compile_kernel(fs._advance_kernel, dict(tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32, durations=I64,
+                                                    t=I64, lengths=I64, active="*i1", last_frame=I64, run=I64, count=I64,
+                                                    row_steps=I64, records=I32, emit_out=I32, table=F32, hh=F32, h=F32,
+                                                    c=F32, h_out=F32, c_out=F32), dict(WB=8, NB=256, HB=1024, TDT=tdt))
+        for from_gates in (False, True):
+            compile_kernel(fs._gates_kernel, dict(x_src=F32, x_gates=F32, x_c=F32, w_ih=weights, bias=F32, hh=F32,
+                                                  gates=F32, emit=I32), dict(mm, BQ=tiles.cols, FROM_GATES=from_gates))
+            compile_kernel(fs._project_kernel, dict(top_src=F32, gates=F32, h=F32, c=F32, h_out=F32, c_out=F32,
+                                                    w_pred=weights, b_pred=F32, g=weights, emit=I32),
+                           dict(mm, BC=tiles.cols, TOP_FROM_GATES=from_gates))
+    print("compiled")
+
+
+if __name__ == "__main__":
+    main()
