@@ -57,7 +57,7 @@ run_profile() {
     done
 }
 run_tune() {
-    step "tune" 280 python3 scripts/tune_step.py --model $ckpt --out "$OUT"
+    step "tune" 330 python3 scripts/tune_step.py --model $ckpt --out "$OUT"
 }
 
 for what in "${@:-checkpoint compare tests bench profile tune}"; do

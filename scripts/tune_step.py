@@ -25,15 +25,15 @@ import torch
 import graphscribe as gs
 from graphscribe.bench import tier_clips
 from graphscribe.decoding import GreedyDecoder
-from graphscribe.fused_step import DOT_TILES, FMA_TILES, FusedStep
+from graphscribe.fused_step import FP32_TILES, HALF_TILES, FusedStep
 
 TILES = {
-    "float32": [FMA_TILES, replace(FMA_TILES, joint_cols=16, cols=16), replace(FMA_TILES, rows=4),
-                replace(FMA_TILES, joint_cols=64), replace(FMA_TILES, k=64, joint_cols=16, cols=16),
-                replace(FMA_TILES, warps=2), replace(FMA_TILES, warps=8), replace(FMA_TILES, rows=4, k=64)],
-    "bfloat16": [DOT_TILES, replace(DOT_TILES, joint_cols=32), replace(DOT_TILES, joint_cols=128),
-                 replace(DOT_TILES, cols=16), replace(DOT_TILES, cols=64), replace(DOT_TILES, k=128),
-                 replace(DOT_TILES, k=32), replace(DOT_TILES, warps=2), replace(DOT_TILES, warps=8)],
+    "float32": [FP32_TILES, replace(FP32_TILES, joint_cols=16), replace(FP32_TILES, joint_cols=64),
+                replace(FP32_TILES, cols=32), replace(FP32_TILES, k=16), replace(FP32_TILES, k=64),
+                replace(FP32_TILES, warps=2), replace(FP32_TILES, warps=8)],
+    "bfloat16": [HALF_TILES, replace(HALF_TILES, joint_cols=32), replace(HALF_TILES, joint_cols=128),
+                 replace(HALF_TILES, cols=32), replace(HALF_TILES, k=32), replace(HALF_TILES, k=128),
+                 replace(HALF_TILES, warps=2), replace(HALF_TILES, warps=8)],
 }
 
 
@@ -56,8 +56,8 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="tiles,windows")
-    ap.add_argument("--batches", default="1,8,32,64,128")
-    ap.add_argument("--windows", default="1,2,4,8,16")
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--windows", default="1,2,4,8")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = gs.load_model(args.model, device="cuda", dtype="float32")
