@@ -28,13 +28,19 @@ from graphscribe.decoding import GreedyDecoder
 from graphscribe.fused_step import FP32_TILES, HALF_TILES, FusedStep
 
 TILES = {
-    "float32": [FP32_TILES, replace(FP32_TILES, joint_cols=16), replace(FP32_TILES, joint_cols=64),
-                replace(FP32_TILES, cols=32), replace(FP32_TILES, k=16), replace(FP32_TILES, k=64),
-                replace(FP32_TILES, warps=2), replace(FP32_TILES, warps=8)],
+    "float32": [FP32_TILES, replace(FP32_TILES, fp32="tf32x3"), replace(FP32_TILES, fp32="tf32x3", joint_cols=64),
+                replace(FP32_TILES, fp32="tf32x3", k=64), replace(FP32_TILES, fp32="tf32x3", units=8),
+                replace(FP32_TILES, fp32="tf32x3", proj_cols=32), replace(FP32_TILES, fp32="tf32x3", warps=2),
+                replace(FP32_TILES, joint_cols=64), replace(FP32_TILES, k=16)],
     "bfloat16": [HALF_TILES, replace(HALF_TILES, joint_cols=32), replace(HALF_TILES, joint_cols=128),
-                 replace(HALF_TILES, cols=32), replace(HALF_TILES, k=32), replace(HALF_TILES, k=128),
-                 replace(HALF_TILES, warps=2), replace(HALF_TILES, warps=8)],
+                 replace(HALF_TILES, units=8), replace(HALF_TILES, proj_cols=32), replace(HALF_TILES, k=64),
+                 replace(HALF_TILES, k=16), replace(HALF_TILES, warps=2), replace(HALF_TILES, advance_warps=4)],
 }
+
+
+def _tiles(t) -> str:
+    return (f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
+            f"warps {t.warps}/{t.advance_warps}")
 
 
 def timed(decoder, encoded, lengths, reps=5):
@@ -84,8 +90,8 @@ def main() -> None:
                     row = dict(part="tiles", dtype=dtype, batch=batch, tiles=asdict(tiles), ms=ms, steps=steps,
                                us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
                     rows.append(row)
-                    lines.append(f"| tiles | {dtype} | {batch} | {tiles.rows}x{tiles.joint_cols}/{tiles.cols}x{tiles.k} "
-                                 f"w{tiles.warps} | {ms:.2f} | {steps} | {row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
+                    lines.append(f"| tiles | {dtype} | {batch} | {_tiles(tiles)} | {ms:.2f} | {steps} | "
+                                 f"{row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
                     print(lines[-1], flush=True)
         if "windows" in args.parts:
             for batch in map(int, args.batches.split(",")):

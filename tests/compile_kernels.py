@@ -2,6 +2,7 @@
 run on the CPU. Run by tests/test_fused_step.py in a process of its own (without the interpreter)."""
 
 import inspect
+from dataclasses import replace
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -20,22 +21,21 @@ def compile_kernel(kernel, pointers: dict[str, str], constexprs: dict) -> None:
 
 
 def main() -> None:
-    for weights, tiles in (("*fp32", fs.FP32_TILES), ("*bf16", fs.HALF_TILES)):
-        mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32)
+    for weights, tiles in (("*fp32", fs.FP32_TILES), ("*fp32", replace(fs.FP32_TILES, fp32="tf32x3")), ("*bf16", fs.HALF_TILES)):
+        mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32 or "", PDL=True)
         for tdt in (True, False):
             compile_kernel(fs._joint_kernel, dict(enc=weights, g=weights, t=I64, active="*i1", w_out=weights, b_out=F32,
                                                   tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32, h=F32, w_hh=weights,
-                                                  hh=F32), dict(mm, BC=tiles.joint_cols, BQ=tiles.cols, TDT=tdt))
+                                                  hh=F32), dict(mm, BC=tiles.joint_cols, BQ=4 * tiles.units, TDT=tdt))
             compile_kernel(fs._advance_kernel, dict(tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32, durations=I64,
                                                     t=I64, lengths=I64, active="*i1", last_frame=I64, run=I64, count=I64,
                                                     row_steps=I64, records=I32, emit_out=I32, table=F32, hh=F32, h=F32,
-                                                    c=F32, h_out=F32, c_out=F32), dict(WB=8, NB=256, HB=1024, TDT=tdt))
-        for from_gates in (False, True):
-            compile_kernel(fs._gates_kernel, dict(x_src=F32, x_gates=F32, x_c=F32, w_ih=weights, bias=F32, hh=F32,
-                                                  gates=F32, emit=I32), dict(mm, BQ=tiles.cols, FROM_GATES=from_gates))
-            compile_kernel(fs._project_kernel, dict(top_src=F32, gates=F32, h=F32, c=F32, h_out=F32, c_out=F32,
-                                                    w_pred=weights, b_pred=F32, g=weights, emit=I32),
-                           dict(mm, BC=tiles.cols, TOP_FROM_GATES=from_gates))
+                                                    c=F32, h_out=F32, c_out=F32),
+                           dict(WB=8, NB=256, HB=1024, TDT=tdt, PDL=True))
+        compile_kernel(fs._lstm_kernel, dict(x=F32, w_ih=weights, bias=F32, hh=F32, h=F32, c=F32, h_out=F32, c_out=F32,
+                                             emit=I32), dict(mm, BU=tiles.units))
+        compile_kernel(fs._project_kernel, dict(x=F32, w_pred=weights, b_pred=F32, g=weights, emit=I32),
+                       dict(mm, BC=tiles.proj_cols))
     print("compiled")
 
 

@@ -14,31 +14,36 @@ step for the same `DecodeBuffers` in four launches (three for a one-layer predic
                        first LSTM layer's cell. Its input half, embedding times W_ih plus both
                        biases, is one row of a table computed once (`FusedStep.table`), so the
                        first layer reads a row instead of a matrix.
-  3. `_gates_kernel`   each further LSTM layer's gates: W_ih h (of the layer below) plus the
-                       W_hh h of kernel 1 plus biases, spread over many programs by gate rows.
-  4. `_project_kernel` the top layer's cell and g = W_pred h + b for the rows that emitted, and
-                       the new state of the layers above the first.
+  3. `_lstm_kernel`    each further LSTM layer: a program takes a few hidden units and all four
+                       of their gate rows, so W_ih h (of the layer below), the W_hh h of kernel 1,
+                       biases and the cell update stay in one program.
+  4. `_project_kernel` g = W_pred h + b of the top layer's new h, for the rows that emitted.
 
-A cell is computed where its output is read, from the gates and the old cell state. The
-LSTM state is double-buffered: a step reads one copy and writes the other (rows that do not
-emit copy theirs), so no program overwrites what another program of its launch still reads;
-steps run in pairs (`STEPS_PER_CHECK` is even), so every round starts from `buf.h`, `buf.c`.
+The LSTM state is double-buffered: a step reads one copy and writes the other (rows that do
+not emit copy theirs), so no program overwrites what another program of its launch still
+reads; steps run in pairs (`STEPS_PER_CHECK` is even), so every round starts from `buf.h`,
+`buf.c`. On Hopper the kernels are launched as programmatic dependent launches: the next
+kernel is scheduled while the last one finishes, and waits (`gdc_wait`) before it reads.
 
-Arithmetic: float32 weights go through `tl.dot` in IEEE float32 (FMA, each sum in k order,
-so a row's result does not depend on its batch); 16-bit weights through tensor cores,
-accumulating in float32. The LSTM state is float32 either way. Kernel 1 returns at once when
-every row has finished, kernel 3 when no row emitted.
+Arithmetic: 16-bit weights go through tensor cores, accumulating in float32. Float32
+weights take `Tiles.fp32`: "ieee" (FMA, each sum in k order) or "tf32x3" (tensor cores, each
+product split in three TF32 products: float32's accuracy, not its exact bits). Tile shapes do
+not depend on the batch, so a row's result does not depend on its batch. The LSTM state is
+float32 either way. Kernel 1 returns at once when every row has finished; kernels 3 and 4
+skip their products when no row emitted.
 
 Tested against `decode_step` on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .heads import Joint, PredictionNet
 
@@ -47,28 +52,38 @@ _NO_INDEX = tl.constexpr(2**30)  # larger than any column index
 
 @dataclass(frozen=True)
 class Tiles:
-    """Tile sizes of one arithmetic: rows x columns x reduction. The same for every batch size."""
+    """Tile sizes and arithmetic of the kernels. The same for every batch size."""
 
-    rows: int  # batch rows (or row x window frames) per tile, >= 16 for tl.dot
     joint_cols: int  # joint output columns per program
-    cols: int  # LSTM gate rows / projection columns per program
+    units: int  # LSTM hidden units per program (4x as many gate rows)
+    proj_cols: int  # projection columns per program
     k: int  # reduction chunk
-    fp32: bool  # float32 weights: IEEE float32 products; else 16-bit weights on tensor cores
-    warps: int = 4  # per program
+    fp32: str | None  # float32 weights: "ieee" or "tf32x3"; None: 16-bit weights
+    rows: int = 16  # batch rows (or rows x window frames) per tile; tl.dot wants >= 16
+    warps: int = 4  # per program of the matrix kernels
+    advance_warps: int = 1  # per program (one row) of the advance kernel
 
 
-FP32_TILES = Tiles(rows=16, joint_cols=32, cols=16, k=32, fp32=True)
-HALF_TILES = Tiles(rows=16, joint_cols=64, cols=16, k=64, fp32=False)
+FP32_TILES = Tiles(joint_cols=32, units=4, proj_cols=16, k=32, fp32="ieee")
+HALF_TILES = Tiles(joint_cols=64, units=4, proj_cols=16, k=32, fp32=None)
 
 
 @triton.jit
 def _mac(acc, x, w, FP32: tl.constexpr):
-    """acc (M, C) += x (M, K) @ w (C, K)^T, accumulating in float32."""
-    if FP32:
-        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-    else:
+    """acc (M, C) += x (M, K) @ w (C, K)^T, accumulating in float32; FP32: "ieee", "tf32x3" or "" (16-bit w)."""
+    if FP32 == "":
         acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
+    else:
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=FP32)
     return acc
+
+
+@triton.jit
+def _wait_for_previous(PDL: tl.constexpr):
+    """Programmatic dependent launch: wait until the previous kernel is done, and let the next one be scheduled."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -81,25 +96,6 @@ def _cell(gi, gf, gg, go, c):
     """LSTM cell (PyTorch's gate order i, f, g, o) -> new h, new c."""
     c = tl.sigmoid(gf) * c + tl.sigmoid(gi) * _tanh(gg)
     return tl.sigmoid(go) * _tanh(c), c
-
-
-@triton.jit
-def _cell_from_gates(gates, c, n, j, ok, H):
-    """New (h, c) of hidden units j for rows n from the layer's gates (N, 4H) and old cell state (N, H)."""
-    at = gates + n[:, None] * 4 * H + j[None, :]
-    return _cell(tl.load(at, mask=ok, other=0.0), tl.load(at + H, mask=ok, other=0.0),
-                 tl.load(at + 2 * H, mask=ok, other=0.0), tl.load(at + 3 * H, mask=ok, other=0.0),
-                 tl.load(c + n[:, None] * H + j[None, :], mask=ok, other=0.0))
-
-
-@triton.jit
-def _new_h(src, gates, c, n, k, ok, H, FROM_GATES: tl.constexpr):
-    """A (rows, k) tile of a layer's new h: read (the first layer's, from kernel 2), or made from its gates."""
-    if FROM_GATES:
-        h, _ = _cell_from_gates(gates, c, n, k, ok, H)
-    else:
-        h = tl.load(src + n[:, None] * H + k[None, :], mask=ok, other=0.0)
-    return h
 
 
 @triton.jit
@@ -119,8 +115,9 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
                   h, w_hh, hh,  # (L, N, H) state, (L, 4H, H), (L, N, 4H) out
                   N, T, W, J, V1, O, H, NBJ, NBQ,
                   BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-                  FP32: tl.constexpr, TDT: tl.constexpr):
+                  FP32: tl.constexpr, TDT: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
+    _wait_for_previous(PDL)
     if _count(active, N) > 0:
         if pid < NBJ:  # joint columns [pid * BC, pid * BC + BC)
             cols = pid * BC + tl.arange(0, BC)
@@ -174,8 +171,9 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials o
                     emit_out,  # (N,) out: whether the row emitted
                     table, hh, h, c, h_out, c_out,  # (V + 1, 4H) first layer's input half; (N, 4H) its W_hh h; (N, H) x 4
                     W, NBJ, H, max_tokens, blank_id, max_symbols,
-                    WB: tl.constexpr, NB: tl.constexpr, HB: tl.constexpr, TDT: tl.constexpr):
+                    WB: tl.constexpr, NB: tl.constexpr, HB: tl.constexpr, TDT: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
+    _wait_for_previous(PDL)
     w = tl.arange(0, WB)
     w_ok = w < W
     tile = (row * W + w)[:, None] * NBJ + tl.arange(0, NB)[None, :]
@@ -243,37 +241,47 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials o
 
 
 @triton.jit(do_not_specialize=["N"])
-def _gates_kernel(x_src, x_gates, x_c,  # the layer below: its new h (N, H), or its gates (N, 4H) and old c (N, H)
-                  w_ih, bias, hh, gates, emit,  # (4H, H), (4H,), (N, 4H) W_hh h, (N, 4H) out, (N,)
-                  N, H, BM: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-                  FP32: tl.constexpr, FROM_GATES: tl.constexpr):
-    if _count(emit, N) > 0:
-        q = tl.program_id(0) * BQ + tl.arange(0, BQ)  # gate rows of this program
-        q_ok = q < 4 * H
-        b = tl.load(bias + q, mask=q_ok, other=0.0)
-        for n0 in range(0, N, BM):
-            n = n0 + tl.arange(0, BM)
-            n_ok = n < N
-            acc = tl.zeros((BM, BQ), tl.float32)
+def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h below; (4H, H); (4H,); (N, 4H); (N, H) x 4
+                 N, H, BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr):
+    _wait_for_previous(PDL)
+    units = tl.program_id(0) * BU + tl.arange(0, BU)  # hidden units of this program
+    u_ok = units < H
+    g4 = tl.arange(0, 4 * BU)
+    q = (g4 // BU) * H + tl.program_id(0) * BU + g4 % BU  # their gate rows, gate by gate: i.., f.., g.., o..
+    q_ok = (tl.program_id(0) * BU + g4 % BU) < H
+    any_emit = _count(emit, N) > 0
+    b = tl.load(bias + q, mask=q_ok, other=0.0)
+    for n0 in range(0, N, BM):
+        n = n0 + tl.arange(0, BM)
+        n_ok = n < N
+        acc = tl.zeros((BM, 4 * BU), tl.float32)
+        if any_emit:
             for k0 in range(0, H, BK):
                 k = k0 + tl.arange(0, BK)
-                x = _new_h(x_src, x_gates, x_c, n, k, n_ok[:, None] & (k < H)[None, :], H, FROM_GATES)
+                xk = tl.load(x + n[:, None] * H + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
                 w = tl.load(w_ih + q[:, None] * H + k[None, :], mask=q_ok[:, None] & (k < H)[None, :], other=0.0)
-                acc = _mac(acc, x, w, FP32)
-            ok = n_ok[:, None] & q_ok[None, :]
-            acc += tl.load(hh + n[:, None] * 4 * H + q[None, :], mask=ok, other=0.0) + b[None, :]
-            tl.store(gates + n[:, None] * 4 * H + q[None, :], acc, mask=ok)
+                acc = _mac(acc, xk, w, FP32)
+        acc += tl.load(hh + n[:, None] * 4 * H + q[None, :], mask=n_ok[:, None] & q_ok[None, :], other=0.0) + b[None, :]
+        # (BM, 4 BU) -> four (BM, BU) gates
+        ig, fo = tl.split(tl.reshape(tl.permute(tl.reshape(acc, (BM, 4, BU)), (0, 2, 1)), (BM, BU, 2, 2)))
+        gi, gg = tl.split(ig)
+        gf, go = tl.split(fo)
+        at = n[:, None] * H + units[None, :]
+        ok = n_ok[:, None] & u_ok[None, :]
+        c_old = tl.load(c + at, mask=ok, other=0.0)
+        h_new, c_new = _cell(gi, gf, gg, go, c_old)
+        emitted = (tl.load(emit + n, mask=n_ok, other=0) != 0)[:, None]
+        tl.store(h_out + at, tl.where(emitted, h_new, tl.load(h + at, mask=ok, other=0.0)), mask=ok)
+        tl.store(c_out + at, tl.where(emitted, c_new, c_old), mask=ok)
 
 
-@triton.jit(do_not_specialize=["N", "L"])
-def _project_kernel(top_src, gates, h, c, h_out, c_out,  # (N, H) first layer's new h; (L, N, 4H); (L, N, H) x 4
-                    w_pred, b_pred, g, emit,  # (J, H), (J,), (N, J) out, (N,)
-                    N, H, J, L, BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                    FP32: tl.constexpr, TOP_FROM_GATES: tl.constexpr):
-    pid = tl.program_id(0)
-    top = L - 1
-    if _count(emit, N) > 0:  # g = W_pred h + b of the top layer's new h, for the rows that emitted
-        j = pid * BC + tl.arange(0, BC)
+@triton.jit(do_not_specialize=["N"])
+def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J, H); (J,); (N, J) out; (N,)
+                    N, H, J, BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
+                    PDL: tl.constexpr):
+    _wait_for_previous(PDL)
+    if _count(emit, N) > 0:
+        j = tl.program_id(0) * BC + tl.arange(0, BC)
         j_ok = j < J
         bias = tl.load(b_pred + j, mask=j_ok, other=0.0).to(tl.float32)
         for n0 in range(0, N, BM):
@@ -282,25 +290,11 @@ def _project_kernel(top_src, gates, h, c, h_out, c_out,  # (N, H) first layer's 
             acc = tl.zeros((BM, BC), tl.float32)
             for k0 in range(0, H, BK):
                 k = k0 + tl.arange(0, BK)
-                x = _new_h(top_src, gates + top * N * 4 * H, c + top * N * H, n, k, n_ok[:, None] & (k < H)[None, :],
-                           H, TOP_FROM_GATES)
+                xk = tl.load(x + n[:, None] * H + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
                 w = tl.load(w_pred + j[:, None] * H + k[None, :], mask=j_ok[:, None] & (k < H)[None, :], other=0.0)
-                acc = _mac(acc, x, w, FP32)
+                acc = _mac(acc, xk, w, FP32)
             emitted = tl.load(emit + n, mask=n_ok, other=0) != 0
             tl.store(g + n[:, None] * J + j[None, :], acc + bias[None, :], mask=(n_ok & emitted)[:, None] & j_ok[None, :])
-    # the new state of layers 1.. for this program's share of the hidden units (layer 0's came from kernel 2)
-    for j0 in range(pid * BC, H, tl.num_programs(0) * BC):
-        j = j0 + tl.arange(0, BC)
-        for n0 in range(0, N, BM):
-            n = n0 + tl.arange(0, BM)
-            n_ok = n < N
-            ok = n_ok[:, None] & (j < H)[None, :]
-            emitted = (tl.load(emit + n, mask=n_ok, other=0) != 0)[:, None]
-            for layer in range(1, L):
-                at = (layer * N + n[:, None]) * H + j[None, :]
-                h_new, c_new = _cell_from_gates(gates + layer * N * 4 * H, c + layer * N * H, n, j, ok, H)
-                tl.store(h_out + at, tl.where(emitted, h_new, tl.load(h + at, mask=ok, other=0.0)), mask=ok)
-                tl.store(c_out + at, tl.where(emitted, c_new, tl.load(c + at, mask=ok, other=0.0)), mask=ok)
 
 
 def _next_pow2(n: int) -> int:
@@ -334,7 +328,10 @@ class FusedStep:
             self.b_out = out.bias.detach().float().contiguous()
         self.durations = torch.tensor(durations or (1,), device=self.table.device, dtype=torch.long)
         self.joint_blocks = triton.cdiv(self.outputs, self.tiles.joint_cols)
-        self.gate_blocks = triton.cdiv(4 * self.hidden, self.tiles.cols)
+        self.gate_blocks = triton.cdiv(4 * self.hidden, 4 * self.tiles.units)  # W_hh h programs per layer in kernel 1
+        # programmatic dependent launch: Hopper and later, not under the CPU interpreter
+        self.pdl = (self.table.is_cuda and torch.cuda.get_device_capability(self.table.device)[0] >= 9
+                    and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
 
     def weight_bytes(self) -> int:
         """Bytes of weights a step reads (the table's one row aside): the floor of its memory traffic."""
@@ -350,8 +347,7 @@ class FusedStep:
             buf.scratch = dict(
                 tok_val=torch.empty(partial, device=device), tok_idx=torch.empty(partial, device=device, dtype=torch.int32),
                 dur_val=torch.empty(partial, device=device), dur_idx=torch.empty(partial, device=device, dtype=torch.int32),
-                hh=torch.empty(gates, device=device), gates=torch.zeros(gates, device=device),
-                emit=torch.zeros(n, device=device, dtype=torch.int32),
+                hh=torch.empty(gates, device=device), emit=torch.zeros(n, device=device, dtype=torch.int32),
                 states=((buf.h, buf.c), (torch.empty_like(buf.h), torch.empty_like(buf.c))))  # read one, write the other
         return buf.scratch
 
@@ -364,24 +360,26 @@ class FusedStep:
         n, w, layers, hidden = buf.n, buf.window, self.layers, self.hidden
         (h, c), (h_out, c_out) = s["states"][buf.parity], s["states"][1 - buf.parity]
         buf.parity = 1 - buf.parity
+        fp32, pdl = tiles.fp32 or "", self.pdl
         _joint_kernel[(self.joint_blocks + layers * self.gate_blocks,)](
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], h, self.w_hh, s["hh"],
             n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, hidden, self.joint_blocks, self.gate_blocks,
-            BM=tiles.rows, BC=tiles.joint_cols, BQ=tiles.cols, BK=tiles.k, FP32=tiles.fp32, TDT=self.tdt,
-            num_warps=tiles.warps)
+            BM=tiles.rows, BC=tiles.joint_cols, BQ=4 * tiles.units, BK=tiles.k, FP32=fp32, TDT=self.tdt, PDL=pdl,
+            num_warps=tiles.warps, launch_pdl=pdl)
         _advance_kernel[(n,)](
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], self.durations,
             buf.t, buf.lengths, buf.active, buf.last_frame, buf.run, buf.count, buf.row_steps, buf.records,
             s["emit"], self.table, s["hh"][0], h[0], c[0], h_out[0], c_out[0],
             w, self.joint_blocks, hidden, buf.max_tokens, blank_id, max_symbols,
-            WB=_next_pow2(w), NB=_next_pow2(self.joint_blocks), HB=_next_pow2(hidden), TDT=self.tdt)
-        for i in range(1, layers):  # the layer below: its new h (i == 1), else its gates and old cell state
-            _gates_kernel[(self.gate_blocks,)](
-                h_out[0], s["gates"][i - 1], c[i - 1], self.w_ih[i - 1], self.bias[i - 1], s["hh"][i], s["gates"][i],
-                s["emit"], n, hidden, BM=tiles.rows, BQ=tiles.cols, BK=tiles.k, FP32=tiles.fp32, FROM_GATES=i > 1,
-                num_warps=tiles.warps)
-        _project_kernel[(triton.cdiv(self.joint_hidden, tiles.cols),)](
-            h_out[0], s["gates"], h, c, h_out, c_out, self.w_pred, self.b_pred, buf.g, s["emit"],
-            n, hidden, self.joint_hidden, layers, BM=tiles.rows, BC=tiles.cols, BK=tiles.k, FP32=tiles.fp32,
-            TOP_FROM_GATES=layers > 1, num_warps=tiles.warps)
+            WB=_next_pow2(w), NB=_next_pow2(self.joint_blocks), HB=_next_pow2(hidden), TDT=self.tdt, PDL=pdl,
+            num_warps=tiles.advance_warps, launch_pdl=pdl)
+        for i in range(1, layers):
+            _lstm_kernel[(triton.cdiv(hidden, tiles.units),)](
+                h_out[i - 1], self.w_ih[i - 1], self.bias[i - 1], s["hh"][i], h[i], c[i], h_out[i], c_out[i], s["emit"],
+                n, hidden, BM=tiles.rows, BU=tiles.units, BK=tiles.k, FP32=fp32, PDL=pdl,
+                num_warps=tiles.warps, launch_pdl=pdl)
+        _project_kernel[(triton.cdiv(self.joint_hidden, tiles.proj_cols),)](
+            h_out[layers - 1], self.w_pred, self.b_pred, buf.g, s["emit"],
+            n, hidden, self.joint_hidden, BM=tiles.rows, BC=tiles.proj_cols, BK=tiles.k, FP32=fp32, PDL=pdl,
+            num_warps=tiles.warps, launch_pdl=pdl)
