@@ -50,7 +50,7 @@ run_bench() {
     done
 }
 run_profile() {
-    for args in "float32 1 fused" "float32 8 fused" "bfloat16 1 fused" "float32 1 pytorch"; do
+    for args in ${PROFILES:-"float32 1 fused" "float32 8 fused" "bfloat16 1 fused" "float32 1 pytorch"}; do
         set -- $args
         step "profile $*" 90 python3 scripts/profile_step.py --model $ckpt --dtype $1 --batch $2 --step $3 \
             --json "$OUT/profile.jsonl"
