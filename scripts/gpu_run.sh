@@ -50,10 +50,11 @@ run_bench() {
     done
 }
 run_profile() {
-    for args in ${PROFILES:-"float32 1 fused" "float32 8 fused" "bfloat16 1 fused" "float32 1 pytorch"}; do
-        set -- $args
-        step "profile $*" 90 python3 scripts/profile_step.py --model $ckpt --dtype $1 --batch $2 --step $3 \
-            --json "$OUT/profile.jsonl"
+    local dtype batch kind  # PROFILES: "dtype batch step;..."
+    echo "${PROFILES:-float32 1 fused;float32 8 fused;bfloat16 1 fused;float32 1 pytorch}" | tr ';' '\n' |
+    while read -r dtype batch kind; do
+        step "profile $dtype B=$batch $kind" 90 python3 scripts/profile_step.py --model $ckpt --dtype $dtype \
+            --batch $batch --step $kind --json "$OUT/profile.jsonl"
     done
 }
 run_tune() {
