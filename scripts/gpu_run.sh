@@ -50,11 +50,11 @@ run_bench() {
     done
 }
 run_profile() {
-    local dtype batch kind  # PROFILES: "dtype batch step;..."
-    echo "${PROFILES:-float32 1 fused;float32 8 fused;bfloat16 1 fused;float32 1 pytorch}" | tr ';' '\n' |
-    while read -r dtype batch kind; do
-        step "profile $dtype B=$batch $kind" 90 python3 scripts/profile_step.py --model $ckpt --dtype $dtype \
-            --batch $batch --step $kind --json "$OUT/profile.jsonl"
+    local dtype batch kind flag  # PROFILES: "dtype batch step [--no-pdl];..."
+    echo "${PROFILES:-float32 1 fused;float32 1 fused --no-pdl;bfloat16 1 fused;bfloat16 1 fused --no-pdl;float32 8 fused}" |
+    tr ';' '\n' | while read -r dtype batch kind flag; do
+        step "profile $dtype B=$batch $kind $flag" 90 python3 scripts/profile_step.py --model $ckpt --dtype $dtype \
+            --batch $batch --step $kind $flag --json "$OUT/profile.jsonl"
     done
 }
 run_tune() {

@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--step", default="fused", choices=["fused", "pytorch"])
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", default=None, help="append the summary as one JSON line here")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch the kernels one after another (with PDL the profiler counts a kernel's wait as its time)")
     args = ap.parse_args()
 
     model = gs.load_model(args.model, device="cuda", dtype=args.dtype)
@@ -44,7 +46,10 @@ def main() -> None:
     fused = args.step == "fused"
 
     def decoder(graphs: bool) -> GreedyDecoder:
-        return GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs, fused=fused)
+        made = GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs, fused=fused)
+        if fused:
+            made._step_fn(encoded.device, encoded.dtype).pdl &= not args.no_pdl
+        return made
 
     eager = decoder(False)
     start = time.perf_counter()
@@ -76,6 +81,7 @@ def main() -> None:
     step_bytes = eager._fused_step.weight_bytes() if fused else None
     summary = {
         "tier": tier.name, "batch": args.batch, "dtype": args.dtype, "step": args.step, "steps": steps,
+        "pdl": fused and eager._fused_step.pdl,
         "tokens": len(reference[0].token_ids), "kernels_per_step": launches / steps,
         "gpu_us_per_step": total_us / steps, "graph_ms": graph_ms, "graph_us_per_step": graph_ms * 1e3 / steps,
         "weight_mb_per_step": step_bytes / 1e6 if step_bytes else None,
@@ -83,7 +89,7 @@ def main() -> None:
         "first_decode_s": first_s, "graphs_same_as_eager": same,
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
     }
-    print(f"{tier.name}, B={args.batch}, {args.dtype}, {args.step} step: {steps} steps, {summary['tokens']} tokens; "
+    print(f"{tier.name}, B={args.batch}, {args.dtype}, {args.step} step{' (PDL)' if summary['pdl'] else ''}: {steps} steps, {summary['tokens']} tokens; "
           f"first decode (kernel compile or cache load) {first_s:.2f} s; graphs == eager: {same}")
     print(f"kernels per step: {launches / steps:.1f}; GPU kernel time per step: {total_us / steps:.1f} us; "
           f"graph replay per step: {summary['graph_us_per_step']:.1f} us ({graph_ms:.2f} ms a decode)")

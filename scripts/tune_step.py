@@ -25,22 +25,24 @@ import torch
 import graphscribe as gs
 from graphscribe.bench import tier_clips
 from graphscribe.decoding import GreedyDecoder
-from graphscribe.fused_step import FP32_TILES, HALF_TILES, FusedStep
+from graphscribe.fused_step import FP32_TILES, HALF_TILES, FusedStep, Tiles
 
-TILES = {
-    "float32": [FP32_TILES, replace(FP32_TILES, fp32="tf32x3"), replace(FP32_TILES, fp32="tf32x3", joint_cols=64),
-                replace(FP32_TILES, fp32="tf32x3", k=64), replace(FP32_TILES, fp32="tf32x3", units=8),
-                replace(FP32_TILES, fp32="tf32x3", proj_cols=32), replace(FP32_TILES, fp32="tf32x3", warps=2),
-                replace(FP32_TILES, joint_cols=64), replace(FP32_TILES, k=16)],
-    "bfloat16": [HALF_TILES, replace(HALF_TILES, joint_cols=32), replace(HALF_TILES, joint_cols=128),
-                 replace(HALF_TILES, units=8), replace(HALF_TILES, proj_cols=32), replace(HALF_TILES, k=64),
-                 replace(HALF_TILES, k=16), replace(HALF_TILES, warps=2), replace(HALF_TILES, advance_warps=4)],
-}
+def _around(base: Tiles) -> list[Tiles]:
+    """The defaults, then one setting changed at a time, then the joint's columns and k together."""
+    out = [base]
+    for field, values in (("joint_cols", (32, 128)), ("units", (4, 16)), ("proj_cols", (32,)), ("k", (64,)),
+                          ("warps", (2, 8)), ("stages", (2, 4)), ("advance_warps", (4,))):
+        out += [replace(base, **{field: v}) for v in values if v != getattr(base, field)]
+    out += [replace(base, joint_cols=128, k=64), replace(base, joint_cols=128, stages=4)]
+    return out
+
+
+TILES = {"float32": _around(FP32_TILES) + [replace(FP32_TILES, fp32="ieee")], "bfloat16": _around(HALF_TILES)}
 
 
 def _tiles(t) -> str:
     return (f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
-            f"warps {t.warps}/{t.advance_warps}")
+            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}")
 
 
 def timed(decoder, encoded, lengths, reps=5):

@@ -160,9 +160,14 @@ def steps_lower_bound(buf: DecodeBuffers) -> torch.Tensor:
     return (remaining + per_step - 1) // per_step
 
 
+# Frames a step looks at, by batch size class, measured on the H100 (bench/h100-fused/tune.md): a wider window
+# skips more blanks per step, but multiplies the joint's rows; from 16 rows on, one frame a step is fastest.
+WINDOWS = {1: 8, 2: 4, 4: 2, 8: 2}
+
+
 def default_window(n: int) -> int:
-    """Frames looked at per step: the joint's matrix product stays about as cheap as one frame's."""
-    return max(1, min(8, 64 // n))
+    """Frames looked at per step for a batch of n rows (its size class)."""
+    return WINDOWS.get(size_class(n), 1)
 
 
 def size_class(n: int) -> int:

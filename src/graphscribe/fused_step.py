@@ -61,11 +61,13 @@ class Tiles:
     fp32: str | None  # float32 weights: "ieee" or "tf32x3"; None: 16-bit weights
     rows: int = 16  # batch rows (or rows x window frames) per tile; tl.dot wants >= 16
     warps: int = 4  # per program of the matrix kernels
+    stages: int = 3  # software pipelining of their loads
     advance_warps: int = 1  # per program (one row) of the advance kernel
 
 
-FP32_TILES = Tiles(joint_cols=32, units=4, proj_cols=16, k=32, fp32="ieee")
-HALF_TILES = Tiles(joint_cols=64, units=4, proj_cols=16, k=32, fp32=None)
+# measured on the H100 (bench/h100-fused/tune.md); 3xTF32 is ~3x faster than IEEE FMA products there, same tokens
+FP32_TILES = Tiles(joint_cols=64, units=8, proj_cols=16, k=32, fp32="tf32x3")
+HALF_TILES = Tiles(joint_cols=64, units=8, proj_cols=16, k=32, fp32=None)
 
 
 @triton.jit
@@ -111,11 +113,11 @@ def _count(flags, N):
 @triton.jit(do_not_specialize=["N", "T", "W"])
 def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,), (N,)
                   w_out, b_out,  # (O, J), (O,): O = V + 1 token logits (blank last), then D durations
-                  tok_val, tok_idx, dur_val, dur_idx,  # (N * W, NBJ) max and index per column block
+                  tok_val, tok_idx, dur_val, dur_idx,  # (N * W, NBJ) and (N * W, NBD): max and index per column block
                   h, w_hh, hh,  # (L, N, H) state, (L, 4H, H), (L, N, 4H) out
                   N, T, W, J, V1, O, H, NBJ, NBQ,
                   BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-                  FP32: tl.constexpr, TDT: tl.constexpr, PDL: tl.constexpr):
+                  FP32: tl.constexpr, TDT: tl.constexpr, NBD: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     _wait_for_previous(PDL)
     if _count(active, N) > 0:
@@ -143,12 +145,13 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
                 at = tl.min(tl.where(tokens == best[:, None], cols[None, :], _NO_INDEX), axis=1)
                 tl.store(tok_val + r * NBJ + pid, best, mask=r_ok)
                 tl.store(tok_idx + r * NBJ + pid, at, mask=r_ok)
-                if TDT:
+                if TDT and (pid + 1) * BC > V1:  # one of the NBD blocks that hold duration columns
                     durs = tl.where(((cols >= V1) & col_ok)[None, :], logits, float("-inf"))
                     best = tl.max(durs, axis=1)
                     at = tl.min(tl.where(durs == best[:, None], cols[None, :] - V1, _NO_INDEX), axis=1)
-                    tl.store(dur_val + r * NBJ + pid, best, mask=r_ok)
-                    tl.store(dur_idx + r * NBJ + pid, at, mask=r_ok)
+                    d = pid - V1 // BC
+                    tl.store(dur_val + r * NBD + d, best, mask=r_ok)
+                    tl.store(dur_idx + r * NBD + d, at, mask=r_ok)
         else:  # W_hh h for gate rows [q * BQ, q * BQ + BQ) of layer l
             layer = (pid - NBJ) // NBQ
             q = ((pid - NBJ) % NBQ) * BQ + tl.arange(0, BQ)
@@ -171,7 +174,8 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials o
                     emit_out,  # (N,) out: whether the row emitted
                     table, hh, h, c, h_out, c_out,  # (V + 1, 4H) first layer's input half; (N, 4H) its W_hh h; (N, H) x 4
                     W, NBJ, H, max_tokens, blank_id, max_symbols,
-                    WB: tl.constexpr, NB: tl.constexpr, HB: tl.constexpr, TDT: tl.constexpr, PDL: tl.constexpr):
+                    WB: tl.constexpr, NB: tl.constexpr, NBD: tl.constexpr, HB: tl.constexpr, TDT: tl.constexpr,
+                    PDL: tl.constexpr):
     row = tl.program_id(0)
     _wait_for_previous(PDL)
     w = tl.arange(0, WB)
@@ -184,9 +188,12 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials o
     tokens = tl.min(tl.where(vals == best[:, None], tl.load(tok_idx + tile, mask=tile_ok, other=_NO_INDEX), _NO_INDEX), axis=1)
     blank = tokens == blank_id  # (WB,)
     if TDT:  # a blank's duration 0 counts as 1
-        vals = tl.load(dur_val + tile, mask=tile_ok, other=float("-inf"))
+        d = tl.arange(0, NBD)
+        tile = (row * W + w)[:, None] * NBD + d[None, :]
+        vals = tl.load(dur_val + tile, mask=w_ok[:, None], other=float("-inf"))
         best = tl.max(vals, axis=1)
-        which = tl.min(tl.where(vals == best[:, None], tl.load(dur_idx + tile, mask=tile_ok, other=_NO_INDEX), _NO_INDEX), axis=1)
+        which = tl.min(tl.where(vals == best[:, None], tl.load(dur_idx + tile, mask=w_ok[:, None], other=_NO_INDEX),
+                                _NO_INDEX), axis=1)
         skips = tl.load(durations + which, mask=w_ok, other=1).to(tl.int64)
         skips = tl.where(blank, tl.maximum(skips, 1), skips)
     else:  # RNN-T: blanks move on by one frame, tokens stay
@@ -332,6 +339,8 @@ class FusedStep:
         # programmatic dependent launch: Hopper and later, not under the CPU interpreter
         self.pdl = (self.table.is_cuda and torch.cuda.get_device_capability(self.table.device)[0] >= 9
                     and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+        # joint column blocks that hold duration columns (after the V + 1 token columns)
+        self.duration_blocks = self.joint_blocks - self.vocab // self.tiles.joint_cols if self.tdt else 1
 
     def weight_bytes(self) -> int:
         """Bytes of weights a step reads (the table's one row aside): the floor of its memory traffic."""
@@ -342,11 +351,12 @@ class FusedStep:
         """Per-buffers scratch, made on the first call (before any capture) and kept with the buffers."""
         if buf.scratch is None:
             n, w, device = buf.n, buf.window, buf.t.device
-            partial = (n * w, self.joint_blocks)
+            partial, durations = (n * w, self.joint_blocks), (n * w, _next_pow2(self.duration_blocks))
             gates = (self.layers, n, 4 * self.hidden)
             buf.scratch = dict(
                 tok_val=torch.empty(partial, device=device), tok_idx=torch.empty(partial, device=device, dtype=torch.int32),
-                dur_val=torch.empty(partial, device=device), dur_idx=torch.empty(partial, device=device, dtype=torch.int32),
+                dur_val=torch.full(durations, float("-inf"), device=device),
+                dur_idx=torch.zeros(durations, device=device, dtype=torch.int32),
                 hh=torch.empty(gates, device=device), emit=torch.zeros(n, device=device, dtype=torch.int32),
                 states=((buf.h, buf.c), (torch.empty_like(buf.h), torch.empty_like(buf.c))))  # read one, write the other
         return buf.scratch
@@ -365,21 +375,21 @@ class FusedStep:
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], h, self.w_hh, s["hh"],
             n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, hidden, self.joint_blocks, self.gate_blocks,
-            BM=tiles.rows, BC=tiles.joint_cols, BQ=4 * tiles.units, BK=tiles.k, FP32=fp32, TDT=self.tdt, PDL=pdl,
-            num_warps=tiles.warps, launch_pdl=pdl)
+            BM=tiles.rows, BC=tiles.joint_cols, BQ=4 * tiles.units, BK=tiles.k, FP32=fp32, TDT=self.tdt,
+            NBD=_next_pow2(self.duration_blocks), PDL=pdl, num_warps=tiles.warps, num_stages=tiles.stages, launch_pdl=pdl)
         _advance_kernel[(n,)](
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], self.durations,
             buf.t, buf.lengths, buf.active, buf.last_frame, buf.run, buf.count, buf.row_steps, buf.records,
             s["emit"], self.table, s["hh"][0], h[0], c[0], h_out[0], c_out[0],
             w, self.joint_blocks, hidden, buf.max_tokens, blank_id, max_symbols,
-            WB=_next_pow2(w), NB=_next_pow2(self.joint_blocks), HB=_next_pow2(hidden), TDT=self.tdt, PDL=pdl,
-            num_warps=tiles.advance_warps, launch_pdl=pdl)
+            WB=_next_pow2(w), NB=_next_pow2(self.joint_blocks), NBD=_next_pow2(self.duration_blocks),
+            HB=_next_pow2(hidden), TDT=self.tdt, PDL=pdl, num_warps=tiles.advance_warps, launch_pdl=pdl)
         for i in range(1, layers):
             _lstm_kernel[(triton.cdiv(hidden, tiles.units),)](
                 h_out[i - 1], self.w_ih[i - 1], self.bias[i - 1], s["hh"][i], h[i], c[i], h_out[i], c_out[i], s["emit"],
                 n, hidden, BM=tiles.rows, BU=tiles.units, BK=tiles.k, FP32=fp32, PDL=pdl,
-                num_warps=tiles.warps, launch_pdl=pdl)
+                num_warps=tiles.warps, num_stages=tiles.stages, launch_pdl=pdl)
         _project_kernel[(triton.cdiv(self.joint_hidden, tiles.proj_cols),)](
             h_out[layers - 1], self.w_pred, self.b_pred, buf.g, s["emit"],
             n, hidden, self.joint_hidden, BM=tiles.rows, BC=tiles.proj_cols, BK=tiles.k, FP32=fp32, PDL=pdl,
-            num_warps=tiles.warps, launch_pdl=pdl)
+            num_warps=tiles.warps, num_stages=tiles.stages, launch_pdl=pdl)
