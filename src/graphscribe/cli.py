@@ -207,7 +207,8 @@ def _write(target: Path, content: str, console: Console) -> bool:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content, encoding="utf-8")
     except OSError as err:
-        console.print(f"[red]error:[/red] {escape(str(target))}: cannot write output ({escape(str(err.strerror or err))})")
+        reason = escape(str(err.strerror or err))
+        console.print(f"[red]error:[/red] {escape(str(target))}: cannot write output ({reason})")
         return False
     return True
 
@@ -224,7 +225,8 @@ def bench_command(
     graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", show_default="on with CUDA",
                                           help="Include the CUDA-graph rows (--no-graphs: eager rows only)."),
     compile: bool = typer.Option(False, "--compile/--no-compile", help=_COMPILE_HELP),
-    json_path: Optional[Path] = typer.Option(None, "--json", metavar="FILE", help="Also write the results as JSON here."),
+    json_path: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+                                             help="Also write the results as JSON here."),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end."""
     from .bench import print_table, run_bench, tier_clips
