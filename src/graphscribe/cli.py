@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 import time
-from enum import Enum
 from pathlib import Path
 from typing import List, Optional
 
@@ -23,15 +22,11 @@ from .audio import find_audio_files
 from .checkpoint import DEMO_NAME, CheckpointError
 from .config import UnsupportedModelError
 from .tokenizer import TokenizerError
+from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-class OutputFormat(str, Enum):
-    txt = "txt"
-    json = "json"
 
 
 def _fail_usage(message: str) -> None:
@@ -109,33 +104,60 @@ def output_paths(output_dir: Path, files: list[Path], roots: list[Path], suffix:
     return paths
 
 
-def _render(transcript, fmt: OutputFormat) -> str:
-    if fmt is OutputFormat.json:
-        return json.dumps(transcript.to_json(), ensure_ascii=False)
-    return transcript.text
+def parse_formats(value: str, output_dir: Optional[Path], n_files: int) -> list[str]:
+    """`--format` as a list of format names; a bad list exits 2 with one line."""
+    formats = list(dict.fromkeys(f.strip().lower() for f in value.split(",") if f.strip()))
+    unknown = [f for f in formats if f not in WRITERS]
+    if unknown or not formats:
+        _fail_usage(f"--format {value}: use {', '.join(FORMATS)} (several, comma-separated, with --output-dir)")
+    if output_dir is None and len(formats) > 1:
+        _fail_usage(f"--format {value}: several formats need --output-dir (one file per input and format)")
+    if output_dir is None and formats[0] not in LINE_FORMATS and n_files > 1:
+        _fail_usage(f"--format {value} prints one file's subtitles: for {n_files} files use --output-dir")
+    return formats
+
+
+_MODEL_HELP = ".nemo file, extracted checkpoint folder, Hugging Face repo id (nvidia/parakeet-tdt-0.6b-v3), or demo."
+_MODEL_DEFAULT = f"${MODEL_ENV}, else demo"
+_DEVICE_HELP = "auto: CUDA when present, else the CPU."
+_DTYPE_HELP = "auto is float32, NeMo's precision. On the CPU, float16 falls back to float32."
+_EXAMPLES = """Examples:
+
+  transcribe talk.wav                                 # the text
+  transcribe talk.wav -m nvidia/parakeet-tdt-0.6b-v3  # a Parakeet model (downloaded once)
+  transcribe talk.wav -f srt > talk.srt               # subtitles of one file
+  transcribe talks/ -b 8 -f srt,json -o out/          # a folder: out/NAME.srt and out/NAME.json each"""
 
 
 def transcribe_command(
-    inputs: List[Path] = typer.Argument(..., help="Audio files or folders (searched recursively).", show_default=False),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help=f".nemo file, checkpoint folder, Hugging Face repo id, or 'demo' [env: {MODEL_ENV}; default: demo]"),
-    batch: int = typer.Option(1, "--batch", "-b", min=1, help="Files per batch."),
-    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
-    dtype: str = typer.Option("auto", help="auto (float32) | float32 | bfloat16 | float16"),
-    graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", help="Replay the decode steps from CUDA graphs [default: on with CUDA]."),
-    fmt: OutputFormat = typer.Option(OutputFormat.txt, "--format", "-f", help="txt or json"),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Write one file per input here instead of stdout."),
+    inputs: List[Path] = typer.Argument(..., metavar="FILES_OR_FOLDERS", show_default=False,
+                                        help="Audio files (wav, flac, mp3, ...) or folders, searched recursively."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT,
+                                        help=_MODEL_HELP),
+    batch: int = typer.Option(1, "--batch", "-b", min=1, metavar="N", help="Files per batch (longest first)."),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
+    graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", show_default="on with CUDA",
+                                          help="Replay the decode steps from CUDA graphs."),
+    fmt: str = typer.Option("txt", "--format", "-f", metavar="txt|json|srt|vtt|tsv",
+                            help="Output format; several comma-separated (srt,json) with --output-dir. "
+                                 "srt, vtt, tsv: subtitle cues from the word times."),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", metavar="DIR", show_default="stdout",
+                                              help="Write one file per input and format here (NAME.srt, ...), "
+                                                   "keeping the folder structure of folder inputs."),
 ) -> None:
-    """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint."""
+    """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles."""
     _setup_logging()
     files, input_errors = expand_inputs(inputs)
     for line in input_errors:
         err_console.print(f"[red]error:[/red] {escape(line)}")
     if not files:
         raise typer.Exit(1)
+    formats = parse_formats(fmt, output_dir, len(files))
     loaded = load_or_exit(model, device, dtype, graphs, batch)
 
     results = [None] * len(files)
-    targets = output_paths(output_dir, files, inputs, "." + fmt.value) if output_dir is not None else []
+    targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
     failed = len(input_errors)
     start = time.perf_counter()
     show_progress = len(files) > 1 and sys.stderr.isatty()
@@ -148,25 +170,17 @@ def transcribe_command(
             if transcript.error is not None:
                 failed += 1
                 progress.console.print(f"[red]error:[/red] {escape(transcript.error)}")
-            elif output_dir is not None:
-                target = targets[i]
-                try:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_text(_render(transcript, fmt) + "\n", encoding="utf-8")
-                except OSError as err:
+                continue
+            for f, paths in targets.items():
+                if not _write(paths[i], WRITERS[f](transcript), progress.console):
                     failed += 1
-                    progress.console.print(f"[red]error:[/red] {escape(str(target))}: cannot write output "
-                                           f"({escape(str(err.strerror or err))})")
+                    break
     elapsed = time.perf_counter() - start
 
     if output_dir is None:
         for transcript in results:
-            if transcript is None or transcript.error is not None:
-                continue
-            if fmt is OutputFormat.txt and len(files) > 1:
-                print(f"{transcript.source}: {transcript.text}")
-            else:
-                print(_render(transcript, fmt))
+            if transcript is not None and transcript.error is None:
+                sys.stdout.write(stdout_text(transcript, formats[0], several=len(files) > 1))
     done = [t for t in results if t is not None and t.error is None]
     audio = sum(t.audio_seconds for t in done)
     total = len(files) + len(input_errors)
@@ -181,15 +195,31 @@ def transcribe_command(
     raise typer.Exit(1 if failed else 0)
 
 
+def _write(target: Path, content: str, console: Console) -> bool:
+    """Write one output file; False (after one error line) if it cannot be written."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+    except OSError as err:
+        reason = escape(str(err.strerror or err))
+        console.print(f"[red]error:[/red] {escape(str(target))}: cannot write output ({reason})")
+        return False
+    return True
+
+
 def bench_command(
-    clips: List[Path] = typer.Argument(None, help="Clips to benchmark (default: 7.4 s, 23 s and 77 s tiers of real speech).", show_default=False),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help=f".nemo file, checkpoint folder, Hugging Face repo id, or 'demo' [env: {MODEL_ENV}; default: demo]"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
-    dtype: str = typer.Option("auto", help="auto (float32) | float32 | bfloat16 | float16"),
-    reps: int = typer.Option(5, min=1, help="Timed repetitions per row (median reported)."),
-    batch_sizes: str = typer.Option("1,8", help="Comma-separated decode batch sizes."),
-    graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", help="Include the CUDA-graph rows (--no-graphs: eager only) [default: on with CUDA]."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the results as JSON here."),
+    clips: List[Path] = typer.Argument(None, metavar="CLIPS", show_default="7.4 s, 23 s and 77 s of real speech",
+                                       help="Audio clips to benchmark."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT,
+                                        help=_MODEL_HELP),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
+    reps: int = typer.Option(5, min=1, metavar="N", help="Timed repetitions per row (the median is reported)."),
+    batch_sizes: str = typer.Option("1,8", metavar="N,N,...", help="Decode batch sizes, comma-separated."),
+    graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", show_default="on with CUDA",
+                                          help="Include the CUDA-graph rows (--no-graphs: eager rows only)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+                                             help="Also write the results as JSON here."),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end."""
     from .bench import print_table, run_bench, tier_clips
@@ -218,7 +248,7 @@ def bench_command(
 
 
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-transcribe_app.command()(transcribe_command)
+transcribe_app.command(epilog=_EXAMPLES)(transcribe_command)
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 bench_app.command()(bench_command)
 

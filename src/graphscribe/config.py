@@ -64,6 +64,10 @@ class JointConfig:
 class DecodingConfig:
     durations: tuple[int, ...] = (0, 1, 2, 3, 4)  # empty for plain RNN-T
     max_symbols: int = 10  # tokens on one frame before the frame is forced on
+    # word and segment timestamps (NeMo's decoding word_seperator, segment_seperators, segment_gap_threshold)
+    word_separator: str = " "
+    segment_separators: tuple[str, ...] = (".", "?", "!")
+    segment_gap: int | None = None  # encoder frames; None: segments end only at separators
 
     @property
     def is_tdt(self) -> bool:
@@ -280,5 +284,18 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         encoder=encoder,
         prediction=prediction,
         joint=joint_cfg,
-        decoding=DecodingConfig(durations=durations, max_symbols=int(max_symbols) if max_symbols else 10),
+        decoding=DecodingConfig(durations=durations, max_symbols=int(max_symbols) if max_symbols else 10,
+                                **_timestamp_options(decoding)),
     )
+
+
+def _timestamp_options(decoding: dict) -> dict:
+    """The decoding config's word/segment settings that NeMo's timestamps honour, where the checkpoint sets them."""
+    options = {}
+    if isinstance(decoding.get("word_seperator"), str) and decoding["word_seperator"]:
+        options["word_separator"] = decoding["word_seperator"]
+    if decoding.get("segment_seperators") is not None:
+        options["segment_separators"] = tuple(str(s) for s in decoding["segment_seperators"])
+    if decoding.get("segment_gap_threshold") is not None:
+        options["segment_gap"] = _int(decoding, "segment_gap_threshold", where="decoding")
+    return options

@@ -22,6 +22,7 @@ from .decoding import GreedyDecoder, Hypothesis
 from .encoder import FastConformer
 from .features import LogMel
 from .heads import Joint, PredictionNet
+from .timestamps import Segment, Word, WordRules, token_spans, words_and_segments
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class Token:
     frame: int  # encoder frame
     start: float  # seconds
     end: float  # seconds
+    end_frame: int  # encoder frame: TDT frame + predicted duration, RNN-T frame + 1 (NeMo's end offset)
 
 
 @dataclass
@@ -124,6 +126,8 @@ class Transcript:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     tokens: list[Token] = field(default_factory=list)
+    words: list[Word] = field(default_factory=list)  # NeMo's word timestamps
+    segments: list[Segment] = field(default_factory=list)  # NeMo's segment timestamps (sentences)
     audio_seconds: float = 0.0
     seconds: float = 0.0  # processing time: its batch's time divided by the batch size
     error: str | None = None
@@ -142,6 +146,8 @@ class Transcript:
             "seconds": round(self.seconds, 4),
             "tokens": [{"id": t.id, "piece": t.piece, "frame": t.frame, "start": round(t.start, 3), "end": round(t.end, 3)}
                        for t in self.tokens],
+            "words": [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)} for w in self.words],
+            "segments": [{"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3)} for s in self.segments],
         }
 
 
@@ -163,6 +169,9 @@ class Model:
         self.module = module.to_inference(self.device, self.dtype)
         self.tokenizer = tokenizer
         self.decoder = self._new_decoder()
+        decoding = self.cfg.decoding
+        self.word_rules = WordRules(tokenizer.punctuation, tokenizer.wordpiece, decoding.word_separator,
+                                    decoding.segment_separators, decoding.segment_gap)
         self.min_samples = self.cfg.features.hop_length * self.cfg.encoder.subsampling_factor
 
     def use_graphs(self, enabled: bool) -> None:
@@ -208,13 +217,21 @@ class Model:
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
         return self.decoder.decode(encoded, lengths)
 
+    def frame_seconds(self, frame: int) -> float:
+        """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
+        return frame * (self.cfg.features.hop_length / self.sample_rate) * self.cfg.encoder.subsampling_factor
+
     def finish(self, source: str, audio: torch.Tensor, hyp: Hypothesis, seconds: float) -> Transcript:
-        frame_s = self.cfg.frame_seconds
         tdt = self.cfg.decoding.is_tdt
-        tokens = [Token(i, self.tokenizer.piece(i), f, f * frame_s, (f + (d if tdt else 1)) * frame_s)  # TDT: d frames
-                  for i, f, d in zip(hyp.token_ids, hyp.frames, hyp.durations)]
+        pieces = [self.tokenizer.piece(i) for i in hyp.token_ids]
+        spans = token_spans(hyp.frames, hyp.durations, tdt)
+        tokens = [Token(i, p, s, self.frame_seconds(s), self.frame_seconds(e), e)
+                  for i, p, (s, e) in zip(hyp.token_ids, pieces, spans)]
+        words, segments = words_and_segments(pieces, spans, self.tokenizer.decode_pieces, self.word_rules, tdt,
+                                             self.frame_seconds)
         return Transcript(source=source, text=self.tokenizer.decode(hyp.token_ids), token_ids=list(hyp.token_ids),
-                          tokens=tokens, audio_seconds=audio.numel() / self.sample_rate, seconds=seconds)
+                          tokens=tokens, words=words, segments=segments,
+                          audio_seconds=audio.numel() / self.sample_rate, seconds=seconds)
 
     # ------------------------------------------------------------------ API
     def transcribe_audio(self, sources: list[str], audios: list[torch.Tensor]) -> list[Transcript]:

@@ -22,8 +22,10 @@ class Tokenizer:
             self._sp.LoadFromSerializedProto(model_proto)
         except (RuntimeError, TypeError, OSError) as err:
             raise TokenizerError(f"{source}: the tokenizer model is not a SentencePiece model ({err})") from None
-        self._space_before_punct = _space_before_punctuation(
-            [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())])
+        pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
+        self.punctuation = _punctuation(pieces)
+        self.wordpiece = any(p.startswith("##") for p in pieces)  # NeMo's "wpe" tokenizer type
+        self._space_before_punct = _space_before_punctuation(self.punctuation)
 
     @property
     def vocab_size(self) -> int:
@@ -39,11 +41,19 @@ class Tokenizer:
     def piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(token_id)
 
+    def decode_pieces(self, pieces: list[str]) -> str:
+        """Text of vocabulary pieces, as NeMo decodes a word's pieces (no punctuation clean-up)."""
+        return self._sp.decode_pieces(pieces)
 
-def _space_before_punctuation(pieces: list[str]) -> re.Pattern | None:
+
+def _punctuation(pieces: list[str]) -> frozenset[str]:
+    """Punctuation marks that the vocabulary can emit on their own (NeMo's supported_punctuation)."""
+    return frozenset(ch for piece in pieces if not _SPECIAL_PIECE.match(piece)
+                     for ch in piece if unicodedata.category(ch).startswith("P"))
+
+
+def _space_before_punctuation(marks: frozenset[str]) -> re.Pattern | None:
     """NeMo removes one whitespace before each punctuation mark that the vocabulary can emit on its own."""
-    marks = sorted({ch for piece in pieces if not _SPECIAL_PIECE.match(piece)
-                    for ch in piece if unicodedata.category(ch).startswith("P")})
     if not marks:
         return None
-    return re.compile(r"(\s)(" + "|".join(re.escape(m) for m in marks) + ")")
+    return re.compile(r"(\s)(" + "|".join(re.escape(m) for m in sorted(marks)) + ")")
