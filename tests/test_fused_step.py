@@ -60,6 +60,8 @@ def test_fused_state_follows_the_pytorch_step():
         assert (step is decode_step) != fused
         buf = decoder._buffers_for(1, encoded.shape[1], encoded.device, encoded.dtype)
         buf.reset(decoder.joint.project_encoder(encoded), lengths, decoder.start_state(1, encoded.device, encoded.dtype))
+        if fused:
+            step.start(buf)
         buffers[fused] = (decoder, step, buf)
     for _ in range(12):
         states = []
@@ -73,6 +75,20 @@ def test_fused_state_follows_the_pytorch_step():
         for name, got in (("h", h), ("c", c), ("g", fused.g)):
             torch.testing.assert_close(got, getattr(ref, name), rtol=1e-5, atol=1e-5, msg=name)
     assert int(ref.count[0]) >= 5  # the steps above emitted tokens, so the LSTM path ran
+
+
+def test_token_slots_grow_in_the_middle_of_a_decode(monkeypatch):
+    """Buffers as small as the input (one token slot a frame): these clips emit more tokens than frames."""
+    import graphscribe.decoding
+
+    monkeypatch.setattr(graphscribe.decoding, "frame_capacity", lambda frames: frames)
+    model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")
+    names = ["silence_1s.wav", "quarter_second.wav"]  # 13 frames, 17 tokens; 4 frames, 12 tokens
+    encoded, lengths = model.encode([model.read(CLIPS / f) for f in names])
+    decoder = _decoder(model, fused=True)
+    hyps = decoder.decode(encoded, lengths)
+    assert decoder._buffers[2].max_tokens > encoded.shape[1] + 1  # grown
+    assert [(h.token_ids, h.frames) for h in hyps] == [(ref[f]["token_ids"], ref[f]["timestamps"]) for f in names]
 
 
 def test_tensor_core_path_float16():

@@ -133,6 +133,23 @@ def test_partial_batch_replays_the_graph_of_its_size_class():
     assert [t.token_ids for t in got] == [c["token_ids"] for c in ref["clips"][:3]]
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_token_slots_grow_under_graphs(monkeypatch, fused):
+    """Buffers with one token slot a frame, on clips that emit more: the graph is captured again mid-decode."""
+    import graphscribe.decoding
+    from graphscribe.decoding import GreedyDecoder
+
+    monkeypatch.setattr(graphscribe.decoding, "frame_capacity", lambda frames: frames)
+    ref = {c["file"]: c for c in _reference("nemo-tdt-tiny")["clips"]}
+    model = gs.load_model(FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype="float32")
+    names = ["silence_1s.wav", "quarter_second.wav"]  # 13 frames, 17 tokens; 4 frames, 12 tokens
+    encoded, lengths = model.encode([model.read(CLIPS / f) for f in names])
+    decoder = GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=True, fused=fused)
+    hyps = decoder.decode(encoded, lengths)
+    assert decoder._buffers[2].max_tokens > encoded.shape[1] + 1 and decoder.graphs
+    assert [(h.token_ids, h.frames) for h in hyps] == [(ref[f]["token_ids"], ref[f]["timestamps"]) for f in names]
+
+
 @pytest.mark.skipif(not V3, reason="set GRAPHSCRIBE_TEST_V3 to a 0.6b-v3-shaped .nemo")
 def test_fused_step_gives_the_pytorch_steps_tokens_v3():
     """float32 on the 0.6b-v3 shape: the Triton step and the PyTorch step (cuBLAS, cuDNN) agree on real speech."""

@@ -304,6 +304,16 @@ def test_tdt_rules_single_row(case, window):
     assert result == spec["expected"]
 
 
+@pytest.mark.parametrize("window", [1, 8])
+def test_rows_emitting_more_tokens_than_frames(window):
+    """Every frame says "1, d0": max_symbols tokens a frame, more than the buffers' first token slots (one a frame)."""
+    frames, m = 80, 10
+    spec = dict(length=frames, script={t: (1, 0) for t in range(frames)})
+    short = dict(length=3, script={(1, 0): (2, 1)})  # a second row that is done early
+    result = _decode([spec, short], TDT_DURATIONS, m, window)
+    assert result == [[(1, t, 0) for t in range(frames) for _ in range(m)], [(2, 1, 1)]]
+
+
 def test_tdt_durations_are_looked_up_not_indexed():
     """d = durations[argmax]: with durations (0, 2, 3) the second duration logit means 2 frames."""
     durations = (0, 2, 3)

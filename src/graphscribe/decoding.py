@@ -54,8 +54,9 @@ class DecodeBuffers:
         j, layers, hidden = joint.cfg.hidden, prediction.cfg.layers, prediction.cfg.hidden
         state_dtype = prediction.prediction.embed.weight.dtype  # the prediction net may stay float32
         self.n, self.max_frames, self.window = n, max_frames, window
-        # at most max_symbols tokens a frame; + 1: a slot written (and not counted) by rows that do not emit
-        self.max_tokens = max_frames * max_symbols + 1
+        # token slots per row: one a frame to start with (Parakeet emits about 0.3), grown between rounds when a row
+        # could fill them (`grow_records`); + 1: a slot written (and not counted) by rows that do not emit
+        self.max_tokens = max_frames + 1
         ints = dict(device=device, dtype=torch.long)
         self.rows = torch.arange(n, **ints)  # (N,)
         self.offsets = torch.arange(window, **ints)  # (W,)
@@ -78,6 +79,13 @@ class DecodeBuffers:
         self.row_steps = torch.zeros(n, **ints)  # steps taken while the row was active
         self.scratch: dict | None = None  # the fused step's, made on its first call
         self.parity = 0  # which of the fused step's two state buffers holds the state (0: h and c above)
+
+    def grow_records(self, slots: int) -> None:
+        """At least `slots` token slots per row, keeping what is recorded (a captured graph must be made again)."""
+        grown = torch.zeros(self.n, max(slots, 2 * self.max_tokens), 3, device=self.records.device,
+                            dtype=self.records.dtype)
+        grown[:, : self.max_tokens].copy_(self.records)
+        self.records, self.max_tokens = grown, grown.shape[1]
 
     def reset(self, enc_projected: torch.Tensor, lengths: torch.Tensor, start: tuple[torch.Tensor, ...]) -> None:
         """Load a batch: enc_projected (B, T, J), lengths (B,) for the first B <= N rows (the others stay
@@ -153,11 +161,31 @@ def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, bla
     torch.lt(buf.t, buf.lengths, out=buf.active)
 
 
-def steps_lower_bound(buf: DecodeBuffers) -> torch.Tensor:
-    """Steps still needed at least by the slowest row (each step moves a row at most W + max_skip + 1 frames)."""
-    remaining = (buf.lengths - buf.t).clamp(min=0).max()
-    per_step = buf.window + buf.max_skip + 1
-    return (remaining + per_step - 1) // per_step
+def progress(buf: DecodeBuffers) -> tuple[int, int]:
+    """(frames still to go for the furthest-behind row, most tokens recorded in a row): one host read."""
+    remaining, emitted = torch.stack([(buf.lengths - buf.t).clamp(min=0).max(), buf.count.max()]).tolist()
+    return remaining, emitted
+
+
+def round_steps(buf: DecodeBuffers, remaining: int, last: tuple[int, int] | None) -> int:
+    """Steps to queue before the next host read, for `remaining` frames still to go.
+
+    At least the lower bound (a step moves a row at most W + max_skip + 1 frames); after a first round, as many
+    as the rate seen so far predicts, at most one a frame: steps after the last row finishes cost little (every
+    kernel skips finished rows), while each round costs a host read that leaves the GPU idle.
+    `last`: (frames still to go, steps queued) at the previous read.
+    """
+    lower = -(-remaining // (buf.window + buf.max_skip + 1))
+    if last is None or last[0] <= remaining:
+        return lower
+    rate = (last[0] - remaining) / last[1]  # frames a step, of the furthest-behind row
+    return max(lower, min(remaining, math.ceil(remaining / rate)))
+
+
+def frame_capacity(frames: int) -> int:
+    """Frames the buffers hold for inputs of `frames`: powers of two up to 4096 (few recaptures), then multiples of
+    4096 (an hour is 45 000 frames: no doubling)."""
+    return max(64, 1 << math.ceil(math.log2(max(frames, 1)))) if frames <= 4096 else -(-frames // 4096) * 4096
 
 
 # Frames a step looks at, by batch size class, measured on the H100 (bench/h100-fused/tune.md): a wider window
@@ -218,11 +246,14 @@ class GreedyDecoder:
         return self._fused_step
 
     def _check_fused(self, buf: DecodeBuffers, step, restore) -> object:
-        """First call of the fused step on new buffers (it compiles its kernels): the step, or the PyTorch one if it fails."""
+        """The step to use on these buffers, which it leaves restored: the fused step, checked by one call on its
+        first buffers (it compiles its kernels), or the PyTorch step if that fails."""
         if step is decode_step or buf.scratch is not None:
+            restore(step)
             return step
         start = time.perf_counter()
         try:
+            restore(step)
             step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
             if buf.t.is_cuda:
                 torch.cuda.synchronize(buf.t.device)
@@ -232,21 +263,23 @@ class GreedyDecoder:
             self.fused = False
             step = decode_step
         self.compile_seconds += time.perf_counter() - start
-        restore()
+        restore(step)
         return step
 
     def _buffers_for(self, n: int, frames: int, device: torch.device, dtype: torch.dtype) -> DecodeBuffers:
         buf = self._buffers.get(n)
         if buf is None or buf.max_frames < frames or buf.enc.device != device or buf.enc.dtype != dtype:
-            capacity = max(64, 1 << math.ceil(math.log2(max(frames, 1))))  # grow by powers of two: few recaptures
-            buf = DecodeBuffers(n, capacity, self.window or default_window(n), self.joint, self.prediction,
+            buf = DecodeBuffers(n, frame_capacity(frames), self.window or default_window(n), self.joint, self.prediction,
                                 self.cfg.durations, self.cfg.max_symbols, device, dtype)
             self._buffers[n] = buf
             self._captured.pop(n, None)
         return buf
 
-    def _runner(self, buf: DecodeBuffers, step, restore):
-        """A callable that runs STEPS_PER_CHECK steps: a graph replay, or eager calls of the same step."""
+    def _runner(self, buf: DecodeBuffers, step, restore, warm_up: bool = True):
+        """A callable that runs STEPS_PER_CHECK steps: a graph replay, or eager calls of the same step.
+
+        A graph is captured on first use, after eager warm-up calls and `restore()`; `warm_up=False` captures a
+        graph again in the middle of a decode (the buffers were regrown), leaving the state as it is."""
         def one() -> None:
             step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
 
@@ -257,13 +290,14 @@ class GreedyDecoder:
                     from .graphs import CapturedSteps, pool_of
 
                     pool = pool_of(list(self._captured.values()))
-                    captured = CapturedSteps(one, STEPS_PER_CHECK, pool, before_capture=restore)
+                    captured = CapturedSteps(one, STEPS_PER_CHECK, pool, before_capture=restore, warm_up=warm_up)
                     self.capture_seconds += captured.capture_seconds
                     self._captured[buf.n] = captured
                 except RuntimeError as err:  # capture is an optimisation: decode eagerly rather than fail
                     log.warning("CUDA graph capture failed (%s); decoding eagerly", str(err).splitlines()[0])
                     self.graphs = False
-                    restore()
+                    if warm_up:
+                        restore()
             if captured is not None:
                 return captured.replay
 
@@ -291,17 +325,25 @@ class GreedyDecoder:
         buf = self._buffers_for(n, frames, device, enc_projected.dtype)
         start = self.start_state(n, device, enc_projected.dtype)
 
-        def restore() -> None:
+        def restore(step) -> None:
             buf.reset(enc_projected, lengths.to(device), start)
+            if step is not decode_step:
+                step.start(buf)  # the fused step's W_hh h of the start state
 
-        restore()
         step = self._check_fused(buf, step, restore)
-        run = self._runner(buf, step, restore)
+        run = self._runner(buf, step, lambda: restore(step))
+        last = None
         while True:
-            needed = int(steps_lower_bound(buf))  # the one host read per round: done, or how far to go at least
-            if needed == 0:
+            remaining, emitted = progress(buf)  # the one host read per round
+            if remaining == 0:
                 break
-            for _ in range(math.ceil(needed / STEPS_PER_CHECK)):
+            replays = math.ceil(round_steps(buf, remaining, last) / STEPS_PER_CHECK)
+            last = (remaining, replays * STEPS_PER_CHECK)
+            if emitted + last[1] >= buf.max_tokens:  # a row could fill its token slots in this round
+                buf.grow_records(emitted + last[1] + 1)
+                self._captured.pop(buf.n, None)
+                run = self._runner(buf, step, lambda: restore(step), warm_up=False)
+            for _ in range(replays):
                 run()
         return _collect(buf, b)
 

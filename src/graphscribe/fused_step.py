@@ -6,18 +6,23 @@ step for the same `DecodeBuffers` in four launches (three for a one-layer predic
   1. `_joint_kernel`   the joint on the W frames of every row's window (relu(f + g) times the
                        output layer, bias added) with the token and duration argmax fused in:
                        each program keeps only the max and its index over its block of columns.
-                       In the same launch, programs past the joint's compute W_hh h of every
-                       LSTM layer: it needs only the state before the step, so it is off the
-                       path from one token to the next.
   2. `_advance_kernel` one program per row: the argmax over the column blocks, the chain of
                        blanks through the window, the emission (record, counters, frame), and the
                        first LSTM layer's cell. Its input half, embedding times W_ih plus both
                        biases, is one row of a table computed once (`FusedStep.table`), so the
                        first layer reads a row instead of a matrix.
   3. `_lstm_kernel`    each further LSTM layer: a program takes a few hidden units and all four
-                       of their gate rows, so W_ih h (of the layer below), the W_hh h of kernel 1,
-                       biases and the cell update stay in one program.
+                       of their gate rows, so W_ih h (of the layer below), W_hh h, biases and the
+                       cell update stay in one program.
   4. `_project_kernel` g = W_pred h + b of the top layer's new h, for the rows that emitted.
+
+W_hh h of a layer needs only that layer's new state, so it is computed off the path from one
+token to the next, for the next step: by extra programs of the launch after the one that made
+the state (layer l's in kernel 3 of layer l + 1, the top layer's in kernel 4), which are
+otherwise short of memory traffic; `FusedStep.start` computes it once for the start state.
+Every matrix kernel has a second grid axis over blocks of batch rows, so a large batch reads
+each weight tile from L2 in parallel rather than once per row block in turn, and a block whose
+rows have all finished (or did not emit) skips its products.
 
 The LSTM state is double-buffered: a step reads one copy and writes the other (rows that do
 not emit copy theirs), so no program overwrites what another program of its launch still
@@ -29,8 +34,7 @@ Arithmetic: 16-bit weights go through tensor cores, accumulating in float32. Flo
 weights take `Tiles.fp32`: "ieee" (FMA, each sum in k order) or "tf32x3" (tensor cores, each
 product split in three TF32 products: float32's accuracy, not its exact bits). Tile shapes do
 not depend on the batch, so a row's result does not depend on its batch. The LSTM state is
-float32 either way. Kernel 1 returns at once when every row has finished; kernels 3 and 4
-skip their products when no row emitted.
+float32 either way.
 
 Tested against `decode_step` on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
@@ -55,13 +59,14 @@ class Tiles:
     """Tile sizes and arithmetic of the kernels. The same for every batch size."""
 
     joint_cols: int  # joint output columns per program
-    units: int  # LSTM hidden units per program (4x as many gate rows)
+    units: int  # LSTM hidden units per program (4x as many gate rows), also in the W_hh h programs
     proj_cols: int  # projection columns per program
     k: int  # reduction chunk
     fp32: str | None  # float32 weights: "ieee" or "tf32x3"; None: 16-bit weights
     rows: int = 16  # batch rows (or rows x window frames) per tile; tl.dot wants >= 16
     warps: int = 4  # per program of the matrix kernels
-    stages: int = 3  # software pipelining of their loads
+    stages: int = 3  # software pipelining of the joint's loads
+    gate_stages: int = 3  # the same for the LSTM, projection and W_hh h products
     advance_warps: int = 1  # per program (one row) of the advance kernel
 
 
@@ -102,71 +107,67 @@ def _cell(gi, gf, gg, go, c):
 
 
 @triton.jit
-def _count(flags, N):
-    """How many of the N flags are set (int32)."""
-    n = tl.arange(0, 128)
-    total = tl.sum(tl.load(flags + n, mask=n < N, other=0).to(tl.int32))
-    for n0 in range(128, N, 128):
-        total += tl.sum(tl.load(flags + n0 + n, mask=n0 + n < N, other=0).to(tl.int32))
-    return total
+def _any_set(flags, rows, N):
+    """Whether any of flags[rows] (rows < N) is set."""
+    return tl.sum(tl.load(flags + rows, mask=rows < N, other=0).to(tl.int32)) > 0
+
+
+@triton.jit
+def _hh_block(h, w_hh, hh, q0, n0, N, H, BM: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
+    """hh[n, q] = sum_k h[n, k] w_hh[q, k] for batch rows n0 .. n0 + BM and gate rows q0 .. q0 + BQ of one layer:
+    h (N, H), w_hh (4H, H), hh (N, 4H)."""
+    q = q0 + tl.arange(0, BQ)
+    q_ok = q < 4 * H
+    n = n0 + tl.arange(0, BM)
+    n_ok = n < N
+    acc = tl.zeros((BM, BQ), tl.float32)
+    for k0 in range(0, H, BK):
+        k = k0 + tl.arange(0, BK)
+        x = tl.load(h + n[:, None] * H + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
+        w = tl.load(w_hh + q[:, None] * H + k[None, :], mask=q_ok[:, None] & (k < H)[None, :], other=0.0)
+        acc = _mac(acc, x, w, FP32)
+    tl.store(hh + n[:, None] * 4 * H + q[None, :], acc, mask=n_ok[:, None] & q_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["N", "T", "W"])
 def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,), (N,)
                   w_out, b_out,  # (O, J), (O,): O = V + 1 token logits (blank last), then D durations
                   tok_val, tok_idx, dur_val, dur_idx,  # (N * W, NBJ) and (N * W, NBD): max and index per column block
-                  h, w_hh, hh,  # (L, N, H) state, (L, 4H, H), (L, N, 4H) out
-                  N, T, W, J, V1, O, H, NBJ, NBQ,
-                  BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+                  N, T, W, J, V1, O, NBJ,
+                  BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                   FP32: tl.constexpr, TDT: tl.constexpr, NBD: tl.constexpr, PDL: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0)  # joint columns [pid * BC, pid * BC + BC)
+    r = tl.program_id(1) * BM + tl.arange(0, BM)  # rows r = n * W + w: frame t[n] + w of batch row n
     _wait_for_previous(PDL)
-    if _count(active, N) > 0:
-        if pid < NBJ:  # joint columns [pid * BC, pid * BC + BC)
-            cols = pid * BC + tl.arange(0, BC)
-            col_ok = cols < O
-            bias = tl.load(b_out + cols, mask=col_ok, other=0.0).to(tl.float32)
-            for m0 in range(0, N * W, BM):  # rows r = n * W + w: frame t[n] + w of row n
-                r = m0 + tl.arange(0, BM)
-                r_ok = r < N * W
-                n = r // W
-                frame = tl.minimum(tl.load(t + n, mask=r_ok, other=0) + r % W, T - 1)
-                enc_row = (n.to(tl.int64) * T + frame) * J
-                acc = tl.zeros((BM, BC), tl.float32)
-                for k0 in range(0, J, BK):
-                    k = k0 + tl.arange(0, BK)
-                    x_ok = r_ok[:, None] & (k < J)[None, :]
-                    f = tl.load(enc + enc_row[:, None] + k[None, :], mask=x_ok, other=0.0).to(tl.float32)
-                    gk = tl.load(g + n[:, None] * J + k[None, :], mask=x_ok, other=0.0).to(tl.float32)
-                    w = tl.load(w_out + cols[:, None] * J + k[None, :], mask=col_ok[:, None] & (k < J)[None, :], other=0.0)
-                    acc = _mac(acc, tl.maximum(f + gk, 0.0), w, FP32)
-                logits = acc + bias[None, :]  # (BM, BC)
-                tokens = tl.where((cols < V1)[None, :], logits, float("-inf"))
-                best = tl.max(tokens, axis=1)
-                at = tl.min(tl.where(tokens == best[:, None], cols[None, :], _NO_INDEX), axis=1)
-                tl.store(tok_val + r * NBJ + pid, best, mask=r_ok)
-                tl.store(tok_idx + r * NBJ + pid, at, mask=r_ok)
-                if TDT and (pid + 1) * BC > V1:  # one of the NBD blocks that hold duration columns
-                    durs = tl.where(((cols >= V1) & col_ok)[None, :], logits, float("-inf"))
-                    best = tl.max(durs, axis=1)
-                    at = tl.min(tl.where(durs == best[:, None], cols[None, :] - V1, _NO_INDEX), axis=1)
-                    d = pid - V1 // BC
-                    tl.store(dur_val + r * NBD + d, best, mask=r_ok)
-                    tl.store(dur_idx + r * NBD + d, at, mask=r_ok)
-        else:  # W_hh h for gate rows [q * BQ, q * BQ + BQ) of layer l
-            layer = (pid - NBJ) // NBQ
-            q = ((pid - NBJ) % NBQ) * BQ + tl.arange(0, BQ)
-            q_ok = q < 4 * H
-            for n0 in range(0, N, BM):
-                n = n0 + tl.arange(0, BM)
-                n_ok = n < N
-                acc = tl.zeros((BM, BQ), tl.float32)
-                for k0 in range(0, H, BK):
-                    k = k0 + tl.arange(0, BK)
-                    x = tl.load(h + (layer * N + n[:, None]) * H + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
-                    w = tl.load(w_hh + (layer * 4 * H + q[:, None]) * H + k[None, :], mask=q_ok[:, None] & (k < H)[None, :], other=0.0)
-                    acc = _mac(acc, x, w, FP32)
-                tl.store(hh + (layer * N + n[:, None]) * 4 * H + q[None, :], acc, mask=n_ok[:, None] & q_ok[None, :])
+    r_ok = r < N * W
+    n = r // W
+    if _any_set(active, tl.where(r_ok, n, N), N):  # a block of finished (or spare) rows skips its products
+        cols = pid * BC + tl.arange(0, BC)
+        col_ok = cols < O
+        bias = tl.load(b_out + cols, mask=col_ok, other=0.0).to(tl.float32)
+        frame = tl.minimum(tl.load(t + n, mask=r_ok, other=0) + r % W, T - 1)
+        enc_row = (n.to(tl.int64) * T + frame) * J
+        acc = tl.zeros((BM, BC), tl.float32)
+        for k0 in range(0, J, BK):
+            k = k0 + tl.arange(0, BK)
+            x_ok = r_ok[:, None] & (k < J)[None, :]
+            f = tl.load(enc + enc_row[:, None] + k[None, :], mask=x_ok, other=0.0).to(tl.float32)
+            gk = tl.load(g + n[:, None] * J + k[None, :], mask=x_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_out + cols[:, None] * J + k[None, :], mask=col_ok[:, None] & (k < J)[None, :], other=0.0)
+            acc = _mac(acc, tl.maximum(f + gk, 0.0), w, FP32)
+        logits = acc + bias[None, :]  # (BM, BC)
+        tokens = tl.where((cols < V1)[None, :], logits, float("-inf"))
+        best = tl.max(tokens, axis=1)
+        at = tl.min(tl.where(tokens == best[:, None], cols[None, :], _NO_INDEX), axis=1)
+        tl.store(tok_val + r * NBJ + pid, best, mask=r_ok)
+        tl.store(tok_idx + r * NBJ + pid, at, mask=r_ok)
+        if TDT and (pid + 1) * BC > V1:  # one of the NBD blocks that hold duration columns
+            durs = tl.where(((cols >= V1) & col_ok)[None, :], logits, float("-inf"))
+            best = tl.max(durs, axis=1)
+            at = tl.min(tl.where(durs == best[:, None], cols[None, :] - V1, _NO_INDEX), axis=1)
+            d = pid - V1 // BC
+            tl.store(dur_val + r * NBD + d, best, mask=r_ok)
+            tl.store(dur_idx + r * NBD + d, at, mask=r_ok)
 
 
 @triton.jit(do_not_specialize=["W", "max_tokens", "blank_id", "max_symbols"])
@@ -250,18 +251,22 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials o
 
 @triton.jit(do_not_specialize=["N"])
 def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h below; (4H, H); (4H,); (N, 4H); (N, H) x 4
-                 N, H, BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr):
+                 w_hh_below, hh_below,  # (4H, H), (N, 4H) out: the layer below's W_hh h for the next step
+                 N, H, NBU,
+                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    n0 = tl.program_id(1) * BM
     _wait_for_previous(PDL)
-    units = tl.program_id(0) * BU + tl.arange(0, BU)  # hidden units of this program
-    u_ok = units < H
-    g4 = tl.arange(0, 4 * BU)
-    q = (g4 // BU) * H + tl.program_id(0) * BU + g4 % BU  # their gate rows, gate by gate: i.., f.., g.., o..
-    q_ok = (tl.program_id(0) * BU + g4 % BU) < H
-    any_emit = _count(emit, N) > 0
-    b = tl.load(bias + q, mask=q_ok, other=0.0)
-    for n0 in range(0, N, BM):
-        n = n0 + tl.arange(0, BM)
-        n_ok = n < N
+    n = n0 + tl.arange(0, BM)
+    n_ok = n < N
+    any_emit = _any_set(emit, n, N)  # no row of the block emitted: its state and W_hh h stay as they are
+    if pid < NBU:  # hidden units [pid * BU, pid * BU + BU) of this layer
+        units = pid * BU + tl.arange(0, BU)
+        u_ok = units < H
+        g4 = tl.arange(0, 4 * BU)
+        q = (g4 // BU) * H + pid * BU + g4 % BU  # their gate rows, gate by gate: i.., f.., g.., o..
+        q_ok = (pid * BU + g4 % BU) < H
+        b = tl.load(bias + q, mask=q_ok, other=0.0)
         acc = tl.zeros((BM, 4 * BU), tl.float32)
         if any_emit:
             for k0 in range(0, H, BK):
@@ -281,20 +286,26 @@ def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h be
         emitted = (tl.load(emit + n, mask=n_ok, other=0) != 0)[:, None]
         tl.store(h_out + at, tl.where(emitted, h_new, tl.load(h + at, mask=ok, other=0.0)), mask=ok)
         tl.store(c_out + at, tl.where(emitted, c_new, c_old), mask=ok)
+    elif any_emit:  # W_hh h of the layer below, from its new state (x), for the next step
+        _hh_block(x, w_hh_below, hh_below, (pid - NBU) * 4 * BU, n0, N, H, BM, 4 * BU, BK, FP32)
 
 
 @triton.jit(do_not_specialize=["N"])
 def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J, H); (J,); (N, J) out; (N,)
-                    N, H, J, BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
+                    w_hh_top, hh_top,  # (4H, H), (N, 4H) out: the top layer's W_hh h for the next step
+                    N, H, J, NBP,
+                    BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
                     PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    n0 = tl.program_id(1) * BM
     _wait_for_previous(PDL)
-    if _count(emit, N) > 0:
-        j = tl.program_id(0) * BC + tl.arange(0, BC)
-        j_ok = j < J
-        bias = tl.load(b_pred + j, mask=j_ok, other=0.0).to(tl.float32)
-        for n0 in range(0, N, BM):
-            n = n0 + tl.arange(0, BM)
-            n_ok = n < N
+    n = n0 + tl.arange(0, BM)
+    n_ok = n < N
+    if _any_set(emit, n, N):
+        if pid < NBP:  # projection columns [pid * BC, pid * BC + BC)
+            j = pid * BC + tl.arange(0, BC)
+            j_ok = j < J
+            bias = tl.load(b_pred + j, mask=j_ok, other=0.0).to(tl.float32)
             acc = tl.zeros((BM, BC), tl.float32)
             for k0 in range(0, H, BK):
                 k = k0 + tl.arange(0, BK)
@@ -303,6 +314,17 @@ def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J,
                 acc = _mac(acc, xk, w, FP32)
             emitted = tl.load(emit + n, mask=n_ok, other=0) != 0
             tl.store(g + n[:, None] * J + j[None, :], acc + bias[None, :], mask=(n_ok & emitted)[:, None] & j_ok[None, :])
+        else:  # W_hh h of the top layer, from its new state, for the next step
+            _hh_block(x, w_hh_top, hh_top, (pid - NBP) * BQ, n0, N, H, BM, BQ, BK, FP32)
+
+
+@triton.jit(do_not_specialize=["N"])
+def _hh_kernel(h, w_hh, hh, N, H, NBQ,  # (L, N, H), (L, 4H, H), (L, N, 4H) out
+               BM: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
+    """W_hh h of every layer for the start state (the steps then compute it for the state they make)."""
+    layer = tl.program_id(0) // NBQ
+    _hh_block(h + layer * N * H, w_hh + layer * 4 * H * H, hh + layer * N * 4 * H, (tl.program_id(0) % NBQ) * BQ,
+              tl.program_id(1) * BM, N, H, BM, BQ, BK, FP32)
 
 
 def _next_pow2(n: int) -> int:
@@ -310,7 +332,9 @@ def _next_pow2(n: int) -> int:
 
 
 class FusedStep:
-    """The step's weights laid out for the kernels, prepared once per decoder; called like `decode_step`."""
+    """The step's weights laid out for the kernels, prepared once per decoder; called like `decode_step`.
+
+    `start(buf)` must follow every `buf.reset` (it computes W_hh h of the start state)."""
 
     def __init__(self, prediction: PredictionNet, joint: Joint, dtype: torch.dtype, durations: tuple[int, ...],
                  tiles: Tiles | None = None):
@@ -336,7 +360,8 @@ class FusedStep:
             self.b_out = out.bias.detach().float().contiguous()
         self.durations = torch.tensor(durations or (1,), device=self.table.device, dtype=torch.long)
         self.joint_blocks = triton.cdiv(self.outputs, self.tiles.joint_cols)
-        self.gate_blocks = triton.cdiv(4 * self.hidden, 4 * self.tiles.units)  # W_hh h programs per layer in kernel 1
+        self.gate_blocks = triton.cdiv(self.hidden, self.tiles.units)  # programs per layer over hidden units
+        self.proj_blocks = triton.cdiv(self.joint_hidden, self.tiles.proj_cols)
         # programmatic dependent launch: Hopper and later, not under the CPU interpreter
         self.pdl = (self.table.is_cuda and torch.cuda.get_device_capability(self.table.device)[0] >= 9
                     and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
@@ -366,31 +391,42 @@ class FusedStep:
         """The LSTM state (h, c) after the steps so far: `buf.h`, `buf.c` after an even number of steps."""
         return self._scratch(buf)["states"][buf.parity]
 
+    def start(self, buf) -> None:
+        """W_hh h of the state in `buf` (after `buf.reset`), which the first step reads."""
+        s, tiles = self._scratch(buf), self.tiles
+        h = s["states"][buf.parity][0]
+        _hh_kernel[(self.layers * self.gate_blocks, triton.cdiv(buf.n, tiles.rows))](
+            h, self.w_hh, s["hh"], buf.n, self.hidden, self.gate_blocks,
+            BM=tiles.rows, BQ=4 * tiles.units, BK=tiles.k, FP32=tiles.fp32 or "", num_warps=tiles.warps,
+            num_stages=tiles.gate_stages)
+
     def __call__(self, buf, prediction=None, joint=None, blank_id: int = 0, max_symbols: int = 10) -> None:
         s, tiles = self._scratch(buf), self.tiles
         n, w, layers, hidden = buf.n, buf.window, self.layers, self.hidden
         (h, c), (h_out, c_out) = s["states"][buf.parity], s["states"][1 - buf.parity]
         buf.parity = 1 - buf.parity
-        fp32, pdl = tiles.fp32 or "", self.pdl
-        _joint_kernel[(self.joint_blocks + layers * self.gate_blocks,)](
+        fp32, pdl, hh = tiles.fp32 or "", self.pdl, s["hh"]
+        row_blocks = triton.cdiv(n, tiles.rows)
+        matrix = dict(BM=tiles.rows, BK=tiles.k, FP32=fp32, PDL=pdl, num_warps=tiles.warps, launch_pdl=pdl)
+        _joint_kernel[(self.joint_blocks, triton.cdiv(n * w, tiles.rows))](
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
-            s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], h, self.w_hh, s["hh"],
-            n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, hidden, self.joint_blocks, self.gate_blocks,
-            BM=tiles.rows, BC=tiles.joint_cols, BQ=4 * tiles.units, BK=tiles.k, FP32=fp32, TDT=self.tdt,
-            NBD=_next_pow2(self.duration_blocks), PDL=pdl, num_warps=tiles.warps, num_stages=tiles.stages, launch_pdl=pdl)
+            s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
+            n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, self.joint_blocks,
+            BC=tiles.joint_cols, TDT=self.tdt, NBD=_next_pow2(self.duration_blocks), num_stages=tiles.stages, **matrix)
         _advance_kernel[(n,)](
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], self.durations,
             buf.t, buf.lengths, buf.active, buf.last_frame, buf.run, buf.count, buf.row_steps, buf.records,
-            s["emit"], self.table, s["hh"][0], h[0], c[0], h_out[0], c_out[0],
+            s["emit"], self.table, hh[0], h[0], c[0], h_out[0], c_out[0],
             w, self.joint_blocks, hidden, buf.max_tokens, blank_id, max_symbols,
             WB=_next_pow2(w), NB=_next_pow2(self.joint_blocks), NBD=_next_pow2(self.duration_blocks),
             HB=_next_pow2(hidden), TDT=self.tdt, PDL=pdl, num_warps=tiles.advance_warps, launch_pdl=pdl)
-        for i in range(1, layers):
-            _lstm_kernel[(triton.cdiv(hidden, tiles.units),)](
-                h_out[i - 1], self.w_ih[i - 1], self.bias[i - 1], s["hh"][i], h[i], c[i], h_out[i], c_out[i], s["emit"],
-                n, hidden, BM=tiles.rows, BU=tiles.units, BK=tiles.k, FP32=fp32, PDL=pdl,
-                num_warps=tiles.warps, num_stages=tiles.stages, launch_pdl=pdl)
-        _project_kernel[(triton.cdiv(self.joint_hidden, tiles.proj_cols),)](
-            h_out[layers - 1], self.w_pred, self.b_pred, buf.g, s["emit"],
-            n, hidden, self.joint_hidden, BM=tiles.rows, BC=tiles.proj_cols, BK=tiles.k, FP32=fp32, PDL=pdl,
-            num_warps=tiles.warps, num_stages=tiles.stages, launch_pdl=pdl)
+        for i in range(1, layers):  # layer i, and W_hh h of layer i - 1 for the next step
+            _lstm_kernel[(2 * self.gate_blocks, row_blocks)](
+                h_out[i - 1], self.w_ih[i - 1], self.bias[i - 1], hh[i], h[i], c[i], h_out[i], c_out[i], s["emit"],
+                self.w_hh[i - 1], hh[i - 1], n, hidden, self.gate_blocks,
+                BU=tiles.units, num_stages=tiles.gate_stages, **matrix)
+        top = layers - 1  # the projection, and W_hh h of the top layer for the next step
+        _project_kernel[(self.proj_blocks + self.gate_blocks, row_blocks)](
+            h_out[top], self.w_pred, self.b_pred, buf.g, s["emit"], self.w_hh[top], hh[top],
+            n, hidden, self.joint_hidden, self.proj_blocks,
+            BC=tiles.proj_cols, BQ=4 * tiles.units, num_stages=tiles.gate_stages, **matrix)

@@ -24,16 +24,18 @@ def pool_of(live: list["CapturedSteps"]):
 class CapturedSteps:
     """`steps` calls of `step()` captured once; `replay()` runs them again on the current stream."""
 
-    def __init__(self, step: Callable[[], None], steps: int, pool, before_capture: Callable[[], None] | None = None):
+    def __init__(self, step: Callable[[], None], steps: int, pool, before_capture: Callable[[], None] | None = None,
+                 warm_up: bool = True):
         start = time.perf_counter()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(_WARMUP_CALLS):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        if before_capture is not None:
-            before_capture()  # the warm-up wrote to the buffers: let the owner put them back
+        if warm_up:  # not needed again once the step ran in this process (capturing runs nothing)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(_WARMUP_CALLS):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            if before_capture is not None:
+                before_capture()  # the warm-up wrote to the buffers: let the owner put them back
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             for _ in range(steps):
