@@ -57,8 +57,8 @@ run_profile() {
             --batch $batch --step $kind $flag --json "$OUT/profile.jsonl"
     done
 }
-run_tune() {
-    step "tune" 330 python3 scripts/tune_step.py --model $ckpt --out "$OUT"
+run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
+    step "tune" "${TUNE_SECONDS:-330}" python3 scripts/tune_step.py --model $ckpt --out "$OUT" ${TUNE_ARGS:-}
 }
 
 for what in "${@:-checkpoint compare tests bench profile tune}"; do

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """Measure the fused decode step's tile sizes and window per batch size on the GPU (the figures behind
-`fused_step.FMA_TILES` / `DOT_TILES` and `decoding.WINDOWS`).
+`fused_step.FP32_TILES` / `HALF_TILES` and `decoding.WINDOWS`).
 
     python scripts/tune_step.py --model v3.nemo --out DIR [--parts tiles,windows]
 
 Decode-only times of the 77 s bench tier (the clip repeated B times), graphs on, median of 5
 after a warm-up that compiles and captures; float32 and bfloat16 (the joint in bfloat16, as
 `--dtype bfloat16` runs it). Every row says whether its tokens equal the default's. Writes
-tune.json and tune.md to DIR.
+tune.json and tune.md to DIR, after every row (a run cut short keeps what it measured).
 """
 
 from __future__ import annotations
@@ -28,21 +28,23 @@ from graphscribe.decoding import GreedyDecoder
 from graphscribe.fused_step import FP32_TILES, HALF_TILES, FusedStep, Tiles
 
 def _around(base: Tiles) -> list[Tiles]:
-    """The defaults, then one setting changed at a time, then the joint's columns and k together."""
+    """The defaults, then one setting changed at a time, then a few pairs."""
     out = [base]
-    for field, values in (("joint_cols", (32, 128)), ("units", (4, 16)), ("proj_cols", (32,)), ("k", (64,)),
-                          ("warps", (2, 8)), ("stages", (2, 4)), ("advance_warps", (4,))):
+    for field, values in (("joint_cols", (32, 128)), ("units", (4, 16)), ("proj_cols", (32,)), ("k", (32, 128)),
+                          ("warps", (2, 8)), ("stages", (2, 4, 6)), ("gate_stages", (2, 4, 6)),
+                          ("advance_warps", (1, 2, 8))):
         out += [replace(base, **{field: v}) for v in values if v != getattr(base, field)]
-    out += [replace(base, joint_cols=128, k=64), replace(base, joint_cols=128, stages=4)]
+    out += [replace(base, stages=4, gate_stages=4), replace(base, units=4, gate_stages=4),
+            replace(base, k=128, stages=4, gate_stages=4)]
     return out
 
 
-TILES = {"float32": _around(FP32_TILES) + [replace(FP32_TILES, fp32="ieee")], "bfloat16": _around(HALF_TILES)}
+TILES = {"float32": _around(FP32_TILES), "bfloat16": _around(HALF_TILES)}
 
 
 def _tiles(t) -> str:
     return (f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
-            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}")
+            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}")
 
 
 def timed(decoder, encoded, lengths, reps=5):
@@ -66,6 +68,8 @@ def main() -> None:
     ap.add_argument("--parts", default="tiles,windows")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--windows", default="1,2,4,8")
+    ap.add_argument("--tile-batches", default="1,8,128")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = gs.load_model(args.model, device="cuda", dtype="float32")
@@ -73,6 +77,14 @@ def main() -> None:
     encoded32, lengths1 = model.encode([tier.audio])
     joints = {"float32": model.module.joint, "bfloat16": copy.deepcopy(model.module.joint).to(torch.bfloat16)}
     rows, lines = [], []
+    header = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {tier_clips(model)[-1].name} tier, decode only, "
+              "graphs, median of 5 (ms)", "", "| what | dtype | B | tiles | ms | steps | us/step | warm-up s | same tokens |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def save() -> None:
+        print(lines[-1], flush=True)
+        (args.out / "tune.md").write_text("\n".join(header + lines) + "\n")
+        (args.out / "tune.json").write_text(json.dumps(rows, indent=1) + "\n")
 
     def run(dtype, batch, window=None, tiles=None):
         encoded = encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous()
@@ -82,9 +94,9 @@ def main() -> None:
         ms, warm, hyps = timed(decoder, encoded, lengths)
         return ms, warm, hyps[0].steps, [(h.token_ids, h.frames) for h in hyps]
 
-    for dtype in ("float32", "bfloat16"):
+    for dtype in args.dtypes.split(","):
         if "tiles" in args.parts:
-            for batch in (1, 8):
+            for batch in map(int, args.tile_batches.split(",")):
                 base = None
                 for tiles in TILES[dtype]:
                     ms, warm, steps, result = run(dtype, batch, tiles=tiles)
@@ -94,7 +106,7 @@ def main() -> None:
                     rows.append(row)
                     lines.append(f"| tiles | {dtype} | {batch} | {_tiles(tiles)} | {ms:.2f} | {steps} | "
                                  f"{row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
-                    print(lines[-1], flush=True)
+                    save()
         if "windows" in args.parts:
             for batch in map(int, args.batches.split(",")):
                 for window in map(int, args.windows.split(",")):
@@ -104,12 +116,7 @@ def main() -> None:
                     rows.append(row)
                     lines.append(f"| window {window} | {dtype} | {batch} | default | {ms:.2f} | {steps} | "
                                  f"{row['us_per_step']:.1f} | {warm:.1f} | |")
-                    print(lines[-1], flush=True)
-    header = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {tier.name} tier, decode only, graphs, "
-              "median of 5 (ms)", "", "| what | dtype | B | tiles | ms | steps | us/step | warm-up s | same tokens |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    (args.out / "tune.md").write_text("\n".join(header + lines) + "\n")
-    (args.out / "tune.json").write_text(json.dumps(rows, indent=1) + "\n")
+                    save()
 
 
 if __name__ == "__main__":
