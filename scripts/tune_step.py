@@ -30,12 +30,12 @@ from graphscribe.fused_step import FP32_TILES, HALF_TILES, FusedStep, Tiles
 def _around(base: Tiles) -> list[Tiles]:
     """The defaults, then one setting changed at a time, then a few pairs."""
     out = [base]
-    for field, values in (("joint_cols", (32, 128)), ("units", (4, 16)), ("proj_cols", (32,)), ("k", (32, 128)),
-                          ("warps", (2, 8)), ("stages", (2, 4, 6)), ("gate_stages", (2, 4, 6)),
-                          ("advance_warps", (1, 2, 8))):
+    for field, values in (("prefetch", (False,)), ("rows", (32, 64)), ("joint_cols", (32, 128)), ("units", (16,)),
+                          ("proj_cols", (32,)), ("k", (32, 128)), ("warps", (2,)), ("stages", (4, 6)),
+                          ("gate_stages", (4, 6)), ("advance_warps", (2, 8))):
         out += [replace(base, **{field: v}) for v in values if v != getattr(base, field)]
-    out += [replace(base, stages=4, gate_stages=4), replace(base, units=4, gate_stages=4),
-            replace(base, k=128, stages=4, gate_stages=4)]
+    out += [replace(base, proj_cols=32, stages=6, gate_stages=4), replace(base, rows=64, warps=8),
+            replace(base, proj_cols=32, stages=6, gate_stages=4, advance_warps=8)]
     return out
 
 
@@ -44,7 +44,8 @@ TILES = {"float32": _around(FP32_TILES), "bfloat16": _around(HALF_TILES)}
 
 def _tiles(t) -> str:
     return (f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
-            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}")
+            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}, rows {t.rows}"
+            f"{'' if t.prefetch else ', no prefetch'}")
 
 
 def timed(decoder, encoded, lengths, reps=5):

@@ -22,16 +22,16 @@ def compile_kernel(kernel, pointers: dict[str, str], constexprs: dict) -> None:
 
 def main() -> None:
     for weights, tiles in (("*fp32", fs.FP32_TILES), ("*fp32", replace(fs.FP32_TILES, fp32="ieee")), ("*bf16", fs.HALF_TILES)):
-        mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32 or "", PDL=True)
+        mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32 or "", PDL=True, PREFETCH=True)
         for tdt in (True, False):
             compile_kernel(fs._joint_kernel, dict(enc=weights, g=weights, t=I64, active="*i1", w_out=weights, b_out=F32,
                                                   tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32),
                            dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2))
-            compile_kernel(fs._advance_kernel, dict(tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32, durations=I64,
+            compile_kernel(fs._advance_kernel, dict(tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32,
                                                     t=I64, lengths=I64, active="*i1", last_frame=I64, run=I64, count=I64,
                                                     row_steps=I64, records=I32, emit_out=I32, table=F32, hh=F32, h=F32,
                                                     c=F32, h_out=F32, c_out=F32),
-                           dict(WB=8, NB=256, NBD=2, HB=1024, TDT=tdt, PDL=True))
+                           dict(WB=8, NB=256, NBD=2, HB=1024, TDT=tdt, DURATIONS=0x0403020100, PDL=True))
         compile_kernel(fs._lstm_kernel, dict(x=F32, w_ih=weights, bias=F32, hh=F32, h=F32, c=F32, h_out=F32, c_out=F32,
                                              emit=I32, w_hh_below=weights, hh_below=F32), dict(mm, BU=tiles.units))
         compile_kernel(fs._project_kernel, dict(x=F32, w_pred=weights, b_pred=F32, g=weights, emit=I32, w_hh_top=weights,

@@ -239,7 +239,7 @@ class GreedyDecoder:
                 start = time.perf_counter()
                 self._fused_step = FusedStep(self.prediction, self.joint, dtype, self.cfg.durations)
                 self.compile_seconds += time.perf_counter() - start
-            except ImportError as err:  # no Triton: the PyTorch step does the same on CUDA, slower
+            except (ImportError, ValueError) as err:  # no Triton, or a model it does not take: the PyTorch step
                 log.warning("fused decode step unavailable (%s); using the PyTorch step", err)
                 self.fused = False
                 return decode_step

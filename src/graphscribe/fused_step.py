@@ -68,6 +68,7 @@ class Tiles:
     stages: int = 3  # software pipelining of the joint's loads
     gate_stages: int = 3  # the same for the LSTM, projection and W_hh h products
     advance_warps: int = 1  # per program (one row) of the advance kernel
+    prefetch: bool = True  # Hopper: fetch a kernel's weights into L2 before waiting for the previous kernel
 
 
 # Chosen from the H100 sweep in bench/h100-fused/tune.md (each of k 64 and a 4-warp advance kernel was the best
@@ -84,6 +85,17 @@ def _mac(acc, x, w, FP32: tl.constexpr):
     else:
         acc = tl.dot(x, tl.trans(w), acc, input_precision=FP32)
     return acc
+
+
+@triton.jit
+def _prefetch(start, nbytes, PREFETCH: tl.constexpr):
+    """Start fetching the contiguous bytes [start, start + nbytes) into L2 and go on (Hopper's bulk prefetch).
+
+    Kernels call it for their weights before `_wait_for_previous`: with programmatic dependent launches the
+    fetch then overlaps the previous kernel, and the products after the wait read L2."""
+    if PREFETCH:
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                                  [start, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -134,10 +146,13 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
                   w_out, b_out,  # (O, J), (O,): O = V + 1 token logits (blank last), then D durations
                   tok_val, tok_idx, dur_val, dur_idx,  # (N * W, NBJ) and (N * W, NBD): max and index per column block
                   N, T, W, J, V1, O, NBJ,
-                  BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                  FP32: tl.constexpr, TDT: tl.constexpr, NBD: tl.constexpr, PDL: tl.constexpr):
+                  BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, TDT: tl.constexpr,
+                  NBD: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)  # joint columns [pid * BC, pid * BC + BC)
     r = tl.program_id(1) * BM + tl.arange(0, BM)  # rows r = n * W + w: frame t[n] + w of batch row n
+    if tl.program_id(1) == 0:  # this block of the output layer: rows [pid * BC, pid * BC + BC) of (O, J), contiguous
+        size = (tl.minimum(pid * BC + BC, O) - pid * BC) * J * w_out.dtype.element_ty.primitive_bitwidth // 8
+        _prefetch(w_out + pid * BC * J + tl.zeros((1,), tl.int64), size + tl.zeros((1,), tl.int32), PREFETCH)
     _wait_for_previous(PDL)
     r_ok = r < N * W
     n = r // W
@@ -171,39 +186,54 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
 
 
 @triton.jit(do_not_specialize=["W", "max_tokens", "blank_id", "max_symbols"])
-def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials of kernel 1; (D,) TDT durations
+def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx,  # partials of kernel 1
                     t, lengths, active, last_frame, run, count, row_steps, records,  # row state (N,), records (N, max_tokens, 3)
                     emit_out,  # (N,) out: whether the row emitted
                     table, hh, h, c, h_out, c_out,  # (V + 1, 4H) first layer's input half; (N, 4H) its W_hh h; (N, H) x 4
                     W, NBJ, H, max_tokens, blank_id, max_symbols,
                     WB: tl.constexpr, NB: tl.constexpr, NBD: tl.constexpr, HB: tl.constexpr, TDT: tl.constexpr,
-                    PDL: tl.constexpr):
+                    DURATIONS: tl.constexpr, PDL: tl.constexpr):
+    """DURATIONS: the TDT durations packed 8 bits each (duration i is (DURATIONS >> 8 i) & 255): no lookup load."""
     row = tl.program_id(0)
     _wait_for_previous(PDL)
+    # every load that does not need this kernel's results first, so that they are in flight together
     w = tl.arange(0, WB)
     w_ok = w < W
     tile = (row * W + w)[:, None] * NBJ + tl.arange(0, NB)[None, :]
     tile_ok = w_ok[:, None] & (tl.arange(0, NB) < NBJ)[None, :]
-    # argmax over the column blocks (the first index of the max, as torch.argmax)
     vals = tl.load(tok_val + tile, mask=tile_ok, other=float("-inf"))
+    idx = tl.load(tok_idx + tile, mask=tile_ok, other=_NO_INDEX)
+    if TDT:
+        d_tile = (row * W + w)[:, None] * NBD + tl.arange(0, NBD)[None, :]
+        d_vals = tl.load(dur_val + d_tile, mask=w_ok[:, None], other=float("-inf"))
+        d_idx = tl.load(dur_idx + d_tile, mask=w_ok[:, None], other=_NO_INDEX)
+    t_row = tl.load(t + row)
+    length = tl.load(lengths + row)
+    is_active = tl.load(active + row) != 0
+    n_emitted = tl.load(count + row)
+    last = tl.load(last_frame + row)
+    runs = tl.load(run + row)
+    steps = tl.load(row_steps + row)
+    j = tl.arange(0, HB)
+    ok = j < H
+    r = hh + row * 4 * H + j
+    hi, hf, hg, ho = (tl.load(r, mask=ok, other=0.0), tl.load(r + H, mask=ok, other=0.0),
+                      tl.load(r + 2 * H, mask=ok, other=0.0), tl.load(r + 3 * H, mask=ok, other=0.0))
+    c_old = tl.load(c + row * H + j, mask=ok, other=0.0)
+    h_old = tl.load(h + row * H + j, mask=ok, other=0.0)
+
+    # argmax over the column blocks (the first index of the max, as torch.argmax)
     best = tl.max(vals, axis=1)
-    tokens = tl.min(tl.where(vals == best[:, None], tl.load(tok_idx + tile, mask=tile_ok, other=_NO_INDEX), _NO_INDEX), axis=1)
+    tokens = tl.min(tl.where(vals == best[:, None], idx, _NO_INDEX), axis=1)
     blank = tokens == blank_id  # (WB,)
     if TDT:  # a blank's duration 0 counts as 1
-        d = tl.arange(0, NBD)
-        tile = (row * W + w)[:, None] * NBD + d[None, :]
-        vals = tl.load(dur_val + tile, mask=w_ok[:, None], other=float("-inf"))
-        best = tl.max(vals, axis=1)
-        which = tl.min(tl.where(vals == best[:, None], tl.load(dur_idx + tile, mask=w_ok[:, None], other=_NO_INDEX),
-                                _NO_INDEX), axis=1)
-        skips = tl.load(durations + which, mask=w_ok, other=1).to(tl.int64)
+        best = tl.max(d_vals, axis=1)
+        which = tl.min(tl.where(d_vals == best[:, None], d_idx, _NO_INDEX), axis=1)
+        skips = ((DURATIONS >> (8 * which).to(tl.int64)) & 255).to(tl.int64)
         skips = tl.where(blank, tl.maximum(skips, 1), skips)
     else:  # RNN-T: blanks move on by one frame, tokens stay
         skips = blank.to(tl.int64)
 
-    t_row = tl.load(t + row)
-    length = tl.load(lengths + row)
-    is_active = tl.load(active + row) != 0
     moving = blank & ((t_row + w) < length) & w_ok  # blanks inside the clip: the chain goes on
     landing = t_row * 0
     for _ in range(0, W):  # follow the blanks from window position 0
@@ -214,38 +244,31 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials o
     frame = t_row + landing
     emit = is_active & (landing < W) & (frame < length)
 
-    n_emitted = tl.load(count + row)
     slot = records + (row * max_tokens + n_emitted) * 3
     tl.store(slot, tok.to(records.dtype.element_ty), mask=emit)
     tl.store(slot + 1, frame.to(records.dtype.element_ty), mask=emit)
     tl.store(slot + 2, duration.to(records.dtype.element_ty), mask=emit)
     tl.store(count + row, n_emitted + emit)
-    last = tl.load(last_frame + row)
-    runs = tl.load(run + row)
     runs = tl.where(emit, runs * (last == frame) + 1, runs)
     tl.store(run + row, runs)
     tl.store(last_frame + row, tl.where(emit, frame, last))
     force = emit & (runs >= max_symbols) & (duration == 0)  # max_symbols on this frame: move on
     advance = landing + (duration + force) * emit
-    tl.store(row_steps + row, tl.load(row_steps + row) + is_active)
+    tl.store(row_steps + row, steps + is_active)
     t_new = t_row + advance * is_active
     tl.store(t + row, t_new)
     tl.store(active + row, t_new < length)
     tl.store(emit_out + row, emit.to(tl.int32))
 
     # the first LSTM layer: the cell for the emitted token, the old state for a row that did not emit
-    j = tl.arange(0, HB)
-    ok = j < H
     x = table + tok.to(tl.int64) * 4 * H + j
-    r = hh + row * 4 * H + j
     new = ok & emit
-    gi = tl.load(x, mask=new, other=0.0) + tl.load(r, mask=new, other=0.0)
-    gf = tl.load(x + H, mask=new, other=0.0) + tl.load(r + H, mask=new, other=0.0)
-    gg = tl.load(x + 2 * H, mask=new, other=0.0) + tl.load(r + 2 * H, mask=new, other=0.0)
-    go = tl.load(x + 3 * H, mask=new, other=0.0) + tl.load(r + 3 * H, mask=new, other=0.0)
-    c_old = tl.load(c + row * H + j, mask=ok, other=0.0)
+    gi = tl.load(x, mask=new, other=0.0) + hi
+    gf = tl.load(x + H, mask=new, other=0.0) + hf
+    gg = tl.load(x + 2 * H, mask=new, other=0.0) + hg
+    go = tl.load(x + 3 * H, mask=new, other=0.0) + ho
     h_new, c_new = _cell(gi, gf, gg, go, c_old)
-    tl.store(h_out + row * H + j, tl.where(emit, h_new, tl.load(h + row * H + j, mask=ok, other=0.0)), mask=ok)
+    tl.store(h_out + row * H + j, tl.where(emit, h_new, h_old), mask=ok)
     tl.store(c_out + row * H + j, tl.where(emit, c_new, c_old), mask=ok)
 
 
@@ -253,9 +276,20 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx, durations,  # partials o
 def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h below; (4H, H); (4H,); (N, 4H); (N, H) x 4
                  w_hh_below, hh_below,  # (4H, H), (N, 4H) out: the layer below's W_hh h for the next step
                  N, H, NBU,
-                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr):
+                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr,
+                 PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
+    if tl.program_id(1) == 0:  # this program's weight rows: BU rows of each gate of w_ih, or 4 BU rows of w_hh_below
+        row_bytes = H * w_ih.dtype.element_ty.primitive_bitwidth // 8
+        gate = tl.arange(0, 4)
+        if pid < NBU:
+            _prefetch(w_ih + (gate * H + pid * BU).to(tl.int64) * H, tl.minimum(BU, H - pid * BU) * row_bytes + gate * 0,
+                      PREFETCH)
+        else:
+            q0 = (pid - NBU) * 4 * BU
+            _prefetch(w_hh_below + q0.to(tl.int64) * H + gate * 0, tl.minimum(4 * BU, 4 * H - q0) * row_bytes + gate * 0,
+                      PREFETCH)
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
@@ -295,9 +329,17 @@ def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J,
                     w_hh_top, hh_top,  # (4H, H), (N, 4H) out: the top layer's W_hh h for the next step
                     N, H, J, NBP,
                     BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PDL: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
+    if tl.program_id(1) == 0:  # this program's weight rows, contiguous: BC rows of w_pred or BQ rows of w_hh_top
+        row_bytes = H * w_pred.dtype.element_ty.primitive_bitwidth // 8
+        one = tl.zeros((1,), tl.int32)
+        if pid < NBP:
+            _prefetch(w_pred + (pid * BC).to(tl.int64) * H + one, tl.minimum(BC, J - pid * BC) * row_bytes + one, PREFETCH)
+        else:
+            q0 = (pid - NBP) * BQ
+            _prefetch(w_hh_top + q0.to(tl.int64) * H + one, tl.minimum(BQ, 4 * H - q0) * row_bytes + one, PREFETCH)
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
@@ -358,13 +400,18 @@ class FusedStep:
             self.b_pred = joint.pred.bias.detach().float().contiguous()
             self.w_out = out.weight.detach().to(dtype).contiguous()  # (O, J)
             self.b_out = out.bias.detach().float().contiguous()
-        self.durations = torch.tensor(durations or (1,), device=self.table.device, dtype=torch.long)
+        if len(durations) > 8 or any(not 0 <= d < 256 for d in durations):
+            raise ValueError(f"TDT durations {durations} do not pack into 8 bits each")
+        self.packed_durations = sum(d << (8 * i) for i, d in enumerate(durations))
         self.joint_blocks = triton.cdiv(self.outputs, self.tiles.joint_cols)
         self.gate_blocks = triton.cdiv(self.hidden, self.tiles.units)  # programs per layer over hidden units
         self.proj_blocks = triton.cdiv(self.joint_hidden, self.tiles.proj_cols)
         # programmatic dependent launch: Hopper and later, not under the CPU interpreter
         self.pdl = (self.table.is_cuda and torch.cuda.get_device_capability(self.table.device)[0] >= 9
                     and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+        # Hopper's bulk prefetch wants 16-byte aligned rows
+        self.prefetch = (self.tiles.prefetch and self.pdl and all(
+            (w.shape[-1] * w.element_size()) % 16 == 0 for w in (self.w_out, self.w_pred, self.w_hh)))
         # joint column blocks that hold duration columns (after the V + 1 token columns)
         self.duration_blocks = self.joint_blocks - self.vocab // self.tiles.joint_cols if self.tdt else 1
 
@@ -407,19 +454,21 @@ class FusedStep:
         buf.parity = 1 - buf.parity
         fp32, pdl, hh = tiles.fp32 or "", self.pdl, s["hh"]
         row_blocks = triton.cdiv(n, tiles.rows)
-        matrix = dict(BM=tiles.rows, BK=tiles.k, FP32=fp32, PDL=pdl, num_warps=tiles.warps, launch_pdl=pdl)
+        matrix = dict(BM=tiles.rows, BK=tiles.k, FP32=fp32, PDL=pdl, PREFETCH=self.prefetch, num_warps=tiles.warps,
+                      launch_pdl=pdl)
         _joint_kernel[(self.joint_blocks, triton.cdiv(n * w, tiles.rows))](
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
             n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, self.joint_blocks,
             BC=tiles.joint_cols, TDT=self.tdt, NBD=_next_pow2(self.duration_blocks), num_stages=tiles.stages, **matrix)
         _advance_kernel[(n,)](
-            s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"], self.durations,
+            s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
             buf.t, buf.lengths, buf.active, buf.last_frame, buf.run, buf.count, buf.row_steps, buf.records,
             s["emit"], self.table, hh[0], h[0], c[0], h_out[0], c_out[0],
             w, self.joint_blocks, hidden, buf.max_tokens, blank_id, max_symbols,
             WB=_next_pow2(w), NB=_next_pow2(self.joint_blocks), NBD=_next_pow2(self.duration_blocks),
-            HB=_next_pow2(hidden), TDT=self.tdt, PDL=pdl, num_warps=tiles.advance_warps, launch_pdl=pdl)
+            HB=_next_pow2(hidden), TDT=self.tdt, DURATIONS=self.packed_durations, PDL=pdl, num_warps=tiles.advance_warps,
+            launch_pdl=pdl)
         for i in range(1, layers):  # layer i, and W_hh h of layer i - 1 for the next step
             _lstm_kernel[(2 * self.gate_blocks, row_blocks)](
                 h_out[i - 1], self.w_ih[i - 1], self.bias[i - 1], hh[i], h[i], c[i], h_out[i], c_out[i], s["emit"],
