@@ -30,7 +30,7 @@ from graphscribe.fused_step import FP32_TILES, HALF_TILES, FusedStep, Tiles
 def _around(base: Tiles) -> list[Tiles]:
     """The defaults, then one setting changed at a time, then a few pairs."""
     out = [base]
-    for field, values in (("prefetch", (False,)), ("rows", (32, 64)), ("joint_cols", (32, 128)), ("units", (16,)),
+    for field, values in (("rows", (32, 64)), ("joint_cols", (32, 128)), ("units", (16,)),
                           ("proj_cols", (32,)), ("k", (32, 128)), ("warps", (2,)), ("stages", (4, 6)),
                           ("gate_stages", (4, 6)), ("advance_warps", (2, 8))):
         out += [replace(base, **{field: v}) for v in values if v != getattr(base, field)]
@@ -44,8 +44,7 @@ TILES = {"float32": _around(FP32_TILES), "bfloat16": _around(HALF_TILES)}
 
 def _tiles(t) -> str:
     return (f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
-            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}, rows {t.rows}"
-            f"{'' if t.prefetch else ', no prefetch'}")
+            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}, rows {t.rows}")
 
 
 def timed(decoder, encoded, lengths, reps=5):

@@ -22,7 +22,7 @@ def compile_kernel(kernel, pointers: dict[str, str], constexprs: dict) -> None:
 
 def main() -> None:
     for weights, tiles in (("*fp32", fs.FP32_TILES), ("*fp32", replace(fs.FP32_TILES, fp32="ieee")), ("*bf16", fs.HALF_TILES)):
-        mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32 or "", PDL=True, PREFETCH=True)
+        mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32 or "", PDL=True)
         for tdt in (True, False):
             compile_kernel(fs._joint_kernel, dict(enc=weights, g=weights, t=I64, active="*i1", w_out=weights, b_out=F32,
                                                   tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32),

@@ -68,13 +68,14 @@ class Tiles:
     stages: int = 3  # software pipelining of the joint's loads
     gate_stages: int = 3  # the same for the LSTM, projection and W_hh h products
     advance_warps: int = 1  # per program (one row) of the advance kernel
-    prefetch: bool = True  # Hopper: fetch a kernel's weights into L2 before waiting for the previous kernel
 
 
-# Chosen from the H100 sweep in bench/h100-fused/tune.md (each of k 64 and a 4-warp advance kernel was the best
-# single change in both dtypes). 3xTF32 there: 2.7x faster than IEEE FMA products, the same tokens.
-FP32_TILES = Tiles(joint_cols=64, units=8, proj_cols=16, k=64, fp32="tf32x3", advance_warps=4)
-HALF_TILES = Tiles(joint_cols=64, units=8, proj_cols=16, k=64, fp32=None, advance_warps=4)
+# Chosen from the H100 sweeps in bench/h100-fused/ (tuning/: k 64 and a 4-warp advance kernel; round 2: 32
+# projection columns, the best single change at B = 1, 8 and 128 in float32). 3xTF32: 2.7x faster than IEEE FMA
+# products, the same tokens. 64-row tiles were faster at B = 128 and slower at B = 1: rows stay 16 for every batch,
+# so that a row's float32 result does not depend on its batch.
+FP32_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32="tf32x3", advance_warps=4)
+HALF_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32=None, advance_warps=4)
 
 
 @triton.jit
@@ -85,17 +86,6 @@ def _mac(acc, x, w, FP32: tl.constexpr):
     else:
         acc = tl.dot(x, tl.trans(w), acc, input_precision=FP32)
     return acc
-
-
-@triton.jit
-def _prefetch(start, nbytes, PREFETCH: tl.constexpr):
-    """Start fetching the contiguous bytes [start, start + nbytes) into L2 and go on (Hopper's bulk prefetch).
-
-    Kernels call it for their weights before `_wait_for_previous`: with programmatic dependent launches the
-    fetch then overlaps the previous kernel, and the products after the wait read L2."""
-    if PREFETCH:
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                  [start, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -147,12 +137,9 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
                   tok_val, tok_idx, dur_val, dur_idx,  # (N * W, NBJ) and (N * W, NBD): max and index per column block
                   N, T, W, J, V1, O, NBJ,
                   BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, TDT: tl.constexpr,
-                  NBD: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                  NBD: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)  # joint columns [pid * BC, pid * BC + BC)
     r = tl.program_id(1) * BM + tl.arange(0, BM)  # rows r = n * W + w: frame t[n] + w of batch row n
-    if tl.program_id(1) == 0:  # this block of the output layer: rows [pid * BC, pid * BC + BC) of (O, J), contiguous
-        size = (tl.minimum(pid * BC + BC, O) - pid * BC) * J * w_out.dtype.element_ty.primitive_bitwidth // 8
-        _prefetch(w_out + pid * BC * J + tl.zeros((1,), tl.int64), size + tl.zeros((1,), tl.int32), PREFETCH)
     _wait_for_previous(PDL)
     r_ok = r < N * W
     n = r // W
@@ -276,20 +263,9 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx,  # partials of kernel 1
 def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h below; (4H, H); (4H,); (N, 4H); (N, H) x 4
                  w_hh_below, hh_below,  # (4H, H), (N, 4H) out: the layer below's W_hh h for the next step
                  N, H, NBU,
-                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr):
+                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
-    if tl.program_id(1) == 0:  # this program's weight rows: BU rows of each gate of w_ih, or 4 BU rows of w_hh_below
-        row_bytes = H * w_ih.dtype.element_ty.primitive_bitwidth // 8
-        gate = tl.arange(0, 4)
-        if pid < NBU:
-            _prefetch(w_ih + (gate * H + pid * BU).to(tl.int64) * H, tl.minimum(BU, H - pid * BU) * row_bytes + gate * 0,
-                      PREFETCH)
-        else:
-            q0 = (pid - NBU) * 4 * BU
-            _prefetch(w_hh_below + q0.to(tl.int64) * H + gate * 0, tl.minimum(4 * BU, 4 * H - q0) * row_bytes + gate * 0,
-                      PREFETCH)
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
@@ -329,17 +305,9 @@ def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J,
                     w_hh_top, hh_top,  # (4H, H), (N, 4H) out: the top layer's W_hh h for the next step
                     N, H, J, NBP,
                     BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
-                    PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                    PDL: tl.constexpr):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
-    if tl.program_id(1) == 0:  # this program's weight rows, contiguous: BC rows of w_pred or BQ rows of w_hh_top
-        row_bytes = H * w_pred.dtype.element_ty.primitive_bitwidth // 8
-        one = tl.zeros((1,), tl.int32)
-        if pid < NBP:
-            _prefetch(w_pred + (pid * BC).to(tl.int64) * H + one, tl.minimum(BC, J - pid * BC) * row_bytes + one, PREFETCH)
-        else:
-            q0 = (pid - NBP) * BQ
-            _prefetch(w_hh_top + q0.to(tl.int64) * H + one, tl.minimum(BQ, 4 * H - q0) * row_bytes + one, PREFETCH)
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
@@ -409,9 +377,6 @@ class FusedStep:
         # programmatic dependent launch: Hopper and later, not under the CPU interpreter
         self.pdl = (self.table.is_cuda and torch.cuda.get_device_capability(self.table.device)[0] >= 9
                     and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
-        # Hopper's bulk prefetch wants 16-byte aligned rows
-        self.prefetch = (self.tiles.prefetch and self.pdl and all(
-            (w.shape[-1] * w.element_size()) % 16 == 0 for w in (self.w_out, self.w_pred, self.w_hh)))
         # joint column blocks that hold duration columns (after the V + 1 token columns)
         self.duration_blocks = self.joint_blocks - self.vocab // self.tiles.joint_cols if self.tdt else 1
 
@@ -454,8 +419,7 @@ class FusedStep:
         buf.parity = 1 - buf.parity
         fp32, pdl, hh = tiles.fp32 or "", self.pdl, s["hh"]
         row_blocks = triton.cdiv(n, tiles.rows)
-        matrix = dict(BM=tiles.rows, BK=tiles.k, FP32=fp32, PDL=pdl, PREFETCH=self.prefetch, num_warps=tiles.warps,
-                      launch_pdl=pdl)
+        matrix = dict(BM=tiles.rows, BK=tiles.k, FP32=fp32, PDL=pdl, num_warps=tiles.warps, launch_pdl=pdl)
         _joint_kernel[(self.joint_blocks, triton.cdiv(n * w, tiles.rows))](
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
