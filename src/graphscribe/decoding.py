@@ -227,6 +227,7 @@ class GreedyDecoder:
         self._captured: dict = {}  # CapturedSteps by batch size class N, for the buffers above; they share a pool
         self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
         self.compile_seconds = 0.0  # spent preparing and compiling the fused step (first use; Triton caches on disk)
+        self.host_reads = 0  # rounds of the last decode: each one host read (a wait for the GPU)
 
     def _step_fn(self, device: torch.device, dtype: torch.dtype):
         """The one step for this device: the fused kernels on CUDA, unless unavailable or not wanted."""
@@ -333,8 +334,10 @@ class GreedyDecoder:
         step = self._check_fused(buf, step, restore)
         run = self._runner(buf, step, lambda: restore(step))
         last = None
+        self.host_reads = 0
         while True:
             remaining, emitted = progress(buf)  # the one host read per round
+            self.host_reads += 1
             if remaining == 0:
                 break
             replays = math.ceil(round_steps(buf, remaining, last) / STEPS_PER_CHECK)
@@ -351,10 +354,7 @@ class GreedyDecoder:
 def _collect(buf: DecodeBuffers, b: int) -> list[Hypothesis]:
     """The first b rows' records as hypotheses."""
     counts = buf.count[:b].tolist()
-    records = buf.records[:b, : max(counts, default=0)].tolist()  # (B, width, 3)
+    records = buf.records[:b, : max(counts, default=0)].cpu().numpy()  # (B, width, 3)
     steps = int(buf.row_steps.max())
-    hyps = []
-    for row, count in zip(records, counts):
-        tokens, frames, durations = zip(*row[:count]) if count else ((), (), ())
-        hyps.append(Hypothesis(list(tokens), list(frames), list(durations), steps))
-    return hyps
+    return [Hypothesis(*(records[i, :count, field].tolist() for field in range(3)), steps)
+            for i, count in enumerate(counts)]
