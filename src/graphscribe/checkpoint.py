@@ -69,10 +69,15 @@ class _TarMembers:
             self._tar, self._compressed = _open_tar(path)
         except (tarfile.TarError, OSError) as err:
             raise CheckpointError(f"{path}: not a .nemo checkpoint (not a readable tar archive: {err})") from None
+        try:
+            members = self._tar.getmembers()
+        except (tarfile.TarError, OSError, EOFError) as err:
+            self._tar.close()
+            raise CheckpointError(f"{path}: not a .nemo checkpoint (not a readable tar archive: {err})") from None
         self._path = path
         self._members: dict[str, tarfile.TarInfo] = {}
         # NeMo reads the archive's top level: the shallowest member of a name wins (stable within a depth).
-        for member in sorted(self._tar.getmembers(), key=lambda m: (_safe_member_name(m.name) or "").count("/")):
+        for member in sorted(members, key=lambda m: (_safe_member_name(m.name) or "").count("/")):
             name = _safe_member_name(member.name)
             if name is None or not member.isfile():  # links, devices, folders, escaping names
                 continue
@@ -84,12 +89,14 @@ class _TarMembers:
     def open(self, name: str):
         return self._tar.extractfile(self._members[name])
 
-    def span(self, name: str) -> tuple[Path, int, int] | None:
-        """(file, offset, size) of a member's bytes where they lie in one piece, uncompressed, inside the file."""
+    def span(self, name: str) -> tuple[tuple[Path, int, int] | None, str]:
+        """(file, offset, size) of a member's bytes in the file; None and why where they are not in one piece."""
         member = self._members[name]
-        if self._compressed or member.issparse() or member.offset_data + member.size > self._path.stat().st_size:
-            return None
-        return self._path, member.offset_data, member.size
+        if self._compressed:
+            return None, "the archive is compressed"
+        if member.issparse():
+            return None, "a sparse tar member"
+        return (self._path, member.offset_data, member.size), ""
 
     def close(self) -> None:
         self._tar.close()
@@ -119,9 +126,9 @@ class _FolderMembers:
     def open(self, name: str):
         return open(self._file(name), "rb")
 
-    def span(self, name: str) -> tuple[Path, int, int] | None:
+    def span(self, name: str) -> tuple[tuple[Path, int, int] | None, str]:
         file = self._file(name)
-        return file, 0, file.stat().st_size
+        return (file, 0, file.stat().st_size), ""
 
     def close(self) -> None:
         pass
@@ -203,21 +210,22 @@ def _read_config(path: Path, members) -> dict:
 
 
 def _read_weights(path: Path, members) -> dict[str, torch.Tensor]:
-    """The state dict: memory-mapped where the file allows it, else read into memory (one warning why)."""
-    span = members.span(WEIGHTS_NAME)
-    if span is None:
-        log.warning(f"{path}: the archive is compressed, so its weights are read into memory (slower; an "
-                    "uncompressed .nemo, as NeMo writes them, is memory-mapped)")
-        return _load_weights(path, members, "cpu")
-    index = _load_weights(path, members, "meta")  # names, shapes, dtypes and record offsets; no tensor data
-    with members.open(WEIGHTS_NAME) as f:
-        records, reason = _zip_records(f)
-    if records is not None:
-        state, reason = _map_tensors(index, records, span)
-        if state is not None:
-            return state
-    log.warning(f"{path}: {WEIGHTS_NAME} cannot be memory-mapped ({reason}); reading it into memory")
-    return _load_weights(path, members, "cpu")
+    """The state dict: memory-mapped where the file allows it, else read into memory (with one warning why)."""
+    span, reason = members.span(WEIGHTS_NAME)
+    if span is not None:
+        file, start, size = span
+        if start + size > file.stat().st_size:
+            raise CheckpointError(f"{path}: truncated: {WEIGHTS_NAME} runs past the end of the file")
+        with members.open(WEIGHTS_NAME) as f:
+            records, reason = _zip_records(f)
+        if records is not None:
+            index = _load_weights(path, members, "meta")  # names, shapes, dtypes, record offsets; no tensor data
+            state, reason = _map_tensors(index, records, span)
+            if state is not None:
+                return state
+    state = _load_weights(path, members, "cpu")
+    log.warning(f"{path}: weights read into memory, not memory-mapped ({reason}): a slower start")
+    return state
 
 
 def _load_weights(path: Path, members, map_location: str) -> dict[str, torch.Tensor]:
@@ -244,12 +252,13 @@ def _zip_records(f) -> tuple[dict[int, int] | None, str]:
                 signature, name_length, extra_length = _ZIP_LOCAL_HEADER.unpack(f.read(_ZIP_LOCAL_HEADER.size))
                 if signature != _ZIP_LOCAL_SIGNATURE:
                     return None, f"bad zip header for {info.filename}"
-                if info.compress_type == zipfile.ZIP_STORED:
-                    records[info.header_offset + _ZIP_LOCAL_HEADER.size + name_length + extra_length] = info.file_size
+                if info.compress_type != zipfile.ZIP_STORED:
+                    return None, f"{info.filename} is compressed"
+                records[info.header_offset + _ZIP_LOCAL_HEADER.size + name_length + extra_length] = info.file_size
                 if info.filename.endswith("/byteorder") and archive.read(info).strip() != sys.byteorder.encode():
                     return None, "saved with the other byte order"
-    except (zipfile.BadZipFile, struct.error, OSError, EOFError) as err:
-        return None, f"not a zip archive: {err}"  # torch's format before 1.6
+    except (zipfile.BadZipFile, struct.error, OSError, EOFError):
+        return None, "not a zip archive: torch's format before 1.6"
     return records, ""
 
 
@@ -263,7 +272,7 @@ def _map_tensors(index: dict[str, torch.Tensor], records: dict[int, int], span: 
         storage = meta.untyped_storage()
         offset, nbytes = getattr(storage, "_checkpoint_offset", None), storage.nbytes()
         if offset is None or records.get(offset, -1) < nbytes or offset + nbytes > size or offset % meta.element_size():
-            return None, f"the record of {key} is not where torch says it is"
+            return None, f"{key}: no aligned record of {nbytes} bytes at offset {offset}"
         if nbytes == 0:
             state[key] = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
             continue
