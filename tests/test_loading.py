@@ -194,3 +194,13 @@ def test_loading_imports_no_compiler():
                             env=dict(os.environ, TRITON_INTERPRET="0"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_summary_line_reports_the_load_time_apart(tmp_path):
+    clips = NEMO_PATH.parent / "clips"
+    result = subprocess.run([sys.executable, "-m", "graphscribe.cli", str(clips / "short_2s.wav"),
+                             str(clips / "espeak_fox.wav"), "--model", str(NEMO_PATH), "--device", "cpu"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [summary] = [line for line in result.stderr.splitlines() if "transcribed" in line]
+    assert summary.startswith("loaded in ") and " s; transcribed 2 of 2 files: " in summary

@@ -265,8 +265,11 @@ def _zip_records(f) -> tuple[dict[int, int] | None, str]:
 def _map_tensors(index: dict[str, torch.Tensor], records: dict[int, int], span: tuple[Path, int, int]):
     """Meta tensors -> views of a private map of the file, each inside its own uncompressed record."""
     file, start, size = span
-    with open(file, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # copy-on-write: the file never changes
+    try:
+        with open(file, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # copy-on-write: the file never changes
+    except (OSError, ValueError, OverflowError) as err:  # a file system without mmap, a 32-bit address space
+        return None, f"cannot map the file: {err}"
     state = {}
     for key, meta in index.items():
         storage = meta.untyped_storage()
