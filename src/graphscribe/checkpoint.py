@@ -255,7 +255,8 @@ def _zip_records(f) -> tuple[dict[int, int] | None, str]:
                 if info.compress_type != zipfile.ZIP_STORED:
                     return None, f"{info.filename} is compressed"
                 records[info.header_offset + _ZIP_LOCAL_HEADER.size + name_length + extra_length] = info.file_size
-                if info.filename.endswith("/byteorder") and archive.read(info).strip() != sys.byteorder.encode():
+                if info.filename.endswith("/byteorder") and (
+                        info.file_size > 16 or archive.read(info).strip() != sys.byteorder.encode()):
                     return None, "saved with the other byte order"
     except (zipfile.BadZipFile, struct.error, OSError, EOFError):
         return None, "not a zip archive: torch's format before 1.6"
