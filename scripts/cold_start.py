@@ -134,7 +134,8 @@ def main() -> int:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 
     report["page_cache"] = warm_page_cache(Path(args.model))
-    log(f"read {args.model} once: {report['page_cache']['bytes'] / 2**20:.0f} MiB in {report['page_cache']['read_s']:.2f} s")
+    cache = report["page_cache"]
+    log(f"read {args.model} once: {cache['bytes'] / 2**20:.0f} MiB in {cache['read_s']:.2f} s")
     save()
 
     imports = []
@@ -158,7 +159,8 @@ def main() -> int:
         report["load"].append(run)
         phases = run.get("load_phases") or {}
         log(f"load run {rep}: import {run['import_s']:.2f} s, load {run['load_s']:.2f} s "
-            f"({', '.join(f'{k} {v:.2f}' for k, v in phases.items())}), first transcribe {run['first_transcribe_s']:.2f} s, "
+            f"({', '.join(f'{k} {v:.2f}' for k, v in phases.items())}), "
+            f"first transcribe {run['first_transcribe_s']:.2f} s, "
             f"second {run['second_transcribe_s']:.2f} s; spawn to first transcript {run['first_transcript_s']:.2f} s "
             f"on {run['device']} {run['dtype']}")
         save()
@@ -176,7 +178,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as triton_cache:
         try:
             report["cli_cold_triton_cache"] = run_cli(args, dict(os.environ, TRITON_CACHE_DIR=triton_cache))
-            log(f"cli, empty Triton cache: first transcript after {report['cli_cold_triton_cache']['first_transcript_s']:.2f} s")
+            cold = report["cli_cold_triton_cache"]
+            log(f"cli, empty Triton cache: first transcript after {cold['first_transcript_s']:.2f} s")
         except Exception as err:  # noqa: BLE001
             report["errors"].append(f"cli with an empty Triton cache: {type(err).__name__}: {err}")
         save()

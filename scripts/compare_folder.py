@@ -310,7 +310,8 @@ def differences(results: dict, nemo: dict) -> list[dict]:
             entry = dict(how=how, dtype=row["dtype"], batch_size=row["batch_size"], graphs=row["graphs"],
                          differ=len(differ), files=differ[:20])
             if differ:
-                entry["first"] = dict(file=differ[0], ours=row["token_ids"].get(differ[0]), nemo=ref["token_ids"][differ[0]])
+                first = differ[0]
+                entry["first"] = dict(file=first, ours=row["token_ids"].get(first), nemo=ref["token_ids"][first])
             report.append(entry)
     return report
 

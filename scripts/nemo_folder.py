@@ -243,7 +243,8 @@ def main() -> int:
                                        agrees=ids == expected[name]))
         out["reference_check"] = checks
         bad = [c for c in checks if not c["agrees"]]
-        log(f"reference check: {len(checks) - len(bad)}/{len(checks)} (file, dtype, B) agree with {args.check_reference}")
+        log(f"reference check: {len(checks) - len(bad)}/{len(checks)} (file, dtype, B) agree with "
+            f"{args.check_reference}")
         status = 1 if bad or not checks else 0
     save()
     log(f"wrote {out_path}")
