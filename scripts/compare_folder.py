@@ -70,7 +70,7 @@ class Results:
         self.save()
 
     def save(self) -> None:
-        self.path.write_text(json.dumps(self.data, indent=1) + "\n")
+        self.path.write_text(json.dumps(self.data, separators=(",", ":")) + "\n")
 
 
 # ---------------------------------------------------------------------------- our CLI

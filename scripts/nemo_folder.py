@@ -128,8 +128,7 @@ def measure(model, files, seconds, batch, args, device, autocast) -> dict:
     audio = sum(seconds.values())
     return dict(batch_size=batch, warmup_s=warmup_s, warmup_files=len(longest), wall_s=wall, audio_s=audio,
                 rtfx=audio / wall if wall > 0 else None,
-                token_ids={f: token_ids(h) for f, h in zip(files, hyps)},
-                texts={f: getattr(h, "text", "") for f, h in zip(files, hyps)})
+                token_ids={f: token_ids(h) for f, h in zip(files, hyps)})
 
 
 def main() -> int:
@@ -154,7 +153,7 @@ def main() -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        out_path.write_text(json.dumps(out, indent=1) + "\n")
+        out_path.write_text(json.dumps(out, separators=(",", ":")) + "\n")
 
     try:
         sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
