@@ -184,7 +184,7 @@ def transcribe_command(
     done = [t for t in results if t is not None and t.error is None]
     audio = sum(t.audio_seconds for t in done)
     total = len(files) + len(input_errors)
-    summary = f"transcribed {len(done)} of {len(files)} files"
+    summary = f"loaded in {loaded.load_seconds['total']:.2f} s; transcribed {len(done)} of {len(files)} files"
     if failed:
         summary += f" ({failed} failed)"
     summary += f": {audio:.1f} s of audio in {elapsed:.2f} s"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 import soundfile as sf
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .audio import AudioError, load_audio, prepare_audio
 from .checkpoint import CheckpointError, read_checkpoint
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 _MODULES = ("preprocessor", "encoder", "decoder", "joint")  # state-dict prefixes we load; others are ignored
 _DERIVED = ("encoder.pos_enc.pe",)  # buffers older NeMo versions saved; recomputed here
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
 class _Preprocessor(nn.Module):
@@ -61,8 +63,45 @@ class Transducer(nn.Module):
         return self
 
 
-def load_state(module: Transducer, state_dict: dict[str, torch.Tensor], source: str) -> None:
-    """Strict loading of our modules' weights, with one line naming what is missing or misshapen."""
+class _EmptyOnMeta(TorchFunctionMode):
+    """Tensors made from nothing (empty, zeros, ones, full) land on the meta device; their initialisation is skipped.
+
+    A module built inside gets its parameters' shapes and dtypes without memory or random
+    initialisation (600 M parameters take seconds to initialise). Anything else stays real:
+    tensors made from data (`torch.tensor`), for code that reads them while building, and small
+    ones (the window). Initialisers run on meta tensors would be no-ops, but some (normal_, on a
+    window) go through torch._refs, whose first use imports torch._dynamo: 1.5 s.
+    """
+
+    _FACTORIES = frozenset({torch.empty, torch.zeros, torch.ones, torch.full})
+    _INITIALISERS = frozenset({torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_, torch.Tensor.zero_})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self._FACTORIES and kwargs.get("device") is None:
+            kwargs["device"] = "meta"
+        elif func in self._INITIALISERS or getattr(func, "__module__", None) == "torch.nn.init":
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+def empty_transducer(cfg: ModelConfig, dtype: torch.dtype) -> Transducer:
+    """A Transducer on the meta device whose tensors have their inference dtypes (see `to_inference`)."""
+    with _EmptyOnMeta():
+        module = Transducer(cfg)
+    return module.to_inference(torch.device("meta"), dtype)
+
+
+def load_state(module: Transducer, state_dict: dict[str, torch.Tensor], source: str,
+               device: torch.device | None = None) -> None:
+    """Strict loading of our modules' weights, with one line naming what is missing or misshapen.
+
+    With `device`, the module is an `empty_transducer`: it takes the given tensors themselves, each
+    moved to `device` in the dtype of the module's tensor (no copy where it is there already).
+    Without, the weights are copied into the module's own tensors.
+    """
     wanted = module.state_dict()
     given = {k: v for k, v in state_dict.items() if k.split(".", 1)[0] in _MODULES and k not in _DERIVED}
     missing = [k for k in wanted if k not in given]
@@ -78,7 +117,14 @@ def load_state(module: Transducer, state_dict: dict[str, torch.Tensor], source: 
         if tuple(tensor.shape) != tuple(wanted[key].shape):
             raise CheckpointError(
                 f"{source}: weight {key} has shape {tuple(tensor.shape)}, the config implies {tuple(wanted[key].shape)}")
-    module.load_state_dict(given, strict=True)
+    if device is None:
+        module.load_state_dict(given, strict=True)
+        return
+    placed = {key: tensor.to(device=device, dtype=wanted[key].dtype) for key, tensor in given.items()}
+    module.load_state_dict(placed, strict=True, assign=True)
+    unset = [name for name, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    if unset:  # a tensor that is not in the state dict must be made from data, not from nothing
+        raise RuntimeError(f"{', '.join(unset)}: not in the state dict, left on the meta device")
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -153,6 +199,8 @@ class Transcript:
 
 class Model:
     """A loaded transducer on one device and dtype, ready to transcribe."""
+
+    load_seconds: dict[str, float]  # set by load_model: seconds per loading phase and "total"
 
     def __init__(self, module: Transducer, tokenizer: Tokenizer, options: RunOptions, source: str):
         self.cfg = module.cfg
@@ -316,14 +364,49 @@ def _name(item) -> str:
 
 def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
                batch_size: int = 1) -> Model:
-    """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id."""
+    """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
+
+    The weights go from the (memory-mapped) file straight to the device in their inference
+    dtype, into a module built on the meta device: nothing is initialised and nothing is
+    copied twice. On the CPU in float32 they stay memory-mapped (the file must not change
+    while the model is in use). `model.load_seconds`: seconds per phase.
+    """
+    clock = _Clock()
     checkpoint = read_checkpoint(source)
     cfg = model_config_from_nemo(checkpoint.config)
     tokenizer = Tokenizer(checkpoint.tokenizer_model, checkpoint.source)
     if tokenizer.vocab_size != cfg.prediction.vocab_size:
         raise CheckpointError(f"{checkpoint.source}: the tokenizer has {tokenizer.vocab_size} pieces, "
                               f"the decoder expects {cfg.prediction.vocab_size}")
-    module = Transducer(cfg)
-    load_state(module, checkpoint.state_dict, checkpoint.source)
-    options = RunOptions(device=device, dtype=dtype, graphs=graphs, batch_size=batch_size)
-    return Model(module, tokenizer, options, checkpoint.source)
+    clock.lap("read")
+    target = resolve_device(device)
+    target_dtype = resolve_dtype(dtype, target)
+    if target.type == "cuda":
+        torch.empty(0, device=target)  # the CUDA context, timed on its own
+    clock.lap("device_init")
+    module = empty_transducer(cfg, target_dtype)
+    clock.lap("build")
+    load_state(module, checkpoint.state_dict, checkpoint.source, device=target)
+    if target.type == "cuda":
+        torch.cuda.synchronize(target)
+    clock.lap("place")
+    options = RunOptions(device=str(target), dtype=_DTYPE_NAMES[target_dtype], graphs=graphs, batch_size=batch_size)
+    model = Model(module, tokenizer, options, checkpoint.source)
+    clock.lap("model")
+    weights = checkpoint.seconds["weights"]
+    model.load_seconds = {"config_tokenizer": clock.seconds.pop("read") - weights, "weights": weights,
+                          **clock.seconds, "total": clock.total()}
+    return model
+
+
+class _Clock:
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self.last = now - self.last, now
+
+    def total(self) -> float:
+        return time.perf_counter() - self.start
