@@ -45,6 +45,10 @@ class EncoderConfig:
     # NeMo's rel_pos_local_attn: (left, right) frames each query sees; None: full attention (rel_pos)
     local_context: tuple[int, int] | None = None
 
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.n_heads
+
 
 @dataclass(frozen=True)
 class PredictionConfig:

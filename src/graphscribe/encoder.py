@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import EncoderConfig
+from .config import EncoderConfig, ModelConfig
+from .features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
 
 _KERNEL, _STRIDE, _PAD = 3, 2, 1  # subsampling convolutions
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
@@ -335,3 +336,33 @@ class FastConformer(nn.Module):
         for layer in self.layers:
             x = layer(x, pos_emb, valid, window)
         return x, lengths
+
+
+def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
+                    window: tuple[int, int] | None) -> int:
+    """Peak bytes to turn a padded batch of `batch` x `samples` audio into encoder output and decoder inputs.
+
+    An upper bound for this implementation (checked against measured peaks in the tests): the
+    audio and the features (float32, plus their copy in the model dtype), the bounded
+    temporaries of the chunked features and subsampling, the largest layer's activations
+    (T' x D each: FF hidden, q, k, v, ...), the attention group in flight, and the joint's
+    projection of the output. `itemsize`: bytes per element of the model dtype.
+    """
+    enc = cfg.encoder
+    frames = samples // cfg.features.hop_length + 1
+    t = int(subsampled_lengths(torch.tensor(frames), enc.subsampling_factor))
+    activations = batch * t * enc.d_model * itemsize
+    if window is None:
+        need = batch * enc.n_heads * t * (2 * t + _aligned(t)) * itemsize  # every row in one group
+        least = batch * enc.n_heads * (2 * t + _aligned(t)) * itemsize  # one row a group
+    else:
+        w = max(window)
+        m = min(t, max(16, 2 * w))
+        per_block = batch * enc.n_heads * m * (_aligned(m + 2 * w) + 3 * w + 2 * enc.d_k) * itemsize
+        need, least = per_block * -(-t // m), per_block
+        activations = activations * (1 + 2 * w / m) if m < t else activations  # padded keys and values
+    attention = 2 * min(need, max(least, _GROUP_BYTES))  # bias and scores (SDPA's math path)
+    features = batch * frames * cfg.features.n_mels * (4 + itemsize) + 16 * 4 * _FEATURE_CHUNK_SAMPLES
+    audio = batch * samples * 4
+    layers = (16 + 2 * enc.ff_expansion) * activations
+    return int(audio + features + 3 * _CONV_BYTES + layers + attention + batch * t * cfg.joint.hidden * itemsize)
