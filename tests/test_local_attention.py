@@ -369,3 +369,19 @@ def test_long_audio_bench_runs_on_the_cpu(tmp_path):
     assert [r["batch"] for r in report["encoder"]] == [1, 2]
     assert all(r["status"] == "ok" and r["max_abs_diff"] < 1e-3 for r in report["encoder"])
     assert "| float32 | 0.1 | local | local [8, 8] |" in (tmp_path / "results.md").read_text()
+
+
+def test_cli_attention_options():
+    """`transcribe --attention local --attention-window 8`: NeMo's [8, 8] tokens; a bad value: one line, exit 2."""
+    run = next(r for n, r in RUNS if n == "tdt-tiny" and r["att_context_size"] == [8, 8])
+    clip = next(c for c in run["clips"] if c["file"].endswith("short_2s.wav"))
+    base = [sys.executable, "-m", "graphscribe.cli", str(FIXTURES / clip["file"]), "--model", str(NEMO_PATH)]
+    result = subprocess.run(base + ["--attention", "local", "--attention-window", "8", "-f", "json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    tokens = json.loads(result.stdout)["tokens"]
+    assert [t["id"] for t in tokens] == clip["token_ids"] and [t["frame"] for t in tokens] == clip["timestamps"]
+    bad = subprocess.run(base + ["--attention", "sparse"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert [line for line in bad.stderr.splitlines() if line.startswith("error:")] == [
+        "error: --attention sparse: use auto, full or local"]

@@ -173,7 +173,7 @@ def full_attention(q_u, q_v, k, v, p, valid) -> torch.Tensor:
     scale = 1.0 / math.sqrt(d_k)
     keys_masked = ~valid[:, None, None, :]  # (B, 1, 1, T)
     width = _aligned(t)
-    rows = max(1, min(t, _GROUP_BYTES // (b * h * (2 * t + width) * q_u.element_size())))
+    rows = max(1, min(t, _GROUP_BYTES // (b * h * width * q_u.element_size())))  # the position term doubles it
     out = torch.empty_like(q_u)
     for start in range(0, t, rows):
         end = min(t, start + rows)
@@ -353,16 +353,15 @@ def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
     t = int(subsampled_lengths(torch.tensor(frames), enc.subsampling_factor))
     activations = batch * t * enc.d_model * itemsize
     if window is None:
-        need = batch * enc.n_heads * t * (2 * t + _aligned(t)) * itemsize  # every row in one group
-        least = batch * enc.n_heads * (2 * t + _aligned(t)) * itemsize  # one row a group
+        need = batch * enc.n_heads * t * _aligned(t) * itemsize  # every row in one group
+        least = batch * enc.n_heads * _aligned(t) * itemsize  # one row a group
     else:
         w = max(window)
         m = min(t, max(16, 2 * w))
         per_block = batch * enc.n_heads * m * (_aligned(m + 2 * w) + 3 * w + 2 * enc.d_k) * itemsize
         need, least = per_block * -(-t // m), per_block
-        activations = activations * (1 + 2 * w / m) if m < t else activations  # padded keys and values
-    attention = 2 * min(need, max(least, _GROUP_BYTES))  # bias and scores (SDPA's math path)
+    attention = 3 * min(need, max(least, _GROUP_BYTES))  # position term, bias, scores (SDPA's math path)
     features = batch * frames * cfg.features.n_mels * (4 + itemsize) + 16 * 4 * _FEATURE_CHUNK_SAMPLES
     audio = batch * samples * 4
-    layers = (16 + 2 * enc.ff_expansion) * activations
+    layers = (16 + 2 * enc.ff_expansion + (2 if window else 0)) * activations  # local: padded keys and values
     return int(audio + features + 3 * _CONV_BYTES + layers + attention + batch * t * cfg.joint.hidden * itemsize)
