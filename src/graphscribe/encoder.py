@@ -19,7 +19,8 @@ from .features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
 _KERNEL, _STRIDE, _PAD = 3, 2, 1  # subsampling convolutions
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
 _GROUP_BYTES = 256 * 2**20  # attention: query rows are grouped so that one group's bias stays near this
-_CONV_BYTES = 256 * 2**20  # subsampling: time chunks keep the first convolution's output near this
+_CONV_BYTES = 512 * 2**20  # subsampling: time chunks keep the first convolution's output near this
+_MIN_CHUNK = 64  # subsampling: output frames a chunk has at least (each chunk recomputes one more)
 
 
 def subsampled_lengths(lengths: torch.Tensor, factor: int) -> torch.Tensor:
@@ -60,8 +61,8 @@ class Subsampling(nn.Module):
         out_lengths = subsampled_lengths(lengths, self.factor)
         t_out = int(subsampled_lengths(torch.tensor(t), self.factor))
         if chunk_frames is None:
-            per_frame = b * self.conv[0].out_channels * (self.factor // 2) * ((f + 1) // 2) * x.element_size()
-            chunk_frames = max(1, _CONV_BYTES // per_frame)  # first convolution's output per output frame
+            per_frame = _conv_bytes_per_frame(b, self.conv[0].out_channels, self.factor, f, x.element_size())
+            chunk_frames = max(_MIN_CHUNK, _CONV_BYTES // per_frame)
         if chunk_frames >= t_out:
             return self._project(self._convs(x, lengths)), out_lengths
         y = x.new_empty(b, t_out, self.out.out_features)
@@ -85,6 +86,11 @@ class Subsampling(nn.Module):
     def _project(self, x: torch.Tensor) -> torch.Tensor:
         b, c, t, f = x.shape
         return self.out(x.transpose(1, 2).reshape(b, t, c * f))  # (B, T', D)
+
+
+def _conv_bytes_per_frame(batch: int, channels: int, factor: int, n_mels: int, itemsize: int) -> int:
+    """Bytes of the first subsampling convolution's output (stride 2) per output frame (stride `factor`)."""
+    return batch * channels * (factor // 2) * ((n_mels + 1) // 2) * itemsize
 
 
 def _mask_time(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -363,5 +369,7 @@ def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
     attention = 3 * min(need, max(least, _GROUP_BYTES))  # position term, bias, scores (SDPA's math path)
     features = batch * frames * cfg.features.n_mels * (4 + itemsize) + 16 * 4 * _FEATURE_CHUNK_SAMPLES
     audio = batch * samples * 4
+    per_frame = _conv_bytes_per_frame(batch, enc.subsampling_channels, enc.subsampling_factor, enc.n_mels, itemsize)
+    convolutions = 3 * per_frame * min(t, max(_MIN_CHUNK, _CONV_BYTES // per_frame))  # output, ReLU, mask
     layers = (16 + 2 * enc.ff_expansion + (2 if window else 0)) * activations  # local: padded keys and values
-    return int(audio + features + 3 * _CONV_BYTES + layers + attention + batch * t * cfg.joint.hidden * itemsize)
+    return int(audio + features + convolutions + layers + attention + batch * t * cfg.joint.hidden * itemsize)
