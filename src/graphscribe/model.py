@@ -162,6 +162,13 @@ class Model:
 
     def __init__(self, module: Transducer, tokenizer: Tokenizer, options: RunOptions, source: str):
         self.cfg = module.cfg
+        if options.attention not in _ATTENTION:
+            raise ValueError(f"--attention {options.attention}: use auto, full or local")
+        if options.attention_window < 1:
+            raise ValueError(f"--attention-window {options.attention_window}: use 1 or more frames")
+        if options.attention == "full" and self.cfg.encoder.local_context is not None:
+            log.warning(f"{source}: trained with local attention {list(self.cfg.encoder.local_context)}; "
+                        "--attention full runs it with full attention, which is not what NeMo computes for it")
         self.source = source
         self.device = resolve_device(options.device)
         self.dtype = resolve_dtype(options.dtype, self.device)
@@ -179,13 +186,6 @@ class Model:
         self.word_rules = WordRules(tokenizer.punctuation, tokenizer.wordpiece, decoding.word_separator,
                                     decoding.segment_separators, decoding.segment_gap)
         self.min_samples = self.cfg.features.hop_length * self.cfg.encoder.subsampling_factor
-        if options.attention not in _ATTENTION:
-            raise ValueError(f"--attention {options.attention}: use auto, full or local")
-        if options.attention_window < 1:
-            raise ValueError(f"--attention-window {options.attention_window}: use 1 or more frames")
-        if options.attention == "full" and self.cfg.encoder.local_context is not None:
-            log.warning(f"{source}: trained with local attention {list(self.cfg.encoder.local_context)}; "
-                        "--attention full runs it with full attention, which is not what NeMo computes for it")
 
     def use_graphs(self, enabled: bool) -> None:
         """Decode with (CUDA only) or without captured graphs from now on: a fresh decoder, fresh captures."""
