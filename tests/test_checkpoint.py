@@ -188,11 +188,11 @@ def test_weights_that_are_not_a_state_dict(tmp_path):
 
 @pytest.mark.parametrize("section,key,value,named", [
     ("encoder", "_target_", "nemo.collections.asr.modules.SqueezeformerEncoder", "SqueezeformerEncoder"),
-    ("encoder", "self_attention_model", "rel_pos_local_attn", "rel_pos_local_attn"),
+    ("encoder", "self_attention_model", "abs_pos", "abs_pos"),
     ("preprocessor", "normalize", "all_features", "all_features"),
     ("encoder", "att_context_size", [70, 13], "att_context_size"),
     ("decoder", "_target_", "nemo.collections.asr.modules.StatelessTransducerDecoder", "StatelessTransducerDecoder"),
-], ids=["encoder_target", "local_attn", "all_features", "limited_context", "stateless_decoder"])
+], ids=["encoder_target", "abs_pos", "all_features", "limited_context", "stateless_decoder"])
 def test_unsupported_switch_is_named(tmp_path, section, key, value, named):
     config = _config()
     config[section][key] = value

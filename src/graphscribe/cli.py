@@ -43,7 +43,8 @@ def _setup_logging() -> None:
     root.propagate = False
 
 
-def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: int = 1):
+def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: int = 1,
+                 attention: str = "auto", attention_window: int = 256):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is."""
     from .model import load_model
 
@@ -53,7 +54,8 @@ def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional
                           "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
                           f"or a .nemo file, or set {MODEL_ENV}")
     try:
-        loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch)
+        loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch,
+                            attention=attention, attention_window=attention_window)
     except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
         message = str(err)
         if isinstance(err, UnsupportedModelError):
@@ -121,12 +123,17 @@ _MODEL_HELP = ".nemo file, extracted checkpoint folder, Hugging Face repo id (nv
 _MODEL_DEFAULT = f"${MODEL_ENV}, else demo"
 _DEVICE_HELP = "auto: CUDA when present, else the CPU."
 _DTYPE_HELP = "auto is float32, NeMo's precision. On the CPU, float16 falls back to float32."
+_ATTENTION_HELP = ("Encoder attention. auto: full attention (NeMo's default) unless an input is over 24 min or full "
+                   "attention would not fit in free memory, then local (one note on stderr). full: always full. "
+                   "local: NeMo's rel_pos_local_attn, linear in length. A checkpoint trained with local attention "
+                   "uses its own window (full still forces full).")
 _EXAMPLES = """Examples:
 
   transcribe talk.wav                                 # the text
   transcribe talk.wav -m nvidia/parakeet-tdt-0.6b-v3  # a Parakeet model (downloaded once)
   transcribe talk.wav -f srt > talk.srt               # subtitles of one file
-  transcribe talks/ -b 8 -f srt,json -o out/          # a folder: out/NAME.srt and out/NAME.json each"""
+  transcribe talks/ -b 8 -f srt,json -o out/          # a folder: out/NAME.srt and out/NAME.json each
+  transcribe meeting-3h.flac --attention local        # hours of audio: local attention, memory linear in length"""
 
 
 def transcribe_command(
@@ -145,6 +152,10 @@ def transcribe_command(
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", metavar="DIR", show_default="stdout",
                                               help="Write one file per input and format here (NAME.srt, ...), "
                                                    "keeping the folder structure of folder inputs."),
+    attention: str = typer.Option("auto", metavar="auto|full|local", help=_ATTENTION_HELP),
+    attention_window: int = typer.Option(256, min=1, metavar="W",
+                                         help="Local attention: encoder frames (80 ms) seen on each side "
+                                              "(NeMo's att_context_size [W, W])."),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles."""
     _setup_logging()
@@ -154,7 +165,7 @@ def transcribe_command(
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
-    loaded = load_or_exit(model, device, dtype, graphs, batch)
+    loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window)
 
     results = [None] * len(files)
     targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}

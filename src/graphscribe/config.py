@@ -42,6 +42,12 @@ class EncoderConfig:
     subsampling_channels: int = 256
     xscaling: bool = False
     use_bias: bool = False
+    # NeMo's rel_pos_local_attn: (left, right) frames each query sees; None: full attention (rel_pos)
+    local_context: tuple[int, int] | None = None
+
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.n_heads
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,8 @@ class RunOptions:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     graphs: bool = True  # replay captured CUDA graphs for decoding (CUDA only)
     batch_size: int = 1
+    attention: str = "auto"  # auto | full | local (see encoder.py and model.py `Model.attention_for`)
+    attention_window: int = 256  # encoder frames on each side when a full-attention checkpoint runs local
 
 
 # ---------------------------------------------------------------------------- reading NeMo's config
@@ -202,17 +210,16 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
     _require(_short_target(enc) == "ConformerEncoder", f"encoder {_short_target(enc) or '?'} is not supported (only ConformerEncoder)")
     _require(enc.get("subsampling", "dw_striding") == "dw_striding",
              f"encoder subsampling={enc.get('subsampling')!r} is not supported (only dw_striding)")
-    _require(enc.get("self_attention_model", "rel_pos") == "rel_pos",
-             f"encoder self_attention_model={enc.get('self_attention_model')!r} is not supported (only rel_pos)")
-    _require(list(enc.get("att_context_size", [-1, -1])) == [-1, -1],
-             f"encoder att_context_size={enc.get('att_context_size')} is not supported (only full context [-1, -1])")
+    local_context = _local_context(enc)
     _require(enc.get("conv_norm_type", "batch_norm") == "batch_norm",
              f"encoder conv_norm_type={enc.get('conv_norm_type')!r} is not supported (only batch_norm)")
     _require(enc.get("untie_biases", True) is True, "encoder untie_biases=false is not supported")
     _require(not enc.get("causal_downsampling", False), "encoder causal_downsampling is not supported")
     _require(int(enc.get("feat_out", -1) or -1) == -1, "encoder feat_out (an output projection) is not supported")
     _require(enc.get("reduction") in (None, "null"), f"encoder reduction={enc.get('reduction')!r} is not supported")
-    _require(not enc.get("global_tokens", 0), "encoder global_tokens (Longformer attention) is not supported")
+    _require(not enc.get("global_tokens", 0), "encoder global_tokens (Longformer's global attention) is not supported")
+    _require(not enc.get("global_attn_separate", False),
+             "encoder global_attn_separate=true (Longformer's global attention) is not supported")
     _require(enc.get("conv_context_size") in (None, "null") or
              list(enc["conv_context_size"]) == [(int(enc.get("conv_kernel_size", 31)) - 1) // 2] * 2,
              f"encoder conv_context_size={enc.get('conv_context_size')!r} is not supported (only symmetric)")
@@ -229,6 +236,7 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         subsampling_channels=d_model if channels == -1 else channels,
         xscaling=bool(enc.get("xscaling", True)),
         use_bias=bool(enc.get("use_bias", True)),
+        local_context=local_context,
     )
     _require(encoder.n_mels == features.n_mels,
              f"encoder feat_in={encoder.n_mels} does not match preprocessor features={features.n_mels}")
@@ -287,6 +295,28 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         decoding=DecodingConfig(durations=durations, max_symbols=int(max_symbols) if max_symbols else 10,
                                 **_timestamp_options(decoding)),
     )
+
+
+def _local_context(enc: dict) -> tuple[int, int] | None:
+    """The encoder's attention: None for full-context rel_pos, (left, right) frames for rel_pos_local_attn."""
+    kind = enc.get("self_attention_model", "rel_pos")
+    context = enc.get("att_context_size") or [-1, -1]
+    if context and isinstance(context[0], (list, tuple)):
+        context = context[0]  # several context sizes (multi-lookahead training): inference uses the first
+    try:
+        left, right = (int(c) for c in context)
+    except (TypeError, ValueError):
+        raise UnsupportedModelError(f"encoder att_context_size={enc.get('att_context_size')} is not [left, right]") from None
+    if kind == "rel_pos":
+        _require((left, right) == (-1, -1),
+                 f"encoder att_context_size={[left, right]} with rel_pos is not supported (only full context [-1, -1])")
+        return None
+    _require(kind == "rel_pos_local_attn",
+             f"encoder self_attention_model={kind!r} is not supported (only rel_pos and rel_pos_local_attn)")
+    _require(max(left, right) > 0, f"encoder att_context_size={[left, right]}: local attention needs a context above 0")
+    _require(min(left, right) >= 0,
+             f"encoder att_context_size={[left, right]} with rel_pos_local_attn is not supported (no unlimited side)")
+    return left, right
 
 
 def _timestamp_options(decoding: dict) -> dict:

@@ -1,4 +1,4 @@
-"""FastConformer encoder (NeMo's ConformerEncoder with dw_striding subsampling, rel_pos attention).
+"""FastConformer encoder (NeMo's ConformerEncoder with dw_striding subsampling, rel_pos or local attention).
 
 Parameter names follow NeMo's state dict (`encoder.pre_encode.conv.0.weight`, ...), so a
 checkpoint loads with a strict `load_state_dict`. Padded frames are masked at every stage,
@@ -13,10 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import EncoderConfig
+from .config import EncoderConfig, ModelConfig
+from .features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
 
 _KERNEL, _STRIDE, _PAD = 3, 2, 1  # subsampling convolutions
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
+_GROUP_BYTES = 256 * 2**20  # attention: query rows are grouped so that one group's bias stays near this
+_CONV_BYTES = 512 * 2**20  # subsampling: time chunks keep the first convolution's output near this
+_MIN_CHUNK = 64  # subsampling: output frames a chunk has at least (each chunk recomputes one more)
 
 
 def subsampled_lengths(lengths: torch.Tensor, factor: int) -> torch.Tensor:
@@ -27,10 +31,17 @@ def subsampled_lengths(lengths: torch.Tensor, factor: int) -> torch.Tensor:
 
 
 class Subsampling(nn.Module):
-    """dw_striding: Conv2d(1, C, 3, s2) + ReLU, then [depthwise s2, pointwise, ReLU] x (log2(factor) - 1)."""
+    """dw_striding: Conv2d(1, C, 3, s2) + ReLU, then [depthwise s2, pointwise, ReLU] x (log2(factor) - 1).
+
+    Long inputs go through the convolutions in time chunks, so the first convolution's output
+    (C channels at half the frame rate) never exists for the whole recording: the same numbers as
+    one pass (each chunk starts on a multiple of `factor` and recomputes one output frame before
+    it, the only one that sees the chunk's edge), memory bounded by `_CONV_BYTES`.
+    """
 
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
+        self.factor = cfg.subsampling_factor
         channels = cfg.subsampling_channels
         layers: list[nn.Module] = [nn.Conv2d(1, channels, _KERNEL, _STRIDE, _PAD), nn.ReLU()]
         for _ in range(int(math.log2(cfg.subsampling_factor)) - 1):
@@ -43,16 +54,43 @@ class Subsampling(nn.Module):
         freq = subsampled_lengths(torch.tensor(cfg.n_mels), cfg.subsampling_factor).item()
         self.out = nn.Linear(channels * freq, cfg.d_model)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
+                chunk_frames: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, F) features -> (B, T', D) and (B,) lengths; `chunk_frames`: output frames per chunk (tests)."""
+        b, t, f = x.shape
+        out_lengths = subsampled_lengths(lengths, self.factor)
+        t_out = int(subsampled_lengths(torch.tensor(t), self.factor))
+        if chunk_frames is None:
+            per_frame = _conv_bytes_per_frame(b, self.conv[0].out_channels, self.factor, f, x.element_size())
+            chunk_frames = max(_MIN_CHUNK, _CONV_BYTES // per_frame)
+        if chunk_frames >= t_out:
+            return self._project(self._convs(x, lengths)), out_lengths
+        y = x.new_empty(b, t_out, self.out.out_features)
+        for start in range(0, t_out, chunk_frames):
+            end = min(t_out, start + chunk_frames)
+            first = max(0, start - 1)  # output frame `first` sees the chunk's left edge: recomputed, dropped
+            offset = first * self.factor
+            part = self._convs(x[:, offset: end * self.factor], lengths - offset)
+            y[:, start:end] = self._project(part[:, :, start - first: end - first])
+        return y, out_lengths
+
+    def _convs(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         x = x.unsqueeze(1)  # (B, 1, T, F)
         for layer in self.conv:
             x = _mask_time(x, lengths)
             x = layer(x)
             if isinstance(layer, nn.Conv2d) and layer.stride != (1, 1):
                 lengths = torch.div(lengths + 2 * _PAD - _KERNEL, _STRIDE, rounding_mode="floor") + 1
-        x = _mask_time(x, lengths)  # (B, C, T', F')
+        return _mask_time(x, lengths)  # (B, C, T', F')
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
         b, c, t, f = x.shape
-        return self.out(x.transpose(1, 2).reshape(b, t, c * f)), lengths  # (B, T', D)
+        return self.out(x.transpose(1, 2).reshape(b, t, c * f))  # (B, T', D)
+
+
+def _conv_bytes_per_frame(batch: int, channels: int, factor: int, n_mels: int, itemsize: int) -> int:
+    """Bytes of the first subsampling convolution's output (stride 2) per output frame (stride `factor`)."""
+    return batch * channels * (factor // 2) * ((n_mels + 1) // 2) * itemsize
 
 
 def _mask_time(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -60,14 +98,26 @@ def _mask_time(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return x * valid[:, None, :, None].to(x.dtype)
 
 
-def relative_positions(length: int, d_model: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Sinusoids for relative positions (length - 1) ... -(length - 1): (1, 2 * length - 1, D)."""
-    positions = torch.arange(length - 1, -length, -1, dtype=torch.float32, device=device)[:, None]
-    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32, device=device) * -(math.log(10000.0) / d_model))
-    pe = torch.zeros(positions.shape[0], d_model, device=device)
+def sinusoids(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """NeMo's position table for relative positions (P,) -> (P, D) float32: sin on even, cos on odd channels."""
+    positions = positions.to(torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device)
+                    * -(math.log(10000.0) / d_model))
+    pe = torch.zeros(positions.shape[0], d_model, device=positions.device)
     pe[:, 0::2] = torch.sin(positions * div)
     pe[:, 1::2] = torch.cos(positions * div)
-    return pe[None].to(dtype)
+    return pe
+
+
+def relative_positions(length: int, d_model: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Full attention: sinusoids for relative positions (length - 1) ... -(length - 1): (2 * length - 1, D)."""
+    return sinusoids(torch.arange(length - 1, -length, -1, device=device), d_model).to(dtype)
+
+
+def window_positions(window: tuple[int, int], d_model: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Local attention (NeMo's LocalAttRelPositionalEncoding): positions left ... -right: (left + right + 1, D)."""
+    left, right = window
+    return sinusoids(torch.arange(left, -right - 1, -1, device=device), d_model).to(dtype)
 
 
 class FeedForward(nn.Module):
@@ -81,7 +131,13 @@ class FeedForward(nn.Module):
 
 
 class RelPositionAttention(nn.Module):
-    """Multi-head attention with Transformer-XL relative positions and untied biases u, v."""
+    """Multi-head attention with Transformer-XL relative positions and untied biases u, v.
+
+    Two kinds, one set of weights: full attention (NeMo's rel_pos: every frame sees every frame)
+    and local attention (NeMo's rel_pos_local_attn, `window` = (left, right) frames). Both run
+    through `scaled_dot_product_attention` with the positional term as an additive bias, a group
+    of query rows at a time, so no (B, H, T, T) tensor is ever made whole.
+    """
 
     def __init__(self, d_model: int, n_heads: int, bias: bool):
         super().__init__()
@@ -94,22 +150,125 @@ class RelPositionAttention(nn.Module):
         self.pos_bias_u = nn.Parameter(torch.zeros(n_heads, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(n_heads, self.d_k))
 
-    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, att_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, valid: torch.Tensor,
+                window: tuple[int, int] | None) -> torch.Tensor:
+        """x (B, T, D), pos_emb (P, D) from `relative_positions` or `window_positions`, valid (B, T) True = frame."""
         b, t, _ = x.shape
         h, d_k = self.n_heads, self.d_k
-        q = self.linear_q(x).view(b, t, h, d_k)  # (B, T, H, d_k)
-        k = self.linear_k(x).view(b, t, h, d_k).transpose(1, 2)  # (B, H, T, d_k)
+        q = self.linear_q(x).view(b, t, h, d_k).transpose(1, 2)  # (B, H, T, d_k)
+        k = self.linear_k(x).view(b, t, h, d_k).transpose(1, 2)
         v = self.linear_v(x).view(b, t, h, d_k).transpose(1, 2)
-        p = self.linear_pos(pos_emb).view(1, -1, h, d_k).transpose(1, 2)  # (1, H, 2T-1, d_k)
-        q_u = (q + self.pos_bias_u).transpose(1, 2)  # (B, H, T, d_k)
-        q_v = (q + self.pos_bias_v).transpose(1, 2)
-        scores_bd = _rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))[..., :t]  # (B, H, T, T)
-        scores_ac = torch.matmul(q_u, k.transpose(-2, -1))
-        scores = (scores_ac + scores_bd) / math.sqrt(d_k)
-        mask = att_mask[:, None]  # (B, 1, T, T), True = masked
-        attn = torch.softmax(scores.masked_fill(mask, _MASKED_SCORE), dim=-1).masked_fill(mask, 0.0)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, h * d_k)
-        return self.linear_out(out)
+        p = self.linear_pos(pos_emb).view(-1, h, d_k).transpose(0, 1)  # (H, P, d_k)
+        q_u = q + self.pos_bias_u[:, None]  # content term's query
+        q_v = q + self.pos_bias_v[:, None]  # position term's query
+        if window is None:
+            out = full_attention(q_u, q_v, k, v, p, valid)
+        else:
+            out = local_attention(q_u, q_v, k, v, p, valid, window)
+        out = out * valid[:, None, :, None].to(out.dtype)  # NeMo zeroes the probabilities of padded queries
+        return self.linear_out(out.transpose(1, 2).reshape(b, t, h * d_k))
+
+
+def full_attention(q_u, q_v, k, v, p, valid) -> torch.Tensor:
+    """NeMo's rel_pos: softmax((q_u k^T + rel_shift(q_v p^T)) / sqrt(d_k)), padded keys at -10000.
+
+    q_u, q_v, k, v: (B, H, T, d_k); p: (H, 2T - 1, d_k) for positions T-1 ... -(T-1); valid: (B, T).
+    Query rows go in groups whose bias stays near `_GROUP_BYTES`. -> (B, H, T, d_k)
+    """
+    b, h, t, d_k = q_u.shape
+    scale = 1.0 / math.sqrt(d_k)
+    keys_masked = ~valid[:, None, None, :]  # (B, 1, 1, T)
+    width = _aligned(t)
+    rows = max(1, min(t, _GROUP_BYTES // (b * h * width * q_u.element_size())))  # the position term doubles it
+    out = torch.empty_like(q_u)
+    for start in range(0, t, rows):
+        end = min(t, start + rows)
+        n = end - start
+        # query i, key j has position i - j, row (t - 1) - (i - j) of p: this group needs rows t - end ... 2t - 2 - start
+        raw = torch.matmul(q_v[:, :, start:end], p[:, t - end: 2 * t - 1 - start].transpose(-2, -1))  # (B, H, n, t + n - 1)
+        shifted = raw.as_strided((b, h, n, t), (h * n * raw.shape[-1], n * raw.shape[-1], raw.shape[-1] - 1, 1),
+                                 raw.storage_offset() + n - 1)  # row r, key j -> column j + n - 1 - r
+        bias = q_u.new_empty(b, h, n, width)[..., :t]  # rows aligned for the fused kernels
+        torch.mul(shifted, scale, out=bias)
+        del raw, shifted
+        bias.masked_fill_(keys_masked, _MASKED_SCORE)
+        out[:, :, start:end] = F.scaled_dot_product_attention(q_u[:, :, start:end], k, v, attn_mask=bias, scale=scale)
+    return out
+
+
+def local_attention(q_u, q_v, k, v, p, valid, window: tuple[int, int]) -> torch.Tensor:
+    """NeMo's rel_pos_local_attn (RelPositionMultiHeadAttentionLongformer, no global tokens).
+
+    Query i sees keys i - left ... i + right. NeMo lays the scores out as 2w + 1 diagonals
+    (w = max(left, right), key offset c - w in column c) and adds the position term
+    q_v p_c^T of LocalAttRelPositionalEncoding's rows (positions left ... -right) to columns
+    0 ... left - 1 and 2w - right ... 2w: the right positions when left == right, shifted ones
+    otherwise; we add the same rows to the same columns. Columns outside w - left ... w + right
+    and padded keys get no probability (NeMo: -10000 / -inf, i.e. zero after softmax).
+
+    q_u, q_v, k, v: (B, H, T, d_k); p: (H, left + right + 1, d_k); valid: (B, T). -> (B, H, T, d_k)
+    Blocks of m queries attend to their m + 2w keys in one fused call per group of blocks:
+    time and memory linear in T.
+    """
+    left, right = window
+    b, h, t, d_k = q_u.shape
+    w = max(left, right)
+    scale = 1.0 / math.sqrt(d_k)
+    device = q_u.device
+    # the position row NeMo adds to each diagonal column (left + right + 1: none)
+    column_row = torch.full((2 * w + 1,), left + right + 1, dtype=torch.long, device=device)
+    column_row[:left] = torch.arange(left, device=device)
+    column_row[2 * w - right:] = torch.arange(left, left + right + 1, device=device)
+    p_columns = torch.cat([p, p.new_zeros(h, 1, d_k)], dim=1)[:, column_row]  # (H, 2w + 1, d_k)
+    offsets = torch.arange(-w, w + 1, device=device)
+    column_seen = (offsets >= -left) & (offsets <= right)  # (2w + 1,)
+
+    m = min(t, max(16, 2 * w))  # queries per block
+    blocks = -(-t // m)
+    n = m + 2 * w  # keys per block
+    width = _aligned(n)
+    padded = blocks * m
+    q_u = F.pad(q_u, (0, 0, 0, padded - t))
+    q_v = F.pad(q_v, (0, 0, 0, padded - t))
+    k = F.pad(k, (0, 0, w, padded - t + w))  # key j at row j + w
+    v = F.pad(v, (0, 0, w, padded - t + w))
+    lengths = valid.sum(dim=1)  # (B,)
+    per_block = b * h * m * (width + 3 * w + 2 * d_k) * q_u.element_size()
+    group = max(1, min(blocks, _GROUP_BYTES // per_block))
+    out = q_u.new_empty(b, h, padded, d_k)
+    for first in range(0, blocks, group):
+        g = min(group, blocks - first)
+        start, end = first * m, (first + g) * m
+        diagonals = torch.matmul(q_v[:, :, start:end], p_columns.transpose(-2, -1)) * scale  # (B, H, g m, 2w + 1)
+        keys = torch.arange(start - w, end - w, device=device)[:, None] + torch.arange(2 * w + 1, device=device)
+        seen = column_seen & (keys >= 0) & (keys < lengths[:, None, None])  # (B, g m, 2w + 1)
+        diagonals.masked_fill_(~seen[:, None], _MASKED_SCORE)
+        bias = diagonals.new_full((b, h, g, m, width), _MASKED_SCORE)
+        # diagonal column c of query row r is key r + c of the block's n keys
+        bias.as_strided((b, h, g, m, 2 * w + 1), (h * g * m * width, g * m * width, m * width, width + 1, 1),
+                        bias.storage_offset()).copy_(diagonals.view(b, h, g, m, 2 * w + 1))
+        del diagonals
+        key_blocks = k[:, :, start: end + 2 * w].unfold(2, n, m).transpose(-2, -1).reshape(b, h * g, n, d_k)
+        value_blocks = v[:, :, start: end + 2 * w].unfold(2, n, m).transpose(-2, -1).reshape(b, h * g, n, d_k)
+        queries = q_u[:, :, start:end].reshape(b, h * g, m, d_k)
+        mask = bias.view(b, h * g, m, width)[..., :n]
+        out[:, :, start:end] = F.scaled_dot_product_attention(
+            queries, key_blocks, value_blocks, attn_mask=mask, scale=scale).view(b, h, g * m, d_k)
+    return out[:, :, :t]
+
+
+def _aligned(n: int) -> int:
+    """Row length for an attention bias: a multiple of 16 elements, as the fused SDPA kernels want."""
+    return -(-n // 16) * 16
+
+
+def _full_attention_reference(q_u, q_v, k, v, p, valid) -> torch.Tensor:
+    """The previous full attention, NeMo's own formulation (several (B, H, T, T) tensors): for benchmarks only."""
+    t = q_u.shape[2]
+    scores = torch.matmul(q_u, k.transpose(-2, -1)) + _rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))[..., :t]
+    mask = ~(valid[:, None, :, None] & valid[:, None, None, :])  # (B, 1, T, T) True = masked
+    attn = torch.softmax((scores / math.sqrt(q_u.shape[-1])).masked_fill(mask, _MASKED_SCORE), dim=-1)
+    return torch.matmul(attn.masked_fill(mask, 0.0), v)
 
 
 def _rel_shift(x: torch.Tensor) -> torch.Tensor:
@@ -148,16 +307,20 @@ class ConformerLayer(nn.Module):
         self.feed_forward2 = FeedForward(d, cfg.ff_expansion, bias)
         self.norm_out = nn.LayerNorm(d)
 
-    def forward(self, x, pos_emb, att_mask, pad_mask):
+    def forward(self, x, pos_emb, valid, window):
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
-        x = x + self.self_attn(self.norm_self_att(x), pos_emb, att_mask)
-        x = x + self.conv(self.norm_conv(x), pad_mask)
+        x = x + self.self_attn(self.norm_self_att(x), pos_emb, valid, window)
+        x = x + self.conv(self.norm_conv(x), ~valid)
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
         return self.norm_out(x)
 
 
 class FastConformer(nn.Module):
-    """(B, n_mels, T) features -> (B, T', D) encoder output and (B,) lengths, T' ~ T / factor."""
+    """(B, n_mels, T) features -> (B, T', D) encoder output and (B,) lengths, T' ~ T / factor.
+
+    `window`: None for full attention, (left, right) frames for NeMo's local attention; the
+    caller chooses (`Model.attention_for`), the weights are the same.
+    """
 
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -165,14 +328,48 @@ class FastConformer(nn.Module):
         self.pre_encode = Subsampling(cfg)
         self.layers = nn.ModuleList(ConformerLayer(cfg) for _ in range(cfg.n_layers))
 
-    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor,
+                window: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         x, lengths = self.pre_encode(features.transpose(1, 2), lengths)  # (B, T', D)
         if self.cfg.xscaling:
             x = x * math.sqrt(self.cfg.d_model)
         t = x.shape[1]
-        pos_emb = relative_positions(t, self.cfg.d_model, x.device, x.dtype)
-        pad_mask = torch.arange(t, device=x.device)[None, :] >= lengths[:, None]  # (B, T') True = padding
-        att_mask = pad_mask[:, None, :] | pad_mask[:, :, None]  # (B, T', T')
+        if window is None:
+            pos_emb = relative_positions(t, self.cfg.d_model, x.device, x.dtype)
+        else:
+            pos_emb = window_positions(window, self.cfg.d_model, x.device, x.dtype)
+        valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # (B, T') False = padding
         for layer in self.layers:
-            x = layer(x, pos_emb, att_mask, pad_mask)
+            x = layer(x, pos_emb, valid, window)
         return x, lengths
+
+
+def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
+                    window: tuple[int, int] | None) -> int:
+    """Peak bytes to turn a padded batch of `batch` x `samples` audio into encoder output and decoder inputs.
+
+    An upper bound for this implementation (checked against measured peaks in the tests): the
+    audio and the features (float32, plus their copy in the model dtype), the bounded
+    temporaries of the chunked features and subsampling, the largest layer's activations
+    (T' x D each: FF hidden, q, k, v, ...), the attention group in flight, and the joint's
+    projection of the output. `itemsize`: bytes per element of the model dtype.
+    """
+    enc = cfg.encoder
+    frames = samples // cfg.features.hop_length + 1
+    t = int(subsampled_lengths(torch.tensor(frames), enc.subsampling_factor))
+    activations = batch * t * enc.d_model * itemsize
+    if window is None:
+        need = batch * enc.n_heads * t * _aligned(t) * itemsize  # every row in one group
+        least = batch * enc.n_heads * _aligned(t) * itemsize  # one row a group
+    else:
+        w = max(window)
+        m = min(t, max(16, 2 * w))
+        per_block = batch * enc.n_heads * m * (_aligned(m + 2 * w) + 3 * w + 2 * enc.d_k) * itemsize
+        need, least = per_block * -(-t // m), per_block
+    attention = 3 * min(need, max(least, _GROUP_BYTES))  # position term, bias, scores (SDPA's math path)
+    features = batch * frames * cfg.features.n_mels * (4 + itemsize) + 16 * 4 * _FEATURE_CHUNK_SAMPLES
+    audio = batch * samples * 4
+    per_frame = _conv_bytes_per_frame(batch, enc.subsampling_channels, enc.subsampling_factor, enc.n_mels, itemsize)
+    convolutions = 3 * per_frame * min(t, max(_MIN_CHUNK, _CONV_BYTES // per_frame))  # output, ReLU, mask
+    layers = (16 + 2 * enc.ff_expansion + (2 if window else 0)) * activations  # local: padded keys and values
+    return int(audio + features + convolutions + layers + attention + batch * t * cfg.joint.hidden * itemsize)

@@ -7,6 +7,7 @@ float32 rounding. Always float32, outside autocast.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import FeatureConfig
@@ -17,8 +18,17 @@ def feature_lengths(num_samples: torch.Tensor, hop_length: int) -> torch.Tensor:
     return torch.div(num_samples, hop_length, rounding_mode="floor")
 
 
+CHUNK_SAMPLES = 2**22  # samples of a batch turned into features at once (about 4 min of 16 kHz audio)
+_NORM_CHUNK_FRAMES = 2**15  # frames normalised at once
+
+
 class LogMel(nn.Module):
-    """(B, L) float32 audio at the model's rate -> (B, n_mels, T) normalised log-mel features."""
+    """(B, L) float32 audio at the model's rate -> (B, n_mels, T) normalised log-mel features.
+
+    Hours of audio are done a stretch of frames at a time (each STFT frame needs only its own
+    samples), so the only full-length tensors are the input and the (B, n_mels, T) output; the
+    normalisation accumulates its per-channel sums over the stretches, in place.
+    """
 
     def __init__(self, cfg: FeatureConfig):
         super().__init__()
@@ -28,38 +38,58 @@ class LogMel(nn.Module):
 
     @torch.autocast("cuda", enabled=False)
     @torch.autocast("cpu", enabled=False)
-    def forward(self, audio: torch.Tensor, num_samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, audio: torch.Tensor, num_samples: torch.Tensor,
+                chunk_frames: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         audio = audio.float()  # (B, L)
         frames = feature_lengths(num_samples, cfg.hop_length)  # (B,)
-        valid = torch.arange(audio.shape[1], device=audio.device)[None, :] < num_samples[:, None]  # (B, L)
+        total = audio.shape[1] // cfg.hop_length + 1  # STFT frames with center=True
+        chunk_frames = chunk_frames or max(1, CHUNK_SAMPLES // (cfg.hop_length * audio.shape[0]))
+        features = audio.new_empty(audio.shape[0], cfg.n_mels, total)
+        for start in range(0, total, chunk_frames):
+            end = min(total, start + chunk_frames)
+            features[:, :, start:end] = self._log_mel(audio, num_samples, start, end)
+        _normalize_per_feature(features, frames, cfg.std_guard)
+        return features, frames
+
+    def _log_mel(self, audio: torch.Tensor, num_samples: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Log-mel of STFT frames start ... end - 1: (B, n_mels, end - start)."""
+        cfg = self.cfg
+        half = cfg.n_fft // 2  # center=True: frame f covers samples f * hop - half ... f * hop + half - 1
+        first, stop = start * cfg.hop_length - half - 1, (end - 1) * cfg.hop_length + half  # one more for pre-emphasis
+        x = F.pad(audio[:, max(first, 0): min(stop, audio.shape[1])],
+                  (max(0, -first), max(0, stop - audio.shape[1])))  # zeros outside the signal (NeMo's constant pad)
         if cfg.preemph:
-            audio = torch.cat([audio[:, :1], audio[:, 1:] - cfg.preemph * audio[:, :-1]], dim=1)
-        audio = audio.masked_fill(~valid, 0.0)
-        spec = torch.stft(
-            audio,
-            n_fft=cfg.n_fft,
-            hop_length=cfg.hop_length,
-            win_length=cfg.win_length,
-            window=self.window,
-            center=True,
-            pad_mode="constant",
-            return_complex=True,
-        )  # (B, n_fft // 2 + 1, T)
+            x = x[:, 1:] - cfg.preemph * x[:, :-1]  # x[t] - 0.97 x[t - 1]; the first sample less 0.97 * 0
+        else:
+            x = x[:, 1:]
+        index = torch.arange(first + 1, stop, device=audio.device)
+        x = x.masked_fill((index[None, :] < 0) | (index[None, :] >= num_samples[:, None]), 0.0)
+        spec = torch.stft(x, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
+                          window=self.window, center=False, return_complex=True)  # (B, n_fft // 2 + 1, end - start)
         power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(cfg.mag_power)  # NeMo's |X| then ^p: bit-equal
-        mel = torch.matmul(self.fb, power)  # (B, n_mels, T)
-        logmel = torch.log(mel + cfg.log_zero_guard)
-        features = _normalize_per_feature(logmel, frames, cfg.std_guard)
-        pad = torch.arange(features.shape[-1], device=audio.device)[None, :] >= frames[:, None]  # (B, T)
-        return features.masked_fill(pad[:, None, :], 0.0), frames
+        mel = torch.matmul(self.fb, power)  # (B, n_mels, end - start)
+        return torch.log(mel + cfg.log_zero_guard)
 
 
-def _normalize_per_feature(x: torch.Tensor, frames: torch.Tensor, std_guard: float) -> torch.Tensor:
-    """Zero mean, unit std per mel channel over the valid frames (std with N - 1)."""
-    valid = (torch.arange(x.shape[-1], device=x.device)[None, :] < frames[:, None])[:, None, :]  # (B, 1, T)
+def _normalize_per_feature(x: torch.Tensor, frames: torch.Tensor, std_guard: float) -> None:
+    """In place: zero mean, unit std per mel channel over the valid frames (std with N - 1); padding frames to 0."""
     count = frames[:, None].to(x.dtype)  # (B, 1)
-    mean = torch.where(valid, x, 0.0).sum(dim=2) / count  # (B, n_mels)
-    var = torch.where(valid, x - mean[:, :, None], 0.0).pow(2).sum(dim=2) / (count - 1.0)
-    std = var.sqrt()
+    chunks = [(s, min(x.shape[-1], s + _NORM_CHUNK_FRAMES)) for s in range(0, x.shape[-1], _NORM_CHUNK_FRAMES)]
+
+    def valid(start, end):  # (B, 1, end - start)
+        return (torch.arange(start, end, device=x.device)[None, :] < frames[:, None])[:, None, :]
+
+    total = x.new_zeros(x.shape[:2])  # (B, n_mels)
+    for start, end in chunks:
+        total += torch.where(valid(start, end), x[:, :, start:end], 0.0).sum(dim=2)
+    mean = total / count
+    squares = x.new_zeros(x.shape[:2])
+    for start, end in chunks:
+        squares += torch.where(valid(start, end), x[:, :, start:end] - mean[:, :, None], 0.0).pow(2).sum(dim=2)
+    std = (squares / (count - 1.0)).sqrt()
     std = std.masked_fill(std.isnan(), 0.0) + std_guard  # one valid frame: N - 1 == 0
-    return (x - mean[:, :, None]) / std[:, :, None]
+    for start, end in chunks:
+        part = x[:, :, start:end]
+        part.sub_(mean[:, :, None]).div_(std[:, :, None])
+        part.masked_fill_(~valid(start, end), 0.0)

@@ -20,7 +20,7 @@ from .audio import AudioError, load_audio, prepare_audio
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
-from .encoder import FastConformer
+from .encoder import FastConformer, memory_estimate
 from .features import LogMel
 from .heads import Joint, PredictionNet
 from .timestamps import Segment, Word, WordRules, token_spans, words_and_segments
@@ -32,6 +32,12 @@ _MODULES = ("preprocessor", "encoder", "decoder", "joint")  # state-dict prefixe
 _DERIVED = ("encoder.pos_enc.pe",)  # buffers older NeMo versions saved; recomputed here
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_ATTENTION = ("auto", "full", "local")
+# --attention auto: longest input run with full attention. NVIDIA's model cards give 24 minutes as the longest
+# single pass with full attention (parakeet-tdt-0.6b-v2/v3, the length its memory allows on an 80 GB card);
+# past it NeMo's users switch to local attention, and so does auto.
+FULL_ATTENTION_MAX_SECONDS = 24 * 60
+_MEMORY_HEADROOM = 0.8  # auto: full attention only while its estimate is below this share of the free memory
 
 
 class _Preprocessor(nn.Module):
@@ -204,6 +210,13 @@ class Model:
 
     def __init__(self, module: Transducer, tokenizer: Tokenizer, options: RunOptions, source: str):
         self.cfg = module.cfg
+        if options.attention not in _ATTENTION:
+            raise ValueError(f"--attention {options.attention}: use auto, full or local")
+        if options.attention_window < 1:
+            raise ValueError(f"--attention-window {options.attention_window}: use 1 or more frames")
+        if options.attention == "full" and self.cfg.encoder.local_context is not None:
+            log.warning(f"{source}: trained with local attention {list(self.cfg.encoder.local_context)}; "
+                        "--attention full runs it with full attention, which is not what NeMo computes for it")
         self.source = source
         self.device = resolve_device(options.device)
         self.dtype = resolve_dtype(options.dtype, self.device)
@@ -251,16 +264,52 @@ class Model:
     def features(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded batch of audio -> (B, n_mels, T) float32 features and (B,) lengths."""
         lengths = torch.tensor([a.numel() for a in audios], device=self.device)
+        if len(audios) == 1:  # no padded copy of a long recording
+            return self.module.preprocessor.featurizer(audios[0].to(self.device)[None], lengths)
         batch = torch.zeros(len(audios), int(lengths.max()), device=self.device)
         for i, a in enumerate(audios):
             batch[i, : a.numel()] = a.to(self.device)
         return self.module.preprocessor.featurizer(batch, lengths)
 
     @torch.inference_mode()
-    def encode(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded batch of audio -> (B, T', D) encoder output in the model dtype and (B,) lengths."""
+        window = self.attention_for(audios, sources)
         features, lengths = self.features(audios)
-        return self.module.encoder(features.to(self.dtype), lengths)
+        return self.module.encoder(features.to(self.dtype), lengths, window)
+
+    def attention_for(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[int, int] | None:
+        """The encoder's attention for this batch: None (full) or a (left, right) window of local attention.
+
+        full: always full. A checkpoint trained with local attention otherwise runs with its own window.
+        local: (W, W) with W = attention_window. auto: full attention (NeMo's default output) unless
+        the longest input is over FULL_ATTENTION_MAX_SECONDS or `memory_estimate` says full attention
+        would not fit in the free memory; then local, with one note on stderr naming the inputs.
+        """
+        own = self.cfg.encoder.local_context
+        if self.options.attention == "full":
+            return None
+        if own is not None:
+            return own
+        window = (self.options.attention_window, self.options.attention_window)
+        if self.options.attention == "local":
+            return window
+        samples = max(a.numel() for a in audios)
+        seconds = samples / self.sample_rate
+        need = memory_estimate(self.cfg, len(audios), samples, self.dtype.itemsize, None)
+        free = available_memory(self.device)
+        if seconds > FULL_ATTENTION_MAX_SECONDS:
+            reason = f"longer than {FULL_ATTENTION_MAX_SECONDS // 60} min"
+        elif need > _MEMORY_HEADROOM * free:
+            reason = f"full attention would need about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+        else:
+            return None
+        names = sources or ["<array>"] * len(audios)
+        listed = ", ".join(f"{n} ({a.numel() / self.sample_rate / 60:.1f} min)" for n, a in zip(names[:3], audios))
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        log.warning(f"{listed}{more}: {reason}: local attention, {window[0]} frames each side "
+                    "(NeMo's rel_pos_local_attn; --attention full to keep full attention)")
+        return window
 
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
         return self.decoder.decode(encoded, lengths)
@@ -285,7 +334,7 @@ class Model:
     def transcribe_audio(self, sources: list[str], audios: list[torch.Tensor]) -> list[Transcript]:
         """One padded batch of checked audio -> transcripts (same order)."""
         start = time.perf_counter()
-        encoded, lengths = self.encode(audios)
+        encoded, lengths = self.encode(audios, sources)
         hyps = self.decode(encoded, lengths)
         seconds = (time.perf_counter() - start) / len(audios)
         return [self.finish(s, a, h, seconds) for s, a, h in zip(sources, audios, hyps)]
@@ -341,6 +390,19 @@ class Model:
         return results  # type: ignore[return-value]
 
 
+def available_memory(device: torch.device) -> int:
+    """Bytes free for new tensors: CUDA's free memory plus PyTorch's unused cache, or the host's available memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def _out_of_memory(err: Exception) -> bool:
     text = str(err)
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
@@ -363,9 +425,10 @@ def _name(item) -> str:
 
 
 def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
-               batch_size: int = 1) -> Model:
+               batch_size: int = 1, attention: str = "auto", attention_window: int = 256) -> Model:
     """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
 
+    attention: auto | full | local, and attention_window (frames each side): see `Model.attention_for`.
     The weights go from the (memory-mapped) file straight to the device in their inference
     dtype, into a module built on the meta device: nothing is initialised and nothing is
     copied twice. On the CPU in float32 they stay memory-mapped (the file must not change
@@ -390,7 +453,8 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
     if target.type == "cuda":
         torch.cuda.synchronize(target)
     clock.lap("place")
-    options = RunOptions(device=str(target), dtype=_DTYPE_NAMES[target_dtype], graphs=graphs, batch_size=batch_size)
+    options = RunOptions(device=str(target), dtype=_DTYPE_NAMES[target_dtype], graphs=graphs, batch_size=batch_size,
+                         attention=attention, attention_window=attention_window)
     model = Model(module, tokenizer, options, checkpoint.source)
     clock.lap("model")
     weights = checkpoint.seconds["weights"]
