@@ -1,7 +1,8 @@
 """The transducer model and its Python API: `load_model(source).transcribe(inputs)`.
 
 Pipeline: audio -> LogMel (float32) -> FastConformer (eager, model dtype) -> greedy
-decoding (GreedyDecoder, eager or CUDA graphs) -> text and token timestamps.
+decoding (GreedyDecoder, eager or CUDA graphs) -> text and token timestamps. Reading and
+batching many inputs is pipeline.py's.
 """
 
 from __future__ import annotations
@@ -11,17 +12,17 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-import soundfile as sf
 import torch
 from torch import nn
 
-from .audio import AudioError, load_audio, prepare_audio
+from .audio import load_audio, prepare_audio
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
 from .encoder import FastConformer
 from .features import LogMel
 from .heads import Joint, PredictionNet
+from .pipeline import StageClock, default_batching, transcribe_stream
 from .timestamps import Segment, Word, WordRules, token_spans, words_and_segments
 from .tokenizer import Tokenizer
 
@@ -172,7 +173,6 @@ class Model:
         decoding = self.cfg.decoding
         self.word_rules = WordRules(tokenizer.punctuation, tokenizer.wordpiece, decoding.word_separator,
                                     decoding.segment_separators, decoding.segment_gap)
-        self.min_samples = self.cfg.features.hop_length * self.cfg.encoder.subsampling_factor
 
     def use_graphs(self, enabled: bool) -> None:
         """Decode with (CUDA only) or without captured graphs from now on: a fresh decoder, fresh captures."""
@@ -188,31 +188,41 @@ class Model:
 
     # ------------------------------------------------------------------ stages
     def read(self, item) -> torch.Tensor:
-        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError for bad input."""
+        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError for bad input.
+
+        Any length from one sample on: as in NeMo, a clip shorter than one feature frame (10 ms) has no
+        encoder frames and an empty transcript, one shorter than 80 ms has one encoder frame."""
         if isinstance(item, (str, os.PathLike)):
-            audio = load_audio(item, self.sample_rate)
-        else:
-            audio = prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item,
-                                  self.sample_rate, self.sample_rate)
-        if audio.numel() < self.min_samples:
-            raise AudioError(f"{_name(item)}: too short to transcribe ({audio.numel() / self.sample_rate:.3f} s, "
-                             f"less than one encoder frame of {self.cfg.frame_seconds:.2f} s)")
-        return audio
+            return load_audio(item, self.sample_rate)
+        return prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item,
+                             self.sample_rate, self.sample_rate)
 
     @torch.inference_mode()
     def features(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded batch of audio -> (B, n_mels, T) float32 features and (B,) lengths."""
-        lengths = torch.tensor([a.numel() for a in audios], device=self.device)
-        batch = torch.zeros(len(audios), int(lengths.max()), device=self.device)
+        lengths = torch.tensor([a.numel() for a in audios])
+        batch = torch.zeros(len(audios), int(lengths.max()))
         for i, a in enumerate(audios):
-            batch[i, : a.numel()] = a.to(self.device)
-        return self.module.preprocessor.featurizer(batch, lengths)
+            batch[i, : a.numel()] = a
+        return self.padded_features(batch, lengths)
+
+    @torch.inference_mode()
+    def padded_features(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) zero-padded audio and (B,) sample counts, anywhere (pinned: copied without waiting) ->
+        (B, n_mels, T) float32 features and (B,) feature frames on the model's device."""
+        audio = audio.to(self.device, non_blocking=True)
+        lengths = lengths.to(self.device, non_blocking=True)
+        return self.module.preprocessor.featurizer(audio, lengths)
+
+    @torch.inference_mode()
+    def encoder_output(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, n_mels, T) features and (B,) frames -> (B, T', D) encoder output in the model dtype and (B,) lengths."""
+        return self.module.encoder(features.to(self.dtype), lengths)
 
     @torch.inference_mode()
     def encode(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded batch of audio -> (B, T', D) encoder output in the model dtype and (B,) lengths."""
-        features, lengths = self.features(audios)
-        return self.module.encoder(features.to(self.dtype), lengths)
+        return self.encoder_output(*self.features(audios))
 
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
         return self.decoder.decode(encoded, lengths)
@@ -242,81 +252,36 @@ class Model:
         seconds = (time.perf_counter() - start) / len(audios)
         return [self.finish(s, a, h, seconds) for s, a, h in zip(sources, audios, hyps)]
 
-    def transcribe_iter(self, inputs, batch_size: int | None = None):
+    def transcribe_iter(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None,
+                        clock: StageClock | None = None):
         """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
-        Audio is read a batch at a time. A bad input yields a Transcript with `error` set and the
-        rest of its batch goes on. Results do not depend on the batching (padding-invariant).
+        Batches hold at most `batch_size` inputs and `batch_seconds` of padded audio (inputs x the longest
+        one's length; 0: no cap); None takes the model's options, whose None is the device's default
+        (`pipeline.default_batching`). Files are read by threads a few batches ahead (pipeline.py). A bad
+        input yields a Transcript with `error` set and the rest goes on. Results do not depend on the
+        batching (padding-invariant). `clock` collects seconds per stage (the benchmark's).
         """
-        items = list(inputs)
-        batch_size = max(1, batch_size or self.options.batch_size)
-        order = sorted(range(len(items)), key=lambda i: -_estimated_seconds(items[i], self.sample_rate))
-        for b in range(0, len(order), batch_size):
-            ready: list[tuple[int, torch.Tensor]] = []
-            for i in order[b: b + batch_size]:
-                try:
-                    ready.append((i, self.read(items[i])))
-                except AudioError as err:
-                    yield i, Transcript(source=_name(items[i]), error=str(err))
-            yield from self._transcribe_ready(items, ready)
+        files, seconds = default_batching(self.device)
+        batch_size = batch_size or self.options.batch_size or files
+        if batch_seconds is None:
+            batch_seconds = self.options.batch_seconds if self.options.batch_seconds is not None else seconds
+        yield from transcribe_stream(self, list(inputs), batch_size, batch_seconds, clock)
 
-    def _transcribe_ready(self, items: list, ready: list[tuple[int, torch.Tensor]]):
-        """A batch of read audio -> (index, Transcript); out of memory: one at a time, then an error line."""
-        if not ready:
-            return
-        try:
-            transcripts = self.transcribe_audio([_name(items[i]) for i, _ in ready], [a for _, a in ready])
-        except (torch.OutOfMemoryError, RuntimeError) as err:
-            if not _out_of_memory(err):
-                raise
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            if len(ready) > 1:
-                for one in ready:
-                    yield from self._transcribe_ready(items, [one])
-                return
-            i, audio = ready[0]
-            minutes = audio.numel() / self.sample_rate / 60
-            yield i, Transcript(source=_name(items[i]), error=(
-                f"{_name(items[i])}: out of {self.device.type.upper()} memory for {minutes:.1f} min of audio "
-                "(the encoder's attention grows with the square of the length); split the file"))
-            return
-        for (i, _), transcript in zip(ready, transcripts):
-            yield i, transcript
-
-    def transcribe(self, inputs, batch_size: int | None = None) -> list[Transcript]:
+    def transcribe(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None) -> list[Transcript]:
         """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order."""
         items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         results: list[Transcript | None] = [None] * len(items)
-        for i, transcript in self.transcribe_iter(items, batch_size):
+        for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds):
             results[i] = transcript
         return results  # type: ignore[return-value]
 
 
-def _out_of_memory(err: Exception) -> bool:
-    text = str(err)
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
-
-
-def _estimated_seconds(item, sample_rate: int) -> float:
-    """Length used to order batches; 0 for what cannot be inspected (it fails properly when read)."""
-    if isinstance(item, (str, os.PathLike)):
-        try:
-            return sf.info(str(item)).duration
-        except (sf.LibsndfileError, RuntimeError, OSError, TypeError, ValueError):
-            return 0.0
-    return len(item) / sample_rate
-
-
-def _name(item) -> str:
-    if isinstance(item, (str, os.PathLike)):
-        return str(item)
-    return "<array>"
-
-
 def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
-               batch_size: int = 1) -> Model:
-    """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id."""
+               batch_size: int | None = None, batch_seconds: float | None = None) -> Model:
+    """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
+
+    batch_size, batch_seconds: `transcribe`'s defaults (None: the device's, see `Model.transcribe_iter`)."""
     checkpoint = read_checkpoint(source)
     cfg = model_config_from_nemo(checkpoint.config)
     tokenizer = Tokenizer(checkpoint.tokenizer_model, checkpoint.source)
@@ -325,5 +290,5 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
                               f"the decoder expects {cfg.prediction.vocab_size}")
     module = Transducer(cfg)
     load_state(module, checkpoint.state_dict, checkpoint.source)
-    options = RunOptions(device=device, dtype=dtype, graphs=graphs, batch_size=batch_size)
+    options = RunOptions(device=device, dtype=dtype, graphs=graphs, batch_size=batch_size, batch_seconds=batch_seconds)
     return Model(module, tokenizer, options, checkpoint.source)
