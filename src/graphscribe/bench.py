@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .audio import load_audio
+from .audio import AudioError, load_audio
 from .decoding import default_window, size_class
 from .pipeline import StageClock, default_batching, default_workers
 from .writers import WRITERS
@@ -237,8 +237,13 @@ def run_throughput(model, files: list[Path], batch_sizes: list[int], reps: int, 
         batch_seconds = model.options.batch_seconds
     if batch_seconds is None:
         batch_seconds = default_batching(device)[1]
-    audios = [model.read(f) for f in files]
-    total = sum(a.numel() for a in audios) / model.sample_rate
+    audios = {}  # path -> samples, for the rows from memory (unreadable files are left out there)
+    for f in files:
+        try:
+            audios[str(f)] = model.read(f)
+        except AudioError:
+            pass
+    total = sum(a.numel() for a in audios.values()) / model.sample_rate
     report = {**_header(model, reps), "files": len(files), "audio_seconds": total, "batch_seconds": batch_seconds,
               "readers": default_workers(device), "throughput": []}
     graphs_before = model.options.graphs
@@ -252,10 +257,11 @@ def run_throughput(model, files: list[Path], batch_sizes: list[int], reps: int, 
                 warmup = time.perf_counter() - start
                 passes = [_pass(model, files, n, batch_seconds, Path(out_dir)) for _ in range(reps)]
                 median = sorted(passes, key=lambda p: p["seconds"])[(len(passes) - 1) // 2]
-                memory_times, from_memory = _timed(lambda: model.transcribe(audios, n, batch_seconds), device, reps)
+                arrays = list(audios.values())
+                memory_times, from_memory = _timed(lambda: model.transcribe(arrays, n, batch_seconds), device, reps)
                 in_memory = statistics.median(memory_times)
                 texts[graphs] = median["texts"]
-                texts[("memory", graphs)] = [t.text for t in from_memory]
+                texts[("memory", graphs)] = dict(zip(audios, (t.text for t in from_memory)))
                 seconds = [p["seconds"] for p in passes]
                 report["throughput"].append({
                     "batch": n, "graphs": graphs, "rtfx": total / median["seconds"],
@@ -280,7 +286,7 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
     clock = StageClock(device)
     _reset_peak(device)
     _reset_peak_rss()
-    texts: list[str | None] = [None] * len(files)
+    texts: dict[str, str] = {}  # path -> text
     failed = 0
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -289,7 +295,7 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
         if transcript.error is not None:
             failed += 1
             continue
-        texts[i] = transcript.text
+        texts[str(files[i])] = transcript.text
         with clock.host("write"):
             (out_dir / f"{i}.txt").write_text(WRITERS["txt"](transcript), encoding="utf-8")
     if device.type == "cuda":

@@ -200,20 +200,22 @@ def transcribe_stream(model: Model, items: list, batch_size: int, batch_seconds:
     from .model import Transcript  # here: model.py imports this module
 
     clock = clock or StageClock(model.device, enabled=False)
-    workers = workers or default_workers(model.device)
-    with ThreadPoolExecutor(workers, thread_name_prefix="graphscribe-read") as pool:
+    pool = ThreadPoolExecutor(workers or default_workers(model.device), thread_name_prefix="graphscribe-read")
+    try:
         seconds = list(pool.map(lambda item: _estimated_seconds(item, model.sample_rate), items))
         plan = plan_batches(seconds, max(1, batch_size), batch_seconds)
         decoded: _Job | None = None  # decoded, its transcripts not made yet
         for batch in Reader(model, items, plan, pool, clock):
-            for i, error in batch.failed:
-                yield i, Transcript(source=_name(items[i]), error=error)
             job = _start(model, batch, clock)  # queued on the GPU: it runs while the host finishes `decoded`
             if decoded is not None:
                 yield from _finish(model, decoded, clock)
+            for i, error in batch.failed:
+                yield i, Transcript(source=_name(items[i]), error=error)
             decoded = _decode(model, job, clock)
         if decoded is not None:
             yield from _finish(model, decoded, clock)
+    finally:  # also when the caller stops early: reads not started are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def default_workers(device: torch.device) -> int:
