@@ -134,9 +134,9 @@ _DEVICE_HELP = "auto: CUDA when present, else the CPU."
 _DTYPE_HELP = "auto is float32, NeMo's precision. On the CPU, float16 falls back to float32."
 _BATCH_HELP = "Files per batch (longest first)."
 _BATCH_DEFAULT = "64 on CUDA, 8 on the CPU"
-_BATCH_SECONDS_HELP = ("At most this much padded audio per batch: files x the longest one's seconds (long files "
-                       "batch narrowly, short ones widely); 0: no cap.")
-_BATCH_SECONDS_DEFAULT = "20 per GiB of GPU memory (1600 on 80 GB), 120 on the CPU"
+_BATCH_SECONDS_HELP = ("Seconds of padded audio per batch at most: files x the longest one's length, so long files "
+                       "batch narrowly and short ones widely; 0: no cap.")
+_BATCH_SECONDS_DEFAULT = "40 per GiB of GPU memory (3200 on 80 GB), 120 on the CPU"
 _EXAMPLES = """Examples:
 
   transcribe talk.wav                                 # the text
@@ -258,7 +258,8 @@ def bench_command(
     files: int = typer.Option(256, "--files", min=1, metavar="N", help="Files in the generated folder (--throughput)."),
     batch_seconds: Optional[float] = typer.Option(None, "--batch-seconds", min=0, metavar="S",
                                                   show_default=_BATCH_SECONDS_DEFAULT,
-                                                  help="Throughput: " + _BATCH_SECONDS_HELP),
+                                                  help="Throughput rows: seconds of padded audio per batch at "
+                                                       "most (see transcribe --help)."),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
     --throughput, files per second through the whole pipeline instead."""
