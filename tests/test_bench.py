@@ -98,3 +98,18 @@ def test_bench_folder_usage_errors(tmp_path):
     assert result.returncode == 2 and "not both" in result.stderr
     result = _bench("--folder", tmp_path, "--model", NEMO_PATH)
     assert result.returncode == 2 and "no audio files" in result.stderr
+
+
+@pytest.mark.gpu
+def test_throughput_on_cuda_has_both_modes_and_gpu_stages(tmp_path):
+    out = tmp_path / "throughput.json"
+    result = _bench("--throughput", "--files", 8, "--batch-sizes", "4", "--reps", 1, "--model", NEMO_PATH,
+                    "--json", out)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["throughput"]
+    assert [(r["batch"], r["graphs"]) for r in rows] == [(4, False), (4, True)]
+    for row in rows:
+        assert row["identical"] is True and row["failed"] == 0
+        assert row["peak_gpu_mb"] > 0 and 0 < row["gpu_busy_seconds"] <= row["seconds"]
+        for stage in ("read", "features", "encoder", "decode", "write"):
+            assert row["stages"][stage] > 0, stage

@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from conftest import CLIP_NAMES, CLIPS, reference_clip
+from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 from graphscribe.bench import make_folder
 from graphscribe.pipeline import READ_AHEAD, StageClock, default_batching, plan_batches
 
@@ -116,4 +116,19 @@ def test_stage_clock_counts_every_stage_on_the_cpu(model):
     assert len(got) == len(CLIP_NAMES)
     seconds = clock.seconds()
     for stage in ("read", "wait", "features", "encoder", "decode", "text"):
+        assert seconds[stage] > 0, stage
+
+
+@pytest.mark.gpu
+def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
+    """Pinned batches copied without waiting, batch k+1 queued before batch k is finished: NeMo's tokens."""
+    from graphscribe.model import load_model
+
+    model = load_model(NEMO_PATH, device="cuda", graphs=True)
+    paths = [CLIPS / name for name in CLIP_NAMES] * 3
+    clock = StageClock(model.device)
+    got = dict(model.transcribe_iter(paths, batch_size=4, clock=clock))
+    assert [got[i].token_ids for i in range(len(paths))] == [reference_clip(p.name)["token_ids"] for p in paths]
+    seconds = clock.seconds()
+    for stage in ("read", "features", "encoder", "decode", "text"):
         assert seconds[stage] > 0, stage

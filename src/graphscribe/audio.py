@@ -76,6 +76,8 @@ def prepare_audio(data, rate: int, sample_rate: int, name: str = "<array>") -> t
 
 def audio_seconds(path: str | os.PathLike) -> float | None:
     """A file's length from its header (cheap), or None when it cannot be inspected (reading it says why)."""
+    if not Path(path).is_file():  # a pipe would block
+        return None
     try:
         with NATIVE_STDERR.quiet():
             return sf.info(str(path)).duration

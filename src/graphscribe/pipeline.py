@@ -34,8 +34,8 @@ READ_AHEAD = 2  # batches read ahead of the one being transcribed
 MAX_READERS = 8  # reader threads at most: FLAC decodes at thousands of times real time per thread
 BATCH_FILES = {"cuda": 64, "cpu": 8}  # default files per batch by device type
 # Default caps on padded audio per batch. A 0.6b model's features and encoder take about 7 MB per padded second in
-# float32 (measured: the first subsampling convolution's output dominates), so 40 s per GiB of GPU memory uses
-# about a quarter of it (3200 s, ~22 GB, on an 80 GB H100).
+# float32 (measured on the CPU; the first subsampling convolution's output is the largest tensor), so 40 s per GiB
+# of GPU memory uses about a quarter of it (3200 s, ~22 GB, on an 80 GB H100).
 SECONDS_PER_GIB = 40.0
 CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
 
