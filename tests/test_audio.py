@@ -7,6 +7,9 @@ bit-identical to the original, the tokens must be NeMo's.
 from __future__ import annotations
 
 import itertools
+import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,13 +129,13 @@ def _write_bad_files(folder, pcm16) -> dict[str, tuple[object, tuple[str, ...]]]
     bad["cut_in_header"] = (header_only, ("not a readable audio", "truncated", "corrupt"))
     noise = folder / "noise.flac"
     noise.write_bytes(np.random.default_rng(0).bytes(4096))
-    bad["random_bytes_flac"] = (noise, ("not a readable audio", "format", "corrupt"))
+    bad["random_bytes_flac"] = (noise, ("not a readable audio file (unknown format or corrupt data)",))
+    noise_mp3 = folder / "noise.mp3"
+    noise_mp3.write_bytes(np.random.default_rng(1).bytes(4096))
+    bad["random_bytes_mp3"] = (noise_mp3, ("not a readable audio file (unknown format or corrupt data)",))
     empty = folder / "empty.wav"
     sf.write(empty, np.zeros(0, np.int16), RATE, subtype="PCM_16")
     bad["zero_samples"] = (empty, ("no samples", "empty"))
-    short = folder / "short.wav"
-    sf.write(short, pcm16[:500], RATE, subtype="PCM_16")
-    bad["shorter_than_a_frame"] = (short, ("too short",))
     nan = folder / "nan.wav"
     x = (pcm16 / 32768).astype(np.float32)
     x[1000] = np.nan
@@ -167,6 +170,37 @@ def test_bad_files_fail_alone_with_a_reason(model, reference, tmp_path, pcm16):
         assert transcript.text == clip["text"]
 
 
+SHORT = json.loads((Path(__file__).parent / "fixtures" / "nemo-short" / "reference.json").read_text())
+
+
+def test_clips_shorter_than_an_encoder_frame_give_nemo_results(model, speech_ids, tmp_path, pcm16):
+    """1 to 1280 samples: NeMo's feature and encoder frames, and its tokens (none without a feature frame),
+    alone and padded in one batch with speech."""
+    paths = []
+    for clip in SHORT["clips"]:
+        paths.append(tmp_path / f"cut_{clip['samples']:04d}.wav")
+        sf.write(paths[-1], pcm16[SHORT["offset"]: SHORT["offset"] + clip["samples"]], RATE, subtype="PCM_16")
+    assert {c["feature_frames"] for c in SHORT["clips"]} >= {0, 1} and {c["encoder_frames"] for c in SHORT["clips"]} == {0, 1}
+    for path, clip in zip(paths, SHORT["clips"]):
+        audio = model.read(path)
+        _, feature_frames = model.features([audio])
+        _, encoder_frames = model.encode([audio])
+        assert (int(feature_frames[0]), int(encoder_frames[0])) == (clip["feature_frames"], clip["encoder_frames"])
+    for batch in (1, len(paths) + 1):
+        *short, speech = model.transcribe([*paths, SPEECH_CLIP], batch_size=batch)
+        assert speech.token_ids == speech_ids
+        for transcript, clip in zip(short, SHORT["clips"]):
+            assert transcript.error is None, transcript.error
+            assert (transcript.token_ids, transcript.text) == (clip["token_ids"], clip["text"]), clip["samples"]
+
+
+def test_a_fifo_is_not_read(model, tmp_path):
+    fifo = tmp_path / "stream.wav"
+    os.mkfifo(fifo)
+    [transcript] = model.transcribe([fifo])  # would block forever if opened
+    assert transcript.error == f"{fifo}: not a regular file"
+
+
 def test_a_folder_is_not_a_file(model, tmp_path):
     [transcript] = model.transcribe([tmp_path])
     assert transcript.error is not None and tmp_path.name in transcript.error and "folder" in transcript.error
@@ -185,10 +219,9 @@ def test_truncated_wav_is_an_error(model, speech_ids, tmp_path, pcm16):
 
 @pytest.mark.parametrize("array,words", [
     (np.zeros(0, np.float32), ("no samples",)),
-    (np.zeros(500, np.float32), ("too short",)),
     (np.array([0.0, np.nan] * 4000, np.float32), ("nan",)),
     (np.zeros((4000, 2, 2), np.float32), ("shape",)),
-], ids=["empty", "short", "nan", "3d"])
+], ids=["empty", "nan", "3d"])
 def test_bad_arrays_fail_alone(model, speech_ids, samples, array, words):
     bad, good = model.transcribe([array, samples])
     assert bad.error is not None and any(w in bad.error.lower() for w in words), bad.error
@@ -205,19 +238,19 @@ def test_out_of_memory_splits_the_batch_and_names_the_file(monkeypatch):
     from graphscribe.model import load_model
 
     model = load_model(NEMO_PATH, device="cpu", graphs=False)
-    encode = model.encode
-    longest = max(a.numel() for a in [model.read(CLIPS / n) for n in CLIP_NAMES])
+    encoder_output = model.encoder_output
+    longest = max(reference_clip(n)["feature_frames"] for n in CLIP_NAMES)
 
-    def tight_memory(audios, *names):
-        if len(audios) > 1 or audios[0].numel() == longest:
+    def tight_memory(features, frames, *window):
+        if len(frames) > 1 or int(frames[0]) == longest:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
-        return encode(audios, *names)
+        return encoder_output(features, frames, *window)
 
-    monkeypatch.setattr(model, "encode", tight_memory)
+    monkeypatch.setattr(model, "encoder_output", tight_memory)
     got = model.transcribe([CLIPS / n for n in CLIP_NAMES], batch_size=3)
     for name, transcript in zip(CLIP_NAMES, got):
         ref = reference_clip(name)
-        if ref["samples"] == longest:
+        if ref["feature_frames"] == longest:
             assert transcript.error and name in transcript.error and "memory" in transcript.error
         else:
             assert transcript.error is None and transcript.token_ids == ref["token_ids"]

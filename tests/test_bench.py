@@ -44,3 +44,72 @@ def test_bad_batch_sizes_are_bad_usage():
                              "--batch-sizes", "1,x"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "--batch-sizes" in result.stderr
+
+
+def _bench(*args, timeout=600):
+    env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"}
+    return subprocess.run([sys.executable, "-m", "graphscribe.cli", "bench", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rows")
+def test_throughput_on_generated_speech_with_the_demo_model(tmp_path):
+    out = tmp_path / "throughput.json"
+    result = _bench("--throughput", "--files", 5, "--batch-sizes", "2,4", "--reps", 1, "--model", "demo",
+                    "--json", out)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["files"] == 5 and report["dtype"] == "float32" and report["reps"] == 1
+    assert 5 * 1.5 <= report["audio_seconds"] <= 5 * 30
+    rows = report["throughput"]
+    assert [(r["batch"], r["graphs"]) for r in rows] == [(2, False), (4, False)]
+    for row in rows:
+        assert row["rtfx"] > 0 and row["in_memory_rtfx"] > 0 and row["rtfx_min"] <= row["rtfx"] <= row["rtfx_max"]
+        assert row["rtfx"] == pytest.approx(report["audio_seconds"] / row["seconds"])
+        assert set(row["stages"]) == {"read", "wait", "features", "encoder", "decode", "text", "write"}
+        for stage in ("read", "features", "encoder", "decode", "write"):
+            assert row["stages"][stage] > 0, stage
+        assert sum(row["stages"].values()) < 2 * row["seconds"]  # stages are parts of the pass (reads overlap)
+        assert row["peak_rss_mb"] > 0 and row["peak_gpu_mb"] is None
+        assert row["failed"] == 0 and row["identical"] is True
+    assert "RTFx" in result.stdout and "from memory" in result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rows")
+def test_throughput_on_a_folder_counts_a_bad_file(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("short_2s.wav", "espeak_fox.wav", "quarter_second.wav"):
+        (folder / name).write_bytes((CLIPS / name).read_bytes())
+    (folder / "broken.flac").write_bytes(b"\0" * 1000)
+    out = tmp_path / "folder.json"
+    result = _bench("--folder", folder, "--batch-sizes", "2", "--reps", 1, "--model", NEMO_PATH, "--json", out)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["files"] == 4 and report["folder"] == str(folder)
+    assert report["audio_seconds"] == pytest.approx(
+        sum(reference_clip(n)["samples"] for n in ("short_2s.wav", "espeak_fox.wav", "quarter_second.wav")) / 16000)
+    [row] = report["throughput"]
+    assert row["failed"] == 1 and row["identical"] is True
+
+
+def test_bench_folder_usage_errors(tmp_path):
+    result = _bench(CLIPS / "short_2s.wav", "--folder", CLIPS, "--model", NEMO_PATH)
+    assert result.returncode == 2 and "not both" in result.stderr
+    result = _bench("--folder", tmp_path, "--model", NEMO_PATH)
+    assert result.returncode == 2 and "no audio files" in result.stderr
+
+
+@pytest.mark.gpu
+def test_throughput_on_cuda_has_both_modes_and_gpu_stages(tmp_path):
+    out = tmp_path / "throughput.json"
+    result = _bench("--throughput", "--files", 8, "--batch-sizes", "4", "--reps", 1, "--model", NEMO_PATH,
+                    "--json", out)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["throughput"]
+    assert [(r["batch"], r["graphs"]) for r in rows] == [(4, False), (4, True)]
+    for row in rows:
+        assert row["identical"] is True and row["failed"] == 0
+        assert row["peak_gpu_mb"] > 0 and 0 < row["gpu_busy_seconds"] <= row["seconds"]
+        for stage in ("read", "features", "encoder", "decode", "write"):
+            assert row["stages"][stage] > 0, stage

@@ -253,7 +253,7 @@ def test_chunked_features_are_the_same(model):
 
 
 def test_auto_switches_long_inputs_with_one_note(model, monkeypatch, caplog):
-    audio = torch.zeros(16000 * 90)
+    audio = 16000 * 90  # samples
     assert model.attention_for([audio], ["a.wav"]) is None  # 90 s: full attention
     monkeypatch.setattr(model_module, "FULL_ATTENTION_MAX_SECONDS", 60)
     with caplog.at_level(logging.WARNING, logger="graphscribe"):
@@ -263,8 +263,8 @@ def test_auto_switches_long_inputs_with_one_note(model, monkeypatch, caplog):
 
 
 def test_auto_switches_when_full_attention_would_not_fit(model, monkeypatch, caplog):
-    audio = torch.zeros(16000 * 30)
-    need = memory_estimate(model.cfg, 2, audio.numel(), 4, None)
+    audio = 16000 * 30  # samples
+    need = memory_estimate(model.cfg, 2, audio, 4, None)
     monkeypatch.setattr(model_module, "available_memory", lambda device: need)  # less the headroom: too little
     with caplog.at_level(logging.WARNING, logger="graphscribe"):
         assert model.attention_for([audio, audio], ["a.wav", "b.wav"]) == (256, 256)
@@ -276,7 +276,7 @@ def test_auto_switches_when_full_attention_would_not_fit(model, monkeypatch, cap
 def test_attention_options(tmp_path, caplog):
     local = _repacked(NEMO_PATH, tmp_path / "local.nemo", self_attention_model="rel_pos_local_attn",
                       att_context_size=[6, 2])
-    audio = [torch.zeros(16000 * 5)]
+    audio = [16000 * 5]  # samples
     assert load_model(local, device="cpu").attention_for(audio) == (6, 2)  # its own window, whatever the option
     assert load_model(local, device="cpu", attention="local", attention_window=99).attention_for(audio) == (6, 2)
     with caplog.at_level(logging.WARNING, logger="graphscribe"):

@@ -215,10 +215,12 @@ def test_help_lists_choices_defaults_and_examples():
     env = {"COLUMNS": "200"}
     page = transcribe("--help", model=None, env=env).stdout
     for text in ("auto|cpu|cuda|cuda:N", "auto|float32|bfloat16|float16", "txt|json|srt|vtt|tsv",
-                 "on with CUDA", "$GRAPHSCRIBE_MODEL, else demo", "[default: auto]", "Examples:", "-f srt,json -o"):
+                 "on with CUDA", "$GRAPHSCRIBE_MODEL, else demo", "[default: auto]", "Examples:", "-f srt,json -o",
+                 "--batch-seconds", "64 on CUDA, 8 on the CPU", "per GiB of GPU memory"):
         assert text in page, text
     assert "<str>" not in page
     bench = transcribe("bench", "--help", model=None, env=env).stdout
-    for text in ("auto|cpu|cuda|cuda:N", "on with CUDA", "$GRAPHSCRIBE_MODEL, else demo", "[default: 1,8]"):
+    for text in ("auto|cpu|cuda|cuda:N", "on with CUDA", "$GRAPHSCRIBE_MODEL, else demo", "1,8; 8,32,128 for throughput",
+                 "--folder", "--throughput"):
         assert text in bench, text
     assert "<str>" not in bench

@@ -1,30 +1,49 @@
-"""`transcribe bench`: decoding with and without CUDA graphs, measured side by side in one run.
+"""`transcribe bench`: decoding with and without CUDA graphs, measured side by side in one run; and
+the throughput of a folder of files, end to end.
 
-For each tier (about 7.4 s, 23 s and 77 s of real speech by default): decode-only timings
-for each batch size (the clip repeated B times), and end to end (audio in, text out, B=1),
-once eagerly and once replaying CUDA graphs. Each row: median of `reps` timed runs after a
-warm-up (which includes capture; capture time is reported apart), min and max, decode
-steps and microseconds per step, peak GPU memory, and whether the modes agree exactly.
+Decoding (`run_bench`): for each tier (about 7.4 s, 23 s and 77 s of real speech by default):
+decode-only timings for each batch size (the clip repeated B times), and end to end (audio in,
+text out, B=1), once eagerly and once replaying CUDA graphs. Each row: median of `reps` timed
+runs after a warm-up (which includes capture; capture time is reported apart), min and max,
+decode steps and microseconds per step, peak GPU memory, and whether the modes agree exactly.
+
+Throughput (`run_throughput`): files in, transcripts written, through the pipeline `transcribe`
+uses, for each batch size and graph mode: RTFx, seconds per stage, peak GPU memory and host RSS,
+beside the same clips transcribed from memory. `make_folder` writes a folder of real speech with
+LibriSpeech-like lengths for it (`scripts/make_folder.py`, `transcribe bench --throughput`).
 """
 
 from __future__ import annotations
 
 import platform
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+import soundfile as sf
 import torch
 from rich.console import Console
 from rich.table import Table
 
 from . import __version__
+from .audio import AudioError, load_audio
 from .decoding import default_window, size_class
+from .pipeline import StageClock, default_batching, default_workers
+from .writers import WRITERS
 
 TIER_SECONDS = (7.4, 23.0, 77.0)
 SPEECH = ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")  # shipped in graphscribe/data
+FOLDER_RATE = 16000  # Hz, the generated files'
+FOLDER_SECONDS = (1.5, 30.0)  # LibriSpeech-like file lengths: 1.5 to 30 s, ...
+FOLDER_MEAN_SECONDS = 7.45  # ... 7.45 s on average (test-clean: 2620 files, 5.4 h), gamma-distributed
+FOLDER_SHAPE = 2.0  # gamma shape: most files 2-12 s, a tail to 30 s
+SHORT_SECONDS = (1.0, 3.0)  # `short`: uniform lengths, for the host-memory test
+GAIN = (0.5, 1.0)  # random gain per file
+STAGES = ("read", "wait", "features", "encoder", "decode", "text", "write")
 
 
 @dataclass
@@ -87,16 +106,7 @@ def _peak_mb(device: torch.device) -> float | None:
 def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes: list[bool]) -> dict:
     """Measure every (tier, batch size, mode); returns a JSON-ready report."""
     device = model.device
-    report = {
-        "model": model.source,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "step": "fused (Triton)" if device.type == "cuda" and model.decoder.fused is not False else "PyTorch",
-        "torch": torch.__version__,
-        "graphscribe": __version__,
-        "reps": reps,
-        "tiers": [],
-    }
+    report = {**_header(model, reps), "tiers": []}
     graphs_before = model.options.graphs
     for tier in tiers:
         encoded, lengths = model.encode([tier.audio])
@@ -188,3 +198,169 @@ def _ms(row: dict | None) -> str:
 
 def _per_step(row: dict | None) -> str:
     return f"{row['us_per_step']:.0f}" if row and "us_per_step" in row else "-"
+
+
+# ---------------------------------------------------------------------------- folder throughput
+
+
+def make_folder(out_dir: str | Path, files: int = 256, seed: int = 0, short: bool = False) -> list[Path]:
+    """Write `files` FLAC files (16 kHz mono, 16-bit) of real speech into `out_dir`: LibriSpeech-like lengths
+    (1.5-30 s, 7.5 s on average), or 1-3 s with `short`. Each is cut from the shipped speech, joined and
+    cycled, at a random offset and with a random gain, so files differ; the same seed gives the same files."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    if short:
+        seconds = rng.uniform(*SHORT_SECONDS, files)
+    else:
+        seconds = rng.gamma(FOLDER_SHAPE, FOLDER_MEAN_SECONDS / FOLDER_SHAPE, files)
+        seconds = np.clip(seconds * FOLDER_MEAN_SECONDS / seconds.mean(), *FOLDER_SECONDS)  # the mean, whatever the draw
+    speech = torch.cat([load_audio(speech_path(name), FOLDER_RATE) for name in SPEECH]).numpy()  # (L,)
+    digits = len(str(max(files - 1, 1)))
+    paths = []
+    for k, length in enumerate(seconds):
+        n = round(float(length) * FOLDER_RATE)
+        start = int(rng.integers(len(speech)))
+        clip = speech[(start + np.arange(n)) % len(speech)] * rng.uniform(*GAIN)
+        paths.append(out_dir / f"clip_{k:0{digits}d}.flac")
+        sf.write(paths[-1], clip, FOLDER_RATE, subtype="PCM_16")
+    return paths
+
+
+def run_throughput(model, files: list[Path], batch_sizes: list[int], reps: int, modes: list[bool],
+                   batch_seconds: float | None = None) -> dict:
+    """RTFx end to end (files in, text files out, the pipeline `transcribe` uses) for every (batch size, graph
+    mode), with seconds per stage, peak GPU memory and peak host RSS; and from memory (`transcribe` of the
+    same clips already read). Median of `reps` timed passes after a warm-up pass (captures, compiles, and
+    the OS's file cache: files are read from memory, not from the disk)."""
+    device = model.device
+    if batch_seconds is None:
+        batch_seconds = model.options.batch_seconds
+    if batch_seconds is None:
+        batch_seconds = default_batching(device)[1]
+    audios = {}  # path -> samples, for the rows from memory (unreadable files are left out there)
+    for f in files:
+        try:
+            audios[str(f)] = model.read(f)
+        except AudioError:
+            pass
+    total = sum(a.numel() for a in audios.values()) / model.sample_rate
+    report = {**_header(model, reps), "files": len(files), "audio_seconds": total, "batch_seconds": batch_seconds,
+              "readers": default_workers(device), "throughput": []}
+    graphs_before = model.options.graphs
+    with tempfile.TemporaryDirectory(prefix="graphscribe-bench-") as out_dir:
+        for n in batch_sizes:
+            texts = {}
+            for graphs in modes:
+                model.use_graphs(graphs)  # a fresh decoder: captures happen in the warm-up pass
+                start = time.perf_counter()
+                _pass(model, files, n, batch_seconds, Path(out_dir))
+                warmup = time.perf_counter() - start
+                passes = [_pass(model, files, n, batch_seconds, Path(out_dir)) for _ in range(reps)]
+                median = sorted(passes, key=lambda p: p["seconds"])[(len(passes) - 1) // 2]
+                arrays = list(audios.values())
+                memory_times, from_memory = _timed(lambda: model.transcribe(arrays, n, batch_seconds), device, reps)
+                in_memory = statistics.median(memory_times)
+                texts[graphs] = median["texts"]
+                texts[("memory", graphs)] = dict(zip(audios, (t.text for t in from_memory)))
+                seconds = [p["seconds"] for p in passes]
+                report["throughput"].append({
+                    "batch": n, "graphs": graphs, "rtfx": total / median["seconds"],
+                    "rtfx_min": total / max(seconds), "rtfx_max": total / min(seconds),
+                    "seconds": median["seconds"], "warmup_seconds": warmup,
+                    "capture_ms": model.decoder.capture_seconds * 1e3, "compile_ms": model.decoder.compile_seconds * 1e3,
+                    "stages": median["stages"], "gpu_busy_seconds": median["gpu_busy"],
+                    "peak_gpu_mb": median["peak_gpu_mb"], "peak_rss_mb": median["peak_rss_mb"],
+                    "in_memory_rtfx": total / in_memory, "in_memory_seconds": in_memory,
+                    "failed": median["failed"]})
+            same = all(v == texts[modes[0]] for v in texts.values())
+            for row in report["throughput"]:
+                if row["batch"] == n:
+                    row["identical"] = same
+    model.use_graphs(graphs_before)
+    return report
+
+
+def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: Path) -> dict:
+    """One timed pass over the files, writing a text file each; stages from a fresh clock."""
+    device = model.device
+    clock = StageClock(device)
+    _reset_peak(device)
+    _reset_peak_rss()
+    texts: dict[str, str] = {}  # path -> text
+    failed = 0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for i, transcript in model.transcribe_iter(files, batch, batch_seconds, clock=clock):
+        if transcript.error is not None:
+            failed += 1
+            continue
+        texts[str(files[i])] = transcript.text
+        with clock.host("write"):
+            (out_dir / f"{i}.txt").write_text(WRITERS["txt"](transcript), encoding="utf-8")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    stages = clock.seconds()
+    return {"seconds": seconds, "texts": texts, "failed": failed,
+            "stages": {stage: stages.get(stage, 0.0) for stage in STAGES},
+            "gpu_busy": sum(stages.get(s, 0.0) for s in ("features", "encoder", "decode")) if device.type == "cuda" else None,
+            "peak_gpu_mb": _peak_mb(device), "peak_rss_mb": _peak_rss_mb()}
+
+
+def _header(model, reps: int) -> dict:
+    device = model.device
+    return {
+        "model": model.source,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "step": "fused (Triton)" if device.type == "cuda" and model.decoder.fused is not False else "PyTorch",
+        "torch": torch.__version__,
+        "graphscribe": __version__,
+        "reps": reps,
+    }
+
+
+def _reset_peak_rss() -> None:
+    """Linux: restart the process's peak resident set size (VmHWM) from its current size."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # the peak then counts from the process's start; reported as such in print_throughput
+
+
+def _peak_rss_mb() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def print_throughput(report: dict, console: Console) -> None:
+    table = Table(title=f"graphscribe bench throughput: {report['files']} files, {report['audio_seconds']:.0f} s of "
+                        f"audio; {report['device']}, {report['dtype']}, median of {report['reps']}")
+    columns = ["B", "graphs", "RTFx (min-max)", "from memory", *[f"{s} s" for s in STAGES], "GPU busy s",
+               "peak GPU MB", "peak RSS MB", "same"]
+    for column in columns:
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in report["throughput"]:
+        table.add_row(str(row["batch"]), "on" if row["graphs"] else "off",
+                      f"{row['rtfx']:.0f} ({row['rtfx_min']:.0f}-{row['rtfx_max']:.0f})", f"{row['in_memory_rtfx']:.0f}",
+                      *[f"{row['stages'][s]:.2f}" for s in STAGES], _seconds(row["gpu_busy_seconds"]),
+                      _mb(row["peak_gpu_mb"]), _mb(row["peak_rss_mb"]), "yes" if row["identical"] else "NO")
+    console.print(table)
+    console.print("read: summed over the reader threads; wait: the main thread waiting for reads; features, encoder, "
+                  "decode: GPU time between CUDA events around each stage (CPU: wall time); text: tokens to words; "
+                  "write: output files. from memory: RTFx of transcribe() on the clips already read.")
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def _mb(value: float | None) -> str:
+    return f"{value:.0f}" if value is not None else "-"

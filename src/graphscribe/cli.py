@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .audio import find_audio_files
+from .audio import NATIVE_STDERR, find_audio_files
 from .checkpoint import DEMO_NAME, CheckpointError
 from .config import UnsupportedModelError
 from .tokenizer import TokenizerError
@@ -34,8 +34,19 @@ def _fail_usage(message: str) -> None:
     raise typer.Exit(2)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a record comes (transcribing routes it around libmpg123's chatter)."""
+
+    def __init__(self):
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+
 def _setup_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("warning: %(message)s"))
     root = logging.getLogger("graphscribe")
     root.handlers[:] = [handler]
@@ -43,7 +54,7 @@ def _setup_logging() -> None:
     root.propagate = False
 
 
-def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: int = 1,
+def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: Optional[int] = None,
                  attention: str = "auto", attention_window: int = 256):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is."""
     from .model import load_model
@@ -127,12 +138,18 @@ _ATTENTION_HELP = ("Encoder attention. auto: full attention (NeMo's default) unl
                    "attention would not fit in free memory, then local (one note on stderr). full: always full. "
                    "local: NeMo's rel_pos_local_attn, linear in length. A checkpoint trained with local attention "
                    "uses its own window (full still forces full).")
+_BATCH_HELP = "Files per batch (longest first)."
+_BATCH_DEFAULT = "64 on CUDA, 8 on the CPU"
+_BATCH_SECONDS_HELP = ("Seconds of padded audio per batch at most: files x the longest one's length, so long files "
+                       "batch narrowly and short ones widely; 0: no cap.")
+_BATCH_SECONDS_DEFAULT = "40 per GiB of GPU memory (3200 on 80 GB), 120 on the CPU"
 _EXAMPLES = """Examples:
 
   transcribe talk.wav                                 # the text
   transcribe talk.wav -m nvidia/parakeet-tdt-0.6b-v3  # a Parakeet model (downloaded once)
   transcribe talk.wav -f srt > talk.srt               # subtitles of one file
-  transcribe talks/ -b 8 -f srt,json -o out/          # a folder: out/NAME.srt and out/NAME.json each
+  transcribe talks/ -f srt,json -o out/               # a folder: out/NAME.srt and out/NAME.json each
+  transcribe clips/ -b 128 --dtype bfloat16 -o out/   # many short files on a large GPU
   transcribe meeting-3h.flac --attention local        # hours of audio: local attention, memory linear in length"""
 
 
@@ -141,7 +158,10 @@ def transcribe_command(
                                         help="Audio files (wav, flac, mp3, ...) or folders, searched recursively."),
     model: Optional[str] = typer.Option(None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT,
                                         help=_MODEL_HELP),
-    batch: int = typer.Option(1, "--batch", "-b", min=1, metavar="N", help="Files per batch (longest first)."),
+    batch: Optional[int] = typer.Option(None, "--batch", "-b", min=1, metavar="N", show_default=_BATCH_DEFAULT,
+                                        help=_BATCH_HELP),
+    batch_seconds: Optional[float] = typer.Option(None, "--batch-seconds", min=0, metavar="S",
+                                                  show_default=_BATCH_SECONDS_DEFAULT, help=_BATCH_SECONDS_HELP),
     device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
     dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
     graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", show_default="on with CUDA",
@@ -166,36 +186,18 @@ def transcribe_command(
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
     loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window)
-
-    results = [None] * len(files)
     targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
-    failed = len(input_errors)
     start = time.perf_counter()
-    show_progress = len(files) > 1 and sys.stderr.isatty()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, disable=not show_progress, transient=True) as progress:
-        task = progress.add_task("transcribing", total=len(files))
-        for i, transcript in loaded.transcribe_iter(files, batch):
-            progress.advance(task)
-            results[i] = transcript
-            if transcript.error is not None:
-                failed += 1
-                progress.console.print(f"[red]error:[/red] {escape(transcript.error)}")
-                continue
-            for f, paths in targets.items():
-                if not _write(paths[i], WRITERS[f](transcript), progress.console):
-                    failed += 1
-                    break
+    with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr
+        printed, done, audio, failed = _transcribe_files(loaded, files, batch, batch_seconds, formats, targets)
     elapsed = time.perf_counter() - start
 
-    if output_dir is None:
-        for transcript in results:
-            if transcript is not None and transcript.error is None:
-                sys.stdout.write(stdout_text(transcript, formats[0], several=len(files) > 1))
-    done = [t for t in results if t is not None and t.error is None]
-    audio = sum(t.audio_seconds for t in done)
+    for text in printed:
+        if text is not None:
+            sys.stdout.write(text)
+    failed += len(input_errors)
     total = len(files) + len(input_errors)
-    summary = f"loaded in {loaded.load_seconds['total']:.2f} s; transcribed {len(done)} of {len(files)} files"
+    summary = f"loaded in {loaded.load_seconds['total']:.2f} s; transcribed {done} of {len(files)} files"
     if failed:
         summary += f" ({failed} failed)"
     summary += f": {audio:.1f} s of audio in {elapsed:.2f} s"
@@ -204,6 +206,33 @@ def transcribe_command(
     if total > 1 or failed:
         err_console.print(escape(summary))
     raise typer.Exit(1 if failed else 0)
+
+
+def _transcribe_files(loaded, files: list[Path], batch: Optional[int], batch_seconds: Optional[float],
+                      formats: list[str], targets: dict[str, list[Path]]):
+    """Transcribe and write as results come; -> stdout text per file (None: written or failed), files done,
+    audio seconds done, failures. Only the stdout text is kept, so memory does not grow with the outputs."""
+    printed: list[Optional[str]] = [None] * len(files)
+    done, audio, failed = 0, 0.0, 0
+    show_progress = len(files) > 1 and sys.stderr.isatty()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, disable=not show_progress, transient=True) as progress:
+        task = progress.add_task("transcribing", total=len(files))
+        for i, transcript in loaded.transcribe_iter(files, batch, batch_seconds):
+            progress.advance(task)
+            if transcript.error is not None:
+                failed += 1
+                progress.console.print(f"[red]error:[/red] {escape(transcript.error)}")
+                continue
+            done += 1
+            audio += transcript.audio_seconds
+            if not targets:
+                printed[i] = stdout_text(transcript, formats[0], several=len(files) > 1)
+            for f, paths in targets.items():
+                if not _write(paths[i], WRITERS[f](transcript), progress.console):
+                    failed += 1
+                    break
+    return printed, done, audio, failed
 
 
 def _write(target: Path, content: str, console: Console) -> bool:
@@ -225,37 +254,84 @@ def bench_command(
                                         help=_MODEL_HELP),
     device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
     dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
-    reps: int = typer.Option(5, min=1, metavar="N", help="Timed repetitions per row (the median is reported)."),
-    batch_sizes: str = typer.Option("1,8", metavar="N,N,...", help="Decode batch sizes, comma-separated."),
+    reps: Optional[int] = typer.Option(None, min=1, metavar="N", show_default="5; 3 for throughput",
+                                       help="Timed repetitions per row (the median is reported)."),
+    batch_sizes: Optional[str] = typer.Option(None, metavar="N,N,...", show_default="1,8; 8,32,128 for throughput",
+                                              help="Batch sizes, comma-separated."),
     graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", show_default="on with CUDA",
                                           help="Include the CUDA-graph rows (--no-graphs: eager rows only)."),
     json_path: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
                                              help="Also write the results as JSON here."),
+    folder: Optional[Path] = typer.Option(None, "--folder", metavar="DIR",
+                                          help="Throughput instead: transcribe the audio files under DIR end to end."),
+    throughput: bool = typer.Option(False, "--throughput",
+                                    help="Throughput on a generated folder of real speech (LibriSpeech-like lengths)."),
+    files: int = typer.Option(256, "--files", min=1, metavar="N", help="Files in the generated folder (--throughput)."),
+    batch_seconds: Optional[float] = typer.Option(None, "--batch-seconds", min=0, metavar="S",
+                                                  show_default=_BATCH_SECONDS_DEFAULT,
+                                                  help="Throughput rows: seconds of padded audio per batch at "
+                                                       "most (see transcribe --help)."),
 ) -> None:
-    """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end."""
-    from .bench import print_table, run_bench, tier_clips
-
+    """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
+    --throughput, files per second through the whole pipeline instead."""
     _setup_logging()
-    try:
-        sizes = sorted({int(s) for s in batch_sizes.split(",") if s.strip()})
-    except ValueError:
-        _fail_usage(f"--batch-sizes {batch_sizes!r}: use comma-separated whole numbers such as 1,8")
-    if not sizes or min(sizes) < 1:
-        _fail_usage(f"--batch-sizes {batch_sizes!r}: sizes must be 1 or more")
+    folder_mode = folder is not None or throughput
+    if folder_mode and clips:
+        _fail_usage("bench: give CLIPS, or --folder / --throughput, not both")
+    sizes = _batch_sizes(batch_sizes or ("8,32,128" if folder_mode else "1,8"))
+    reps = reps or (3 if folder_mode else 5)
     loaded = load_or_exit(model, device, dtype, graphs=False)
     want_graphs = graphs is not False
-    try:
-        tiers = tier_clips(loaded, clips or None)
-    except ValueError as err:
-        _fail_usage(str(err))
     modes = [False, True] if want_graphs and loaded.device.type == "cuda" else [False]
     if loaded.device.type != "cuda":
         err_console.print("note: CUDA graphs need a CUDA device; benchmarking the eager rows only")
-    report = run_bench(loaded, tiers, sizes, reps, modes)
-    print_table(report, Console(width=None if sys.stdout.isatty() else 200))
+    console = Console(width=None if sys.stdout.isatty() else 240)
+    if folder_mode:
+        report = _bench_folder(loaded, folder, files, sizes, reps, modes, batch_seconds, console)
+    else:
+        from .bench import print_table, run_bench, tier_clips
+
+        try:
+            tiers = tier_clips(loaded, clips or None)
+        except ValueError as err:
+            _fail_usage(str(err))
+        report = run_bench(loaded, tiers, sizes, reps, modes)
+        print_table(report, console)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+def _batch_sizes(value: str) -> list[int]:
+    try:
+        sizes = sorted({int(s) for s in value.split(",") if s.strip()})
+    except ValueError:
+        _fail_usage(f"--batch-sizes {value!r}: use comma-separated whole numbers such as 1,8")
+    if not sizes or min(sizes) < 1:
+        _fail_usage(f"--batch-sizes {value!r}: sizes must be 1 or more")
+    return sizes
+
+
+def _bench_folder(loaded, folder: Optional[Path], files: int, sizes: list[int], reps: int, modes: list[bool],
+                  batch_seconds: Optional[float], console: Console) -> dict:
+    """Throughput rows over the files under `folder`, or over `files` generated clips."""
+    import tempfile
+
+    from .bench import make_folder, print_throughput, run_throughput
+
+    with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated, NATIVE_STDERR.installed():
+        if folder is None:
+            paths = make_folder(generated, files)
+            err_console.print(f"note: {len(paths)} clips of real speech with LibriSpeech-like lengths "
+                              "(scripts/make_folder.py makes the same folder)")
+        else:
+            paths = find_audio_files(folder) if folder.is_dir() else []
+            if not paths:
+                _fail_usage(f"--folder {folder}: no audio files there")
+        report = run_throughput(loaded, paths, sizes, reps, modes, batch_seconds)
+        report["folder"] = str(folder) if folder is not None else f"generated: {len(paths)} clips (make_folder, seed 0)"
+    print_throughput(report, console)
+    return report
 
 
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

@@ -105,7 +105,8 @@ class RunOptions:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     graphs: bool = True  # replay captured CUDA graphs for decoding (CUDA only)
-    batch_size: int = 1
+    batch_size: int | None = None  # inputs per batch; None: the device's default
+    batch_seconds: float | None = None  # padded audio seconds per batch at most; 0: no cap; None: the device's default
     attention: str = "auto"  # auto | full | local (see encoder.py and model.py `Model.attention_for`)
     attention_window: int = 256  # encoder frames on each side when a full-attention checkpoint runs local
 

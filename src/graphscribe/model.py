@@ -1,7 +1,8 @@
 """The transducer model and its Python API: `load_model(source).transcribe(inputs)`.
 
 Pipeline: audio -> LogMel (float32) -> FastConformer (eager, model dtype) -> greedy
-decoding (GreedyDecoder, eager or CUDA graphs) -> text and token timestamps.
+decoding (GreedyDecoder, eager or CUDA graphs) -> text and token timestamps. Reading and
+batching many inputs is pipeline.py's.
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-import soundfile as sf
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .audio import AudioError, load_audio, prepare_audio
+from .audio import load_audio, prepare_audio
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
 from .encoder import FastConformer, memory_estimate
 from .features import LogMel
 from .heads import Joint, PredictionNet
+from .pipeline import StageClock, default_batching, transcribe_stream
 from .timestamps import Segment, Word, WordRules, token_spans, words_and_segments
 from .tokenizer import Tokenizer
 
@@ -233,7 +234,6 @@ class Model:
         decoding = self.cfg.decoding
         self.word_rules = WordRules(tokenizer.punctuation, tokenizer.wordpiece, decoding.word_separator,
                                     decoding.segment_separators, decoding.segment_gap)
-        self.min_samples = self.cfg.features.hop_length * self.cfg.encoder.subsampling_factor
 
     def use_graphs(self, enabled: bool) -> None:
         """Decode with (CUDA only) or without captured graphs from now on: a fresh decoder, fresh captures."""
@@ -249,37 +249,51 @@ class Model:
 
     # ------------------------------------------------------------------ stages
     def read(self, item) -> torch.Tensor:
-        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError for bad input."""
+        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError for bad input.
+
+        Any length from one sample on: as in NeMo, a clip shorter than one feature frame (10 ms) has no
+        encoder frames and an empty transcript, one shorter than 80 ms has one encoder frame."""
         if isinstance(item, (str, os.PathLike)):
-            audio = load_audio(item, self.sample_rate)
-        else:
-            audio = prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item,
-                                  self.sample_rate, self.sample_rate)
-        if audio.numel() < self.min_samples:
-            raise AudioError(f"{_name(item)}: too short to transcribe ({audio.numel() / self.sample_rate:.3f} s, "
-                             f"less than one encoder frame of {self.cfg.frame_seconds:.2f} s)")
-        return audio
+            return load_audio(item, self.sample_rate)
+        return prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item,
+                             self.sample_rate, self.sample_rate)
 
     @torch.inference_mode()
     def features(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded batch of audio -> (B, n_mels, T) float32 features and (B,) lengths."""
-        lengths = torch.tensor([a.numel() for a in audios], device=self.device)
+        lengths = torch.tensor([a.numel() for a in audios])
         if len(audios) == 1:  # no padded copy of a long recording
-            return self.module.preprocessor.featurizer(audios[0].to(self.device)[None], lengths)
-        batch = torch.zeros(len(audios), int(lengths.max()), device=self.device)
+            return self.padded_features(audios[0][None], lengths)
+        batch = torch.zeros(len(audios), int(lengths.max()))
         for i, a in enumerate(audios):
-            batch[i, : a.numel()] = a.to(self.device)
-        return self.module.preprocessor.featurizer(batch, lengths)
+            batch[i, : a.numel()] = a
+        return self.padded_features(batch, lengths)
+
+    @torch.inference_mode()
+    def padded_features(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) zero-padded audio and (B,) sample counts, anywhere (pinned: copied without waiting) ->
+        (B, n_mels, T) float32 features and (B,) feature frames on the model's device."""
+        audio = audio.to(self.device, non_blocking=True)
+        lengths = lengths.to(self.device, non_blocking=True)
+        return self.module.preprocessor.featurizer(audio, lengths)
+
+    @torch.inference_mode()
+    def encoder_output(self, features: torch.Tensor, lengths: torch.Tensor,
+                       window: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, n_mels, T) features and (B,) frames -> (B, T', D) encoder output in the model dtype and (B,) lengths.
+
+        window: None for full attention, (left, right) frames for local attention (`attention_for` chooses)."""
+        return self.module.encoder(features.to(self.dtype), lengths, window)
 
     @torch.inference_mode()
     def encode(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded batch of audio -> (B, T', D) encoder output in the model dtype and (B,) lengths."""
-        window = self.attention_for(audios, sources)
-        features, lengths = self.features(audios)
-        return self.module.encoder(features.to(self.dtype), lengths, window)
+        window = self.attention_for([a.numel() for a in audios], sources)
+        return self.encoder_output(*self.features(audios), window)
 
-    def attention_for(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[int, int] | None:
-        """The encoder's attention for this batch: None (full) or a (left, right) window of local attention.
+    def attention_for(self, samples: list[int], sources: list[str] | None = None) -> tuple[int, int] | None:
+        """The encoder's attention for a batch of inputs of `samples` samples each: None (full) or a (left, right)
+        window of local attention.
 
         full: always full. A checkpoint trained with local attention otherwise runs with its own window.
         local: (W, W) with W = attention_window. auto: full attention (NeMo's default output) unless
@@ -294,9 +308,9 @@ class Model:
         window = (self.options.attention_window, self.options.attention_window)
         if self.options.attention == "local":
             return window
-        samples = max(a.numel() for a in audios)
-        seconds = samples / self.sample_rate
-        need = memory_estimate(self.cfg, len(audios), samples, self.dtype.itemsize, None)
+        longest = max(samples, default=0)
+        seconds = longest / self.sample_rate
+        need = memory_estimate(self.cfg, len(samples), longest, self.dtype.itemsize, None)
         free = available_memory(self.device)
         if seconds > FULL_ATTENTION_MAX_SECONDS:
             reason = f"longer than {FULL_ATTENTION_MAX_SECONDS // 60} min"
@@ -304,8 +318,8 @@ class Model:
             reason = f"full attention would need about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         else:
             return None
-        names = sources or ["<array>"] * len(audios)
-        listed = ", ".join(f"{n} ({a.numel() / self.sample_rate / 60:.1f} min)" for n, a in zip(names[:3], audios))
+        names = sources or ["<array>"] * len(samples)
+        listed = ", ".join(f"{n} ({k / self.sample_rate / 60:.1f} min)" for n, k in zip(names[:3], samples))
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
         log.warning(f"{listed}{more}: {reason}: local attention, {window[0]} frames each side "
                     "(NeMo's rel_pos_local_attn; --attention full to keep full attention)")
@@ -339,53 +353,27 @@ class Model:
         seconds = (time.perf_counter() - start) / len(audios)
         return [self.finish(s, a, h, seconds) for s, a, h in zip(sources, audios, hyps)]
 
-    def transcribe_iter(self, inputs, batch_size: int | None = None):
+    def transcribe_iter(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None,
+                        clock: StageClock | None = None):
         """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
-        Audio is read a batch at a time. A bad input yields a Transcript with `error` set and the
-        rest of its batch goes on. Results do not depend on the batching (padding-invariant).
+        Batches hold at most `batch_size` inputs and `batch_seconds` of padded audio (inputs x the longest
+        one's length; 0: no cap); None takes the model's options, whose None is the device's default
+        (`pipeline.default_batching`). Files are read by threads a few batches ahead (pipeline.py). A bad
+        input yields a Transcript with `error` set and the rest goes on. Results do not depend on the
+        batching (padding-invariant). `clock` collects seconds per stage (the benchmark's).
         """
-        items = list(inputs)
-        batch_size = max(1, batch_size or self.options.batch_size)
-        order = sorted(range(len(items)), key=lambda i: -_estimated_seconds(items[i], self.sample_rate))
-        for b in range(0, len(order), batch_size):
-            ready: list[tuple[int, torch.Tensor]] = []
-            for i in order[b: b + batch_size]:
-                try:
-                    ready.append((i, self.read(items[i])))
-                except AudioError as err:
-                    yield i, Transcript(source=_name(items[i]), error=str(err))
-            yield from self._transcribe_ready(items, ready)
+        files, seconds = default_batching(self.device)
+        batch_size = batch_size or self.options.batch_size or files
+        if batch_seconds is None:
+            batch_seconds = self.options.batch_seconds if self.options.batch_seconds is not None else seconds
+        yield from transcribe_stream(self, list(inputs), batch_size, batch_seconds, clock)
 
-    def _transcribe_ready(self, items: list, ready: list[tuple[int, torch.Tensor]]):
-        """A batch of read audio -> (index, Transcript); out of memory: one at a time, then an error line."""
-        if not ready:
-            return
-        try:
-            transcripts = self.transcribe_audio([_name(items[i]) for i, _ in ready], [a for _, a in ready])
-        except (torch.OutOfMemoryError, RuntimeError) as err:
-            if not _out_of_memory(err):
-                raise
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            if len(ready) > 1:
-                for one in ready:
-                    yield from self._transcribe_ready(items, [one])
-                return
-            i, audio = ready[0]
-            minutes = audio.numel() / self.sample_rate / 60
-            yield i, Transcript(source=_name(items[i]), error=(
-                f"{_name(items[i])}: out of {self.device.type.upper()} memory for {minutes:.1f} min of audio "
-                "(the encoder's attention grows with the square of the length); split the file"))
-            return
-        for (i, _), transcript in zip(ready, transcripts):
-            yield i, transcript
-
-    def transcribe(self, inputs, batch_size: int | None = None) -> list[Transcript]:
+    def transcribe(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None) -> list[Transcript]:
         """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order."""
         items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         results: list[Transcript | None] = [None] * len(items)
-        for i, transcript in self.transcribe_iter(items, batch_size):
+        for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds):
             results[i] = transcript
         return results  # type: ignore[return-value]
 
@@ -403,31 +391,12 @@ def available_memory(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _out_of_memory(err: Exception) -> bool:
-    text = str(err)
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
-
-
-def _estimated_seconds(item, sample_rate: int) -> float:
-    """Length used to order batches; 0 for what cannot be inspected (it fails properly when read)."""
-    if isinstance(item, (str, os.PathLike)):
-        try:
-            return sf.info(str(item)).duration
-        except (sf.LibsndfileError, RuntimeError, OSError, TypeError, ValueError):
-            return 0.0
-    return len(item) / sample_rate
-
-
-def _name(item) -> str:
-    if isinstance(item, (str, os.PathLike)):
-        return str(item)
-    return "<array>"
-
-
 def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
-               batch_size: int = 1, attention: str = "auto", attention_window: int = 256) -> Model:
+               batch_size: int | None = None, batch_seconds: float | None = None, attention: str = "auto",
+               attention_window: int = 256) -> Model:
     """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
 
+    batch_size, batch_seconds: `transcribe`'s defaults (None: the device's, see `Model.transcribe_iter`).
     attention: auto | full | local, and attention_window (frames each side): see `Model.attention_for`.
     The weights go from the (memory-mapped) file straight to the device in their inference
     dtype, into a module built on the meta device: nothing is initialised and nothing is
@@ -454,7 +423,7 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
         torch.cuda.synchronize(target)
     clock.lap("place")
     options = RunOptions(device=str(target), dtype=_DTYPE_NAMES[target_dtype], graphs=graphs, batch_size=batch_size,
-                         attention=attention, attention_window=attention_window)
+                         batch_seconds=batch_seconds, attention=attention, attention_window=attention_window)
     model = Model(module, tokenizer, options, checkpoint.source)
     clock.lap("model")
     weights = checkpoint.seconds["weights"]

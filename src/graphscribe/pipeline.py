@@ -1,0 +1,316 @@
+"""The host side of transcribing many inputs: reading runs ahead in threads while the GPU works.
+
+    inputs -> lengths (file headers) -> batches, longest first (at most N files, S seconds of padded audio)
+    -> a pool of reader threads: decode, mix down, resample (libsndfile and torch release the GIL)
+    -> one zero-padded (B, L) buffer a batch (pinned on CUDA, so the copy to the GPU is asynchronous)
+    -> features, encoder (queued on the GPU) -> decoding -> transcripts
+
+The main thread keeps the GPU fed: it queues batch k+1's copy, features and encoder right after batch k's
+decoding, then makes batch k's transcripts (and the caller writes them) while the GPU runs; the readers
+stay READ_AHEAD batches ahead, so host memory is bounded by the batch size, not by the number of inputs.
+Results come in batch order, each batch's unreadable inputs first; a batch that runs out of memory is
+retried one input at a time, and an input that alone does not fit gets an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+from .audio import AudioError, audio_seconds
+
+if TYPE_CHECKING:
+    from .decoding import Hypothesis
+    from .model import Model, Transcript
+
+READ_AHEAD = 2  # batches read ahead of the one being transcribed
+MAX_READERS = 8  # reader threads at most: FLAC decodes at thousands of times real time per thread
+BATCH_FILES = {"cuda": 64, "cpu": 8}  # default files per batch by device type
+# Default caps on padded audio per batch. A 0.6b model's features and encoder take about 7 MB per padded second in
+# float32 (measured on the CPU; the first subsampling convolution's output is the largest tensor), so 40 s per GiB
+# of GPU memory uses about a quarter of it (3200 s, ~22 GB, on an 80 GB H100).
+SECONDS_PER_GIB = 40.0
+CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
+
+
+def default_batching(device: torch.device) -> tuple[int, float]:
+    """Files and padded seconds per batch when not given: wide on CUDA (capped by its memory), small on the CPU."""
+    if device.type == "cuda":
+        gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+        return BATCH_FILES["cuda"], round(SECONDS_PER_GIB * gib)
+    return BATCH_FILES["cpu"], CPU_BATCH_SECONDS
+
+
+def plan_batches(seconds: list[float], batch_size: int, batch_seconds: float | None) -> list[list[int]]:
+    """Input indices, longest first, cut into batches of at most `batch_size` inputs and `batch_seconds` of
+    padded audio (inputs x the longest one's seconds; 0 or None: no cap). A longer input gets a batch alone."""
+    order = sorted(range(len(seconds)), key=lambda i: -seconds[i])  # stable: equal lengths keep input order
+    batches: list[list[int]] = []
+    for i in order:
+        current = batches[-1] if batches else None
+        full = current is None or len(current) >= batch_size or (
+            bool(batch_seconds) and (len(current) + 1) * seconds[current[0]] > batch_seconds)
+        if full:
+            batches.append([i])
+        else:
+            current.append(i)
+    return batches
+
+
+@dataclass
+class Batch:
+    """Read audio of one batch, ready for the model; inputs that could not be read are in `failed`."""
+
+    indices: list[int]  # positions in the inputs, one per row
+    sources: list[str]  # one per row
+    audio: torch.Tensor  # (B, L) float32, zero-padded; pinned when the model is on CUDA
+    lengths: torch.Tensor  # (B,) int64 samples
+    failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of unreadable inputs
+
+    def row(self, r: int) -> "Batch":
+        n = int(self.lengths[r])
+        return Batch([self.indices[r]], [self.sources[r]], self.audio[r: r + 1, :n], self.lengths[r: r + 1])
+
+
+class StageClock:
+    """Seconds spent per stage of the pipeline.
+
+    GPU stages (features, encoder, decode) are timed with CUDA events recorded around them: no
+    synchronisation while running; they are read in `seconds()`. Host stages (read: summed over the reader
+    threads; wait: the main thread waiting for a batch to be read; text; write) with perf_counter. On the
+    CPU everything runs synchronously, so perf_counter times every stage. A disabled clock does nothing.
+    """
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.enabled = enabled
+        self.cuda = enabled and device.type == "cuda"
+        self._seconds: dict[str, float] = defaultdict(float)
+        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextlib.contextmanager
+    def gpu(self, stage: str):
+        if not self.cuda:
+            with self.host(stage):
+                yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self._events.append((stage, start, end))
+
+    @contextlib.contextmanager
+    def host(self, stage: str):
+        start = time.perf_counter()
+        yield
+        self.add(stage, time.perf_counter() - start)
+
+    def add(self, stage: str, seconds: float) -> None:
+        if self.enabled:
+            self._seconds[stage] += seconds
+
+    def seconds(self) -> dict[str, float]:
+        """Stage -> seconds so far (waits for the GPU once)."""
+        totals = dict(self._seconds)
+        if self._events:
+            torch.cuda.synchronize()
+            for stage, start, end in self._events:
+                totals[stage] = totals.get(stage, 0.0) + start.elapsed_time(end) / 1e3
+        return totals
+
+
+class Reader:
+    """Batches of read audio, in plan order, read by a pool of threads at most `read_ahead` batches ahead.
+
+    Each input is read by one reader thread; one collating thread waits for a batch's reads and copies
+    them into its padded (pinned) buffer, so the main thread only takes finished batches.
+    """
+
+    def __init__(self, model: Model, items: list, plan: list[list[int]], pool: ThreadPoolExecutor,
+                 clock: StageClock, read_ahead: int = READ_AHEAD):
+        self.model, self.items, self.plan, self.pool, self.clock = model, items, plan, pool, clock
+        self.read_ahead = read_ahead
+        self.pin = model.device.type == "cuda"
+
+    def __iter__(self) -> Iterator[Batch]:
+        pending: deque[Future] = deque()
+        with ThreadPoolExecutor(1, thread_name_prefix="graphscribe-collate") as collator:
+            try:
+                for indices in self.plan:
+                    reads = [self.pool.submit(self._read, i) for i in indices]
+                    pending.append(collator.submit(self._collate, indices, reads))
+                    if len(pending) > self.read_ahead:
+                        yield self._take(pending.popleft())
+                while pending:
+                    yield self._take(pending.popleft())
+            finally:  # stopped early (an error, or the caller stopped iterating): drop what is still queued
+                for future in pending:
+                    future.cancel()
+
+    def _take(self, future: Future) -> Batch:
+        with self.clock.host("wait"):
+            return future.result()
+
+    def _read(self, i: int) -> tuple[torch.Tensor | AudioError, float]:
+        start = time.perf_counter()
+        try:
+            audio = self.model.read(self.items[i])
+        except AudioError as err:
+            return err, time.perf_counter() - start
+        return audio, time.perf_counter() - start
+
+    def _collate(self, indices: list[int], reads: list[Future]) -> Batch:
+        ok, failed = [], []
+        for i, read in zip(indices, reads):
+            audio, seconds = read.result()
+            self.clock.add("read", seconds)
+            if isinstance(audio, AudioError):
+                failed.append((i, str(audio)))
+            else:
+                ok.append((i, audio))
+        lengths = torch.tensor([a.numel() for _, a in ok], dtype=torch.long)  # (B,)
+        width = max((a.numel() for _, a in ok), default=0)
+        padded = torch.empty(len(ok), width, pin_memory=self.pin)  # (B, L)
+        for row, (_, audio) in enumerate(ok):
+            padded[row, : audio.numel()].copy_(audio)
+            padded[row, audio.numel():].zero_()
+        return Batch([i for i, _ in ok], [_name(self.items[i]) for i, _ in ok], padded,
+                     lengths.pin_memory() if self.pin else lengths, failed)
+
+
+@dataclass
+class _Job:
+    """A batch on its way through the model."""
+
+    batch: Batch
+    encoded: torch.Tensor | None = None  # (B, T', D)
+    frames: torch.Tensor | None = None  # (B,) encoder frames
+    hyps: list[Hypothesis] | None = None
+    out_of_memory: bool = False
+    seconds: float = 0.0  # host time spent on it
+
+
+def transcribe_stream(model: Model, items: list, batch_size: int, batch_seconds: float | None,
+                      clock: StageClock | None = None, workers: int | None = None) -> Iterator[tuple[int, Transcript]]:
+    """Yield (index, Transcript) for every input (paths or sample arrays), a batch at a time, longest first."""
+    from .model import Transcript  # here: model.py imports this module
+
+    clock = clock or StageClock(model.device, enabled=False)
+    pool = ThreadPoolExecutor(workers or default_workers(model.device), thread_name_prefix="graphscribe-read")
+    try:
+        seconds = list(pool.map(lambda item: _estimated_seconds(item, model.sample_rate), items))
+        plan = plan_batches(seconds, max(1, batch_size), batch_seconds)
+        decoded: _Job | None = None  # decoded, its transcripts not made yet
+        for batch in Reader(model, items, plan, pool, clock):
+            job = _start(model, batch, clock)  # queued on the GPU: it runs while the host finishes `decoded`
+            if decoded is not None:
+                yield from _finish(model, decoded, clock)
+            for i, error in batch.failed:
+                yield i, Transcript(source=_name(items[i]), error=error)
+            decoded = _decode(model, job, clock)
+        if decoded is not None:
+            yield from _finish(model, decoded, clock)
+    finally:  # also when the caller stops early: reads not started are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def default_workers(device: torch.device) -> int:
+    """Reader threads: up to MAX_READERS beside a GPU; 2 on the CPU, where the model wants the cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_READERS, cores)) if device.type == "cuda" else 2
+
+
+def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
+    """Queue the copy to the device, features and encoder; out of memory marks the job for one-at-a-time."""
+    job = _Job(batch)
+    if not batch.indices:
+        return job
+    start = time.perf_counter()
+    window = model.attention_for(batch.lengths.tolist(), batch.sources)  # full, or local for hours of audio
+    try:
+        with clock.gpu("features"):
+            features, feature_frames = model.padded_features(batch.audio, batch.lengths)
+        with clock.gpu("encoder"):
+            job.encoded, job.frames = model.encoder_output(features, feature_frames, window)
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        _out_of_memory_or_raise(model, err)
+        job.out_of_memory = True
+    job.seconds += time.perf_counter() - start
+    return job
+
+
+def _decode(model: Model, job: _Job, clock: StageClock) -> _Job:
+    if job.encoded is None:
+        return job
+    start = time.perf_counter()
+    try:
+        with clock.gpu("decode"):
+            job.hyps = model.decode(job.encoded, job.frames)
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        _out_of_memory_or_raise(model, err)
+        job.out_of_memory = True
+    job.encoded = job.frames = None  # free the encoder output before the next batch's encoder runs
+    job.seconds += time.perf_counter() - start
+    return job
+
+
+def _finish(model: Model, job: _Job, clock: StageClock) -> Iterator[tuple[int, Transcript]]:
+    """A decoded job's transcripts; one that ran out of memory is redone one input at a time."""
+    batch = job.batch
+    if job.out_of_memory:
+        yield from (_alone(model, batch.row(r), clock) for r in range(len(batch.indices)))
+        return
+    if job.hyps is None:
+        return
+    start = time.perf_counter()
+    with clock.host("text"):
+        transcripts = [model.finish(source, batch.audio[r, : int(batch.lengths[r])], hyp, 0.0)
+                       for r, (source, hyp) in enumerate(zip(batch.sources, job.hyps))]
+    seconds = (job.seconds + time.perf_counter() - start) / len(transcripts)  # its batch's host time, shared
+    for transcript in transcripts:
+        transcript.seconds = seconds
+    yield from zip(batch.indices, transcripts)
+
+
+def _alone(model: Model, batch: Batch, clock: StageClock) -> tuple[int, Transcript]:
+    """One input, start to end; an error if it does not fit in memory either."""
+    from .model import Transcript  # here: model.py imports this module
+
+    job = _decode(model, _start(model, batch, clock), clock)
+    if not job.out_of_memory:
+        [result] = _finish(model, job, clock)
+        return result
+    minutes = int(batch.lengths[0]) / model.sample_rate / 60
+    source = batch.sources[0]
+    return batch.indices[0], Transcript(source=source, error=(
+        f"{source}: out of {model.device.type.upper()} memory for {minutes:.1f} min of audio; "
+        "try --attention local, a smaller --attention-window, or split the file"))
+
+
+def _out_of_memory_or_raise(model: Model, err: Exception) -> None:
+    text = str(err)
+    if not (isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text):
+        raise err
+    if model.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _estimated_seconds(item, sample_rate: int) -> float:
+    """Length used to order batches; 0 for what cannot be inspected (it fails properly when read)."""
+    if isinstance(item, (str, os.PathLike)):
+        return audio_seconds(item) or 0.0
+    try:
+        return len(item) / sample_rate
+    except TypeError:
+        return 0.0
+
+
+def _name(item) -> str:
+    return str(item) if isinstance(item, (str, os.PathLike)) else "<array>"

@@ -1,0 +1,134 @@
+"""The host pipeline: batches planned longest first under both caps, reading bounded ahead of the consumer,
+results in a stable order whatever the batching, threads gone when the caller stops early."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
+from graphscribe.bench import make_folder
+from graphscribe.pipeline import READ_AHEAD, StageClock, default_batching, plan_batches
+
+
+def test_plan_is_longest_first_in_batches_of_n():
+    seconds = [3.0, 9.0, 1.0, 9.0, 5.0]
+    assert plan_batches(seconds, 2, None) == [[1, 3], [4, 0], [2]]  # equal lengths keep their input order
+
+
+def test_plan_caps_padded_seconds():
+    seconds = [30.0, 2.0, 29.0, 2.0, 2.0, 40.0, 10.0]
+    # padded seconds = files x the first (longest) one's length: 40 alone (over the cap), 30 + 29 = 60 padded
+    assert plan_batches(seconds, 8, 60.0) == [[5], [0, 2], [6, 1, 3, 4]]
+    assert plan_batches(seconds, 8, 0) == plan_batches(seconds, 8, None) == [[5, 0, 2, 6, 1, 3, 4]]
+    assert plan_batches(seconds, 2, 1000.0) == [[5, 0], [2, 6], [1, 3], [4]]
+
+
+def test_plan_of_nothing():
+    assert plan_batches([], 4, 10.0) == []
+
+
+def test_default_batching_on_the_cpu():
+    files, seconds = default_batching(torch.device("cpu"))
+    assert files >= 1 and seconds > 0
+
+
+@pytest.fixture(scope="module")
+def short_folder(tmp_path_factory):
+    return make_folder(tmp_path_factory.mktemp("short"), files=24, seed=3, short=True)
+
+
+def test_make_folder_is_deterministic_with_librispeech_like_lengths(tmp_path):
+    a = make_folder(tmp_path / "a", files=40, seed=5)
+    b = make_folder(tmp_path / "b", files=40, seed=5)
+    c = make_folder(tmp_path / "c", files=40, seed=6)
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+    assert [p.read_bytes() for p in a] != [p.read_bytes() for p in c]
+    infos = [sf.info(str(p)) for p in a]
+    assert {(i.samplerate, i.channels, i.format, i.subtype) for i in infos} == {(16000, 1, "FLAC", "PCM_16")}
+    seconds = np.array([i.duration for i in infos])
+    assert seconds.min() >= 1.5 and seconds.max() <= 30.0
+    assert seconds.mean() == pytest.approx(7.45, abs=0.5)
+    data = [sf.read(str(p))[0] for p in a[:5]]
+    assert all(np.abs(d).max() > 0.05 for d in data)  # speech, not silence
+    assert len({d[:1600].tobytes() for d in data}) == 5  # cut at different places
+
+
+def test_reading_stays_a_few_batches_ahead(model, short_folder, monkeypatch):
+    """A slow consumer: the readers wait for it instead of reading the whole folder into memory."""
+    started = []
+    read = model.read
+
+    def counted_read(item):
+        started.append(item)
+        return read(item)
+
+    monkeypatch.setattr(model, "read", counted_read)
+    batch = 2
+    taken = 0
+    most_ahead = 0
+    for _ in model.transcribe_iter(short_folder, batch_size=batch, batch_seconds=0):
+        taken += 1
+        time.sleep(0.02)  # room for unbounded readers to run far ahead
+        batches_taken = -(-taken // batch)
+        most_ahead = max(most_ahead, -(-len(started) // batch) - batches_taken)
+    assert taken == len(short_folder) == len(started)
+    assert 1 <= most_ahead <= READ_AHEAD + 1
+
+
+def test_stopping_early_stops_the_readers(model, short_folder):
+    results = model.transcribe_iter(short_folder, batch_size=2)
+    next(results)
+    results.close()
+    names = [t.name for t in threading.enumerate()]
+    assert not [n for n in names if n.startswith("graphscribe-")], names
+
+
+def test_results_in_batch_order_each_input_once(model, tmp_path, short_folder):
+    bad = tmp_path / "bad.wav"
+    bad.write_text("not audio\n")
+    inputs = [*short_folder[:9], bad, *short_folder[9:12]]
+    seconds = [sf.info(str(p)).duration for p in short_folder[:12]]
+    order = [i for i, _ in model.transcribe_iter(inputs, batch_size=4, batch_seconds=0)]
+    assert sorted(order) == list(range(len(inputs)))
+    good = [i for i in order if i != 9]
+    lengths = [seconds[i if i < 9 else i - 1] for i in good]
+    assert lengths == sorted(lengths, reverse=True)  # longest first
+    assert order[-1] == 9  # unreadable, so of unknown length: in the last batch, alone
+
+
+def test_batching_does_not_change_results(model):
+    paths = [CLIPS / name for name in CLIP_NAMES]
+    expected = [reference_clip(name)["token_ids"] for name in CLIP_NAMES]
+    for batch, seconds in [(1, None), (6, 0), (4, 10.0), (6, 1.0)]:
+        got = model.transcribe(paths, batch_size=batch, batch_seconds=seconds)
+        assert [t.token_ids for t in got] == expected, (batch, seconds)
+
+
+def test_stage_clock_counts_every_stage_on_the_cpu(model):
+    clock = StageClock(model.device)
+    got = list(model.transcribe_iter([CLIPS / name for name in CLIP_NAMES], batch_size=3, clock=clock))
+    assert len(got) == len(CLIP_NAMES)
+    seconds = clock.seconds()
+    for stage in ("read", "wait", "features", "encoder", "decode", "text"):
+        assert seconds[stage] > 0, stage
+
+
+@pytest.mark.gpu
+def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
+    """Pinned batches copied without waiting, batch k+1 queued before batch k is finished: NeMo's tokens."""
+    from graphscribe.model import load_model
+
+    model = load_model(NEMO_PATH, device="cuda", graphs=True)
+    paths = [CLIPS / name for name in CLIP_NAMES] * 3
+    clock = StageClock(model.device)
+    got = dict(model.transcribe_iter(paths, batch_size=4, clock=clock))
+    assert [got[i].token_ids for i in range(len(paths))] == [reference_clip(p.name)["token_ids"] for p in paths]
+    seconds = clock.seconds()
+    for stage in ("read", "features", "encoder", "decode", "text"):
+        assert seconds[stage] > 0, stage
