@@ -2,9 +2,10 @@
 # The GPU session in one command (run on the lent H100 from the repo root, with .whl and .whl-nemo carried):
 #   bash scripts/gpu_run.sh                                  # all parts; logs and JSON under $OUT (or ./gpu-out)
 #   bash scripts/gpu_run.sh checkpoint compare bench           # some parts
-# 1. a calibrated parakeet-tdt-0.6b-v3-shaped checkpoint; 2. graphscribe against NeMo 3.0 on the same checkpoint
-# and clips; 3. the GPU tests; 4. graphscribe bench, float32 and bfloat16; 5. the step profile (fused and PyTorch
-# steps); 6. the fused step's tile and window measurements.
+# Parts: checkpoint (a calibrated parakeet-tdt-0.6b-v3-shaped checkpoint), compare (decoding against NeMo 3.0 on
+# the same checkpoint and clips), tests / gputests (the GPU tests), bench (graphs on/off, float32 and bfloat16),
+# profile (the step), tune (tiles, windows), coldstart, folder (512 files: CLI and API against NeMo's transcribe()),
+# throughput (seconds per stage), shortfiles (host memory on 10 000 files), long (10 to 180 minutes).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -57,6 +58,39 @@ run_profile() {
             --batch $batch --step $kind $flag --json "$OUT/profile.jsonl"
     done
 }
+run_gputests() {  # every GPU-marked test (decoding, pipeline, bench, timestamps)
+    step "gpu tests (all)" 300 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -m gpu tests/
+}
+run_coldstart() {
+    step "cold start" 200 python3 scripts/cold_start.py --model $ckpt --reps 3 --json "$OUT/cold_start.json"
+}
+make_folder() {
+    [ -d /tmp/folder ] || step "folder" 120 python3 scripts/make_folder.py /tmp/folder --files 512 --seed 0
+}
+run_folder() {  # our CLI and API against NeMo's transcribe() on 512 files: float32 at 8 and 32, bfloat16 at 128
+    make_folder
+    step "folder float32" 330 python3 scripts/compare_folder.py --folder /tmp/folder --model $ckpt \
+        --nemo-path /tmp/nemo-site --batch-sizes 8,32 --dtypes float32 --out "$OUT/folder-float32"
+    step "folder bfloat16" 240 python3 scripts/compare_folder.py --folder /tmp/folder --model $ckpt \
+        --nemo-path /tmp/nemo-site --batch-sizes 128 --dtypes bfloat16 --out "$OUT/folder-bfloat16"
+}
+run_throughput() {  # seconds per stage, graphs on and off
+    make_folder
+    step "throughput bfloat16" 200 python3 -m graphscribe.cli bench --folder /tmp/folder --model $ckpt \
+        --dtype bfloat16 --batch-sizes 128 --json "$OUT/throughput-bfloat16.json"
+    step "throughput float32" 200 python3 -m graphscribe.cli bench --folder /tmp/folder --model $ckpt \
+        --dtype float32 --batch-sizes 8,32 --json "$OUT/throughput-float32.json"
+}
+run_shortfiles() {  # host memory on 10 000 short files
+    step "short files" 120 python3 scripts/make_folder.py /tmp/short --files 10000 --short
+    step "10 000 short files" 200 python3 -c "import resource, subprocess, sys; subprocess.run(sys.argv[1:]); \
+print('peak RSS of the CLI: %.0f MB' % (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024))" \
+        python3 -m graphscribe.cli /tmp/short --model $ckpt --dtype bfloat16 --batch 128 -o /tmp/short-out
+}
+run_long() {  # LONG_ARGS: more long_audio_bench.py options
+    step "long audio" "${LONG_SECONDS:-420}" python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/long" \
+        --budget-seconds "$(( ${LONG_SECONDS:-420} - 30 ))" ${LONG_ARGS:-}
+}
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
     step "tune" "${TUNE_SECONDS:-330}" python3 scripts/tune_step.py --model $ckpt --out "$OUT" ${TUNE_ARGS:-}
 }
@@ -64,3 +98,5 @@ run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time lim
 for what in "${@:-checkpoint compare tests bench profile tune}"; do
     for part in $what; do "run_$part"; done
 done
+# the device tool brings back 8 files at most: everything but the log in one archive
+(cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=run.log . 2>/dev/null)
