@@ -249,6 +249,25 @@ def test_chunked_features_are_the_same(model):
         assert torch.allclose(chunked, whole, atol=1e-5), chunk
 
 
+def test_chunks_are_sized_per_row_so_a_batch_does_not_change_a_clip(model, monkeypatch):
+    """Chunked and one-pass products round differently in float32, so the chunking of a clip must not depend on
+    its batch: memory budgets that one clip fits in but 32 do not leave the clip's bits as they are alone."""
+    import graphscribe.encoder as encoder_module
+    import graphscribe.features as features_module
+
+    audio = model.read(CLIPS / "librispeech_2086-149220-0033.wav")
+    enc = model.cfg.encoder
+    frames = audio.numel() // model.cfg.features.hop_length + 1
+    t = -(-frames // enc.subsampling_factor) + 1
+    per_frame = encoder_module._conv_bytes_per_frame(1, enc.subsampling_channels, enc.subsampling_factor, enc.n_mels, 4)
+    monkeypatch.setattr(features_module, "CHUNK_SAMPLES", 2 * audio.numel())
+    monkeypatch.setattr(encoder_module, "_CONV_BYTES", 2 * t * per_frame)
+    monkeypatch.setattr(encoder_module, "_GROUP_BYTES", 2 * enc.n_heads * encoder_module._aligned(t) * t * 4)
+    alone, _ = model.encode([audio])
+    batched, _ = model.encode([audio] * 32)
+    assert torch.equal(batched[17], alone[0])
+
+
 # ---------------------------------------------------------------------------- the switch
 
 

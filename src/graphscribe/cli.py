@@ -57,9 +57,7 @@ def _setup_logging() -> None:
 def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: Optional[int] = None,
                  attention: str = "auto", attention_window: int = 256):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is."""
-    from .model import load_model, prime_cuda
-
-    prime_cuda(device)  # CUDA's libraries load while the weights do
+    from .model import load_model
 
     source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
     if source == DEMO_NAME:

@@ -18,8 +18,8 @@ from .features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
 
 _KERNEL, _STRIDE, _PAD = 3, 2, 1  # subsampling convolutions
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
-_GROUP_BYTES = 256 * 2**20  # attention: query rows are grouped so that one group's bias stays near this
-_CONV_BYTES = 512 * 2**20  # subsampling: time chunks keep the first convolution's output near this
+_GROUP_BYTES = 256 * 2**20  # attention: query rows are grouped so that one group's bias stays near this per batch row
+_CONV_BYTES = 512 * 2**20  # subsampling: time chunks keep the first convolution's output near this per batch row
 _MIN_CHUNK = 64  # subsampling: output frames a chunk has at least (each chunk recomputes one more)
 
 
@@ -60,8 +60,8 @@ class Subsampling(nn.Module):
         b, t, f = x.shape
         out_lengths = subsampled_lengths(lengths, self.factor)
         t_out = int(subsampled_lengths(torch.tensor(t), self.factor))
-        if chunk_frames is None:
-            per_frame = _conv_bytes_per_frame(b, self.conv[0].out_channels, self.factor, f, x.element_size())
+        if chunk_frames is None:  # per row: a clip's chunks (so its float32 rounding) must not depend on its batch
+            per_frame = _conv_bytes_per_frame(1, self.conv[0].out_channels, self.factor, f, x.element_size())
             chunk_frames = max(_MIN_CHUNK, _CONV_BYTES // per_frame)
         if chunk_frames >= t_out:
             return self._project(self._convs(x, lengths)), out_lengths
@@ -179,7 +179,8 @@ def full_attention(q_u, q_v, k, v, p, valid) -> torch.Tensor:
     scale = 1.0 / math.sqrt(d_k)
     keys_masked = ~valid[:, None, None, :]  # (B, 1, 1, T)
     width = _aligned(t)
-    rows = max(1, min(t, _GROUP_BYTES // (b * h * width * q_u.element_size())))  # the position term doubles it
+    # per row of the batch: a clip's groups (so its float32 rounding) must not depend on its batch
+    rows = max(1, min(t, _GROUP_BYTES // (h * width * q_u.element_size())))  # the position term doubles it
     out = torch.empty_like(q_u)
     for start in range(0, t, rows):
         end = min(t, start + rows)
@@ -233,7 +234,7 @@ def local_attention(q_u, q_v, k, v, p, valid, window: tuple[int, int]) -> torch.
     k = F.pad(k, (0, 0, w, padded - t + w))  # key j at row j + w
     v = F.pad(v, (0, 0, w, padded - t + w))
     lengths = valid.sum(dim=1)  # (B,)
-    per_block = b * h * m * (width + 3 * w + 2 * d_k) * q_u.element_size()
+    per_block = h * m * (width + 3 * w + 2 * d_k) * q_u.element_size()  # per row of the batch, as above
     group = max(1, min(blocks, _GROUP_BYTES // per_block))
     out = q_u.new_empty(b, h, padded, d_k)
     for first in range(0, blocks, group):
@@ -358,18 +359,19 @@ def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
     frames = samples // cfg.features.hop_length + 1
     t = int(subsampled_lengths(torch.tensor(frames), enc.subsampling_factor))
     activations = batch * t * enc.d_model * itemsize
-    if window is None:
-        need = batch * enc.n_heads * t * _aligned(t) * itemsize  # every row in one group
-        least = batch * enc.n_heads * _aligned(t) * itemsize  # one row a group
+    if window is None:  # per row of the batch, as the groups are sized
+        need = enc.n_heads * t * _aligned(t) * itemsize  # every query row in one group
+        least = enc.n_heads * _aligned(t) * itemsize  # one query row a group
     else:
         w = max(window)
         m = min(t, max(16, 2 * w))
-        per_block = batch * enc.n_heads * m * (_aligned(m + 2 * w) + 3 * w + 2 * enc.d_k) * itemsize
+        per_block = enc.n_heads * m * (_aligned(m + 2 * w) + 3 * w + 2 * enc.d_k) * itemsize
         need, least = per_block * -(-t // m), per_block
-    attention = 3 * min(need, max(least, _GROUP_BYTES))  # position term, bias, scores (SDPA's math path)
-    features = batch * frames * cfg.features.n_mels * (4 + itemsize) + 16 * 4 * _FEATURE_CHUNK_SAMPLES
+    attention = 3 * batch * min(need, max(least, _GROUP_BYTES))  # position term, bias, scores (SDPA's math path)
+    features = (batch * frames * cfg.features.n_mels * (4 + itemsize)
+                + 16 * 4 * batch * min(samples, _FEATURE_CHUNK_SAMPLES))
     audio = batch * samples * 4
-    per_frame = _conv_bytes_per_frame(batch, enc.subsampling_channels, enc.subsampling_factor, enc.n_mels, itemsize)
-    convolutions = 3 * per_frame * min(t, max(_MIN_CHUNK, _CONV_BYTES // per_frame))  # output, ReLU, mask
+    per_frame = _conv_bytes_per_frame(1, enc.subsampling_channels, enc.subsampling_factor, enc.n_mels, itemsize)
+    convolutions = 3 * batch * per_frame * min(t, max(_MIN_CHUNK, _CONV_BYTES // per_frame))  # output, ReLU, mask
     layers = (16 + 2 * enc.ff_expansion + (2 if window else 0)) * activations  # local: padded keys and values
     return int(audio + features + convolutions + layers + attention + batch * t * cfg.joint.hidden * itemsize)

@@ -18,7 +18,7 @@ def feature_lengths(num_samples: torch.Tensor, hop_length: int) -> torch.Tensor:
     return torch.div(num_samples, hop_length, rounding_mode="floor")
 
 
-CHUNK_SAMPLES = 2**22  # samples of a batch turned into features at once (about 4 min of 16 kHz audio)
+CHUNK_SAMPLES = 2**22  # samples of each row turned into features at once (about 4 min of 16 kHz audio)
 _NORM_CHUNK_FRAMES = 2**15  # frames normalised at once
 
 
@@ -44,7 +44,8 @@ class LogMel(nn.Module):
         audio = audio.float()  # (B, L)
         frames = feature_lengths(num_samples, cfg.hop_length)  # (B,)
         total = audio.shape[1] // cfg.hop_length + 1  # STFT frames with center=True
-        chunk_frames = chunk_frames or max(1, CHUNK_SAMPLES // (cfg.hop_length * audio.shape[0]))
+        # per row, not per batch: a clip's chunks (so its float32 rounding) must not depend on its batch
+        chunk_frames = chunk_frames or max(1, CHUNK_SAMPLES // cfg.hop_length)
         features = audio.new_empty(audio.shape[0], cfg.n_mels, total)
         for start in range(0, total, chunk_frames):
             end = min(total, start + chunk_frames)

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -149,34 +147,6 @@ def resolve_device(requested: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device {requested}: use auto, cpu, cuda or cuda:N")
     return device
-
-
-def prime_cuda(device: str) -> threading.Thread | None:
-    """Load CUDA's libraries (cuDNN, cuFFT, cuBLAS) and Triton in a background thread, for a caller about to load a
-    model and transcribe at once (the CLI): the loading, about a second, then overlaps reading the weights instead
-    of delaying the first batch. None where `device` is not CUDA or CUDA is missing."""
-    try:
-        target = torch.device("cuda" if device == "auto" else device)
-    except RuntimeError:
-        return None  # a bad --device: the loader says so
-    if target.type != "cuda" or not torch.cuda.is_available():
-        return None
-    thread = threading.Thread(target=_prime, args=(target,), name="graphscribe-prime-cuda", daemon=True)
-    thread.start()
-    return thread
-
-
-def _prime(device: torch.device) -> None:
-    try:
-        with torch.inference_mode():
-            F.conv2d(torch.zeros(1, 1, 16, 16, device=device), torch.zeros(2, 1, 3, 3, device=device))  # cuDNN
-            torch.stft(torch.zeros(1, 1024, device=device), 512, window=torch.ones(512, device=device),
-                       return_complex=True)  # cuFFT
-            torch.mm(torch.zeros(8, 8, device=device), torch.zeros(8, 8, device=device))  # cuBLAS
-            torch.cuda.synchronize(device)
-        from . import fused_step  # noqa: F401 - Triton
-    except (RuntimeError, ImportError) as err:  # the real work will meet (and report) whatever failed here
-        log.debug("priming CUDA failed: %s", err)
 
 
 def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
