@@ -67,19 +67,23 @@ run_coldstart() {
 make_folder() {
     [ -d /tmp/folder ] || step "folder" 120 python3 scripts/make_folder.py /tmp/folder --files 512 --seed 0
 }
-run_folder() {  # our CLI and API against NeMo's transcribe() on 512 files: float32 at 8 and 32, bfloat16 at 128
+run_folder() {  # our CLI and API against NeMo's transcribe() on 512 files (FOLDER_DTYPES: float32 at 8 and 32, bfloat16 at 128)
     make_folder
-    step "folder float32" 330 python3 scripts/compare_folder.py --folder /tmp/folder --model $ckpt \
-        --nemo-path /tmp/nemo-site --batch-sizes 8,32 --dtypes float32 --out "$OUT/folder-float32"
-    step "folder bfloat16" 240 python3 scripts/compare_folder.py --folder /tmp/folder --model $ckpt \
-        --nemo-path /tmp/nemo-site --batch-sizes 128 --dtypes bfloat16 --out "$OUT/folder-bfloat16"
+    for dtype in ${FOLDER_DTYPES:-float32 bfloat16}; do
+        local sizes=8,32 limit=330
+        [ "$dtype" = bfloat16 ] && sizes=128 limit=240
+        step "folder $dtype" $limit python3 scripts/compare_folder.py --folder /tmp/folder --model $ckpt \
+            --nemo-path /tmp/nemo-site --batch-sizes $sizes --dtypes $dtype --out "$OUT/folder-$dtype"
+    done
 }
-run_throughput() {  # seconds per stage, graphs on and off
+run_throughput() {  # seconds per stage, graphs on and off (THROUGHPUT_DTYPES: bfloat16 at 128, float32 at 8 and 32)
     make_folder
-    step "throughput bfloat16" 200 python3 -m graphscribe.cli bench --folder /tmp/folder --model $ckpt \
-        --dtype bfloat16 --batch-sizes 128 --json "$OUT/throughput-bfloat16.json"
-    step "throughput float32" 200 python3 -m graphscribe.cli bench --folder /tmp/folder --model $ckpt \
-        --dtype float32 --batch-sizes 8,32 --json "$OUT/throughput-float32.json"
+    for dtype in ${THROUGHPUT_DTYPES:-bfloat16 float32}; do
+        local sizes=8,32
+        [ "$dtype" = bfloat16 ] && sizes=128
+        step "throughput $dtype" 200 python3 -m graphscribe.cli bench --folder /tmp/folder --model $ckpt \
+            --dtype $dtype --batch-sizes $sizes --json "$OUT/throughput-$dtype.json"
+    done
 }
 run_shortfiles() {  # host memory on 10 000 short files
     step "short files" 120 python3 scripts/make_folder.py /tmp/short --files 10000 --short
@@ -87,9 +91,13 @@ run_shortfiles() {  # host memory on 10 000 short files
 print('peak RSS of the CLI: %.0f MB' % (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024))" \
         python3 -m graphscribe.cli /tmp/short --model $ckpt --dtype bfloat16 --batch 128 -o /tmp/short-out
 }
-run_long() {  # LONG_ARGS: more long_audio_bench.py options
-    step "long audio" "${LONG_SECONDS:-420}" python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/long" \
-        --budget-seconds "$(( ${LONG_SECONDS:-420} - 30 ))" ${LONG_ARGS:-}
+run_long() {  # 10 to 180 minutes, each dtype in a process of its own (peaks hold one model), then the encoder alone
+    step "long audio bfloat16" 170 python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/long-bfloat16" \
+        --dtypes bfloat16 --minutes 10,30,60,180 --skip-encoder --budget-seconds 150
+    step "long audio float32" 120 python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/long-float32" \
+        --dtypes float32 --minutes 10,30,60 --skip-encoder --budget-seconds 100
+    step "encoder alone" 90 python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/encoder" \
+        --dtypes bfloat16,float32 --batch-sizes 1,8,32 --skip-long --budget-seconds 200
 }
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
     step "tune" "${TUNE_SECONDS:-330}" python3 scripts/tune_step.py --model $ckpt --out "$OUT" ${TUNE_ARGS:-}

@@ -202,7 +202,7 @@ def encoder_table(args, device: torch.device, budget: Budget) -> list[dict]:
                 features = features.to(model.dtype)
                 row = {"dtype": dtype, "clip_seconds": clip_seconds, "batch": batch, "status": "ok"}
                 outputs = {}
-                for name, attend in (("einsum", encoder_module._full_attention_reference),
+                for name, attend in (("einsum", encoder_module._full_attention_nemo),
                                      ("sdpa", encoder_module.full_attention)):
                     timing = time_encoder(model, features, lengths, attend, args.reps, device)
                     row.update({f"{name}_{k}": v for k, v in timing.items() if k != "output"})

@@ -19,6 +19,7 @@ from .features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
 _KERNEL, _STRIDE, _PAD = 3, 2, 1  # subsampling convolutions
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
 _GROUP_BYTES = 256 * 2**20  # attention: query rows are grouped so that one group's bias stays near this per batch row
+_EXACT_TEMPORARIES = 8  # float32 attention: (B, H, n, T)-sized tensors alive at once (position term and its shift, scores, ...)
 _CONV_BYTES = 512 * 2**20  # subsampling: time chunks keep the first convolution's output near this per batch row
 _MIN_CHUNK = 64  # subsampling: output frames a chunk has at least (each chunk recomputes one more)
 
@@ -173,14 +174,20 @@ def full_attention(q_u, q_v, k, v, p, valid) -> torch.Tensor:
     """NeMo's rel_pos: softmax((q_u k^T + rel_shift(q_v p^T)) / sqrt(d_k)), padded keys at -10000.
 
     q_u, q_v, k, v: (B, H, T, d_k); p: (H, 2T - 1, d_k) for positions T-1 ... -(T-1); valid: (B, T).
-    Query rows go in groups whose bias stays near `_GROUP_BYTES`. -> (B, H, T, d_k)
+    16-bit: `scaled_dot_product_attention` with the position term as an additive bias. float32: NeMo's own
+    products and masked softmax, whose rounding its token ids come from (the fused kernel's float32 sums
+    flip near-tied tokens against NeMo's). Either way a group of query rows at a time, the groups sized
+    per row of the batch (a clip's rounding must not depend on its batch). -> (B, H, T, d_k)
     """
     b, h, t, d_k = q_u.shape
     scale = 1.0 / math.sqrt(d_k)
-    keys_masked = ~valid[:, None, None, :]  # (B, 1, 1, T)
+    exact = q_u.dtype == torch.float32
     width = _aligned(t)
-    # per row of the batch: a clip's groups (so its float32 rounding) must not depend on its batch
-    rows = max(1, min(t, _GROUP_BYTES // (h * width * q_u.element_size())))  # the position term doubles it
+    per_row = h * (_EXACT_TEMPORARIES * t if exact else width) * q_u.element_size()  # bytes a query row needs
+    rows = max(1, min(t, _GROUP_BYTES // per_row))
+    if exact and rows >= t:
+        return _full_attention_nemo(q_u, q_v, k, v, p, valid)  # NeMo's very shapes
+    keys_masked = ~valid[:, None, None, :]  # (B, 1, 1, T)
     out = torch.empty_like(q_u)
     for start in range(0, t, rows):
         end = min(t, start + rows)
@@ -189,6 +196,12 @@ def full_attention(q_u, q_v, k, v, p, valid) -> torch.Tensor:
         raw = torch.matmul(q_v[:, :, start:end], p[:, t - end: 2 * t - 1 - start].transpose(-2, -1))  # (B, H, n, t + n - 1)
         shifted = raw.as_strided((b, h, n, t), (h * n * raw.shape[-1], n * raw.shape[-1], raw.shape[-1] - 1, 1),
                                  raw.storage_offset() + n - 1)  # row r, key j -> column j + n - 1 - r
+        if exact:
+            scores = (torch.matmul(q_u[:, :, start:end], k.transpose(-2, -1)) + shifted) / math.sqrt(d_k)
+            masked = keys_masked | ~valid[:, None, start:end, None]  # (B, 1, n, T)
+            attn = torch.softmax(scores.masked_fill(masked, _MASKED_SCORE), dim=-1).masked_fill(masked, 0.0)
+            out[:, :, start:end] = torch.matmul(attn, v)
+            continue
         bias = q_u.new_empty(b, h, n, width)[..., :t]  # rows aligned for the fused kernels
         torch.mul(shifted, scale, out=bias)
         del raw, shifted
@@ -263,8 +276,8 @@ def _aligned(n: int) -> int:
     return -(-n // 16) * 16
 
 
-def _full_attention_reference(q_u, q_v, k, v, p, valid) -> torch.Tensor:
-    """The previous full attention, NeMo's own formulation (several (B, H, T, T) tensors): for benchmarks only."""
+def _full_attention_nemo(q_u, q_v, k, v, p, valid) -> torch.Tensor:
+    """NeMo's own formulation, all query rows at once (several (B, H, T, T) tensors): float32 inputs that fit."""
     t = q_u.shape[2]
     scores = torch.matmul(q_u, k.transpose(-2, -1)) + _rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))[..., :t]
     mask = ~(valid[:, None, :, None] & valid[:, None, None, :])  # (B, 1, T, T) True = masked
@@ -360,14 +373,16 @@ def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
     t = int(subsampled_lengths(torch.tensor(frames), enc.subsampling_factor))
     activations = batch * t * enc.d_model * itemsize
     if window is None:  # per row of the batch, as the groups are sized
-        need = enc.n_heads * t * _aligned(t) * itemsize  # every query row in one group
-        least = enc.n_heads * _aligned(t) * itemsize  # one query row a group
+        per_row = _EXACT_TEMPORARIES * t if itemsize == 4 else _aligned(t)  # float32: NeMo's products, see full_attention
+        need = enc.n_heads * t * per_row * itemsize  # every query row in one group
+        least = enc.n_heads * per_row * itemsize  # one query row a group
     else:
         w = max(window)
         m = min(t, max(16, 2 * w))
         per_block = enc.n_heads * m * (_aligned(m + 2 * w) + 3 * w + 2 * enc.d_k) * itemsize
         need, least = per_block * -(-t // m), per_block
-    attention = 3 * batch * min(need, max(least, _GROUP_BYTES))  # position term, bias, scores (SDPA's math path)
+    temporaries = 1 if window is None and itemsize == 4 else 3  # SDPA: position term, bias, scores (its math path)
+    attention = temporaries * batch * min(need, max(least, _GROUP_BYTES))
     features = (batch * frames * cfg.features.n_mels * (4 + itemsize)
                 + 16 * 4 * batch * min(samples, _FEATURE_CHUNK_SAMPLES))
     audio = batch * samples * 4
