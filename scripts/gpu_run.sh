@@ -99,6 +99,13 @@ run_long() {  # 10 to 180 minutes, each dtype in a process of its own (peaks hol
     step "encoder alone" 90 python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/encoder" \
         --dtypes bfloat16,float32 --batch-sizes 1,8,32 --skip-long --budget-seconds 200
 }
+run_longcheck() {  # where a 3-hour local-attention transcript goes wrong, if it does
+    step "long local check" 200 python3 scripts/long_local_check.py --model $ckpt --dtype bfloat16 --minutes 180
+}
+run_longfloat32() {
+    step "long audio float32" 150 python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/long-float32" \
+        --dtypes float32 --minutes 10,30,60 --skip-encoder --budget-seconds 130
+}
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
     step "tune" "${TUNE_SECONDS:-330}" python3 scripts/tune_step.py --model $ckpt --out "$OUT" ${TUNE_ARGS:-}
 }

@@ -267,7 +267,7 @@ def local_attention(q_u, q_v, k, v, p, valid, window: tuple[int, int]) -> torch.
         queries = q_u[:, :, start:end].reshape(b, h * g, m, d_k)
         mask = bias.view(b, h * g, m, width)[..., :n]
         out[:, :, start:end] = F.scaled_dot_product_attention(
-            queries, key_blocks, value_blocks, attn_mask=mask, scale=scale).view(b, h, g * m, d_k)
+            queries, key_blocks, value_blocks, attn_mask=mask, scale=scale).reshape(b, h, g * m, d_k)
     return out[:, :, :t]
 
 

@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Where a long recording's local-attention transcript goes wrong, if it does (GPU diagnostic).
+
+    python scripts/long_local_check.py --model v3.nemo --dtype bfloat16 --minutes 180
+
+Encodes the shipped speech tiled to --minutes with local attention, and to 60 minutes; prints the largest
+difference of the two encoder outputs over the first 50 minutes, the encoder output's norm per 15-minute
+stretch, and the tokens decoded per 15-minute stretch (greedy, graphs on), for local and full attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from long_audio_bench import recording, speech  # noqa: E402
+
+import graphscribe as gs  # noqa: E402
+
+STRETCH = 15 * 60 * 100 // 8  # encoder frames in 15 minutes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--minutes", type=float, default=180)
+    args = ap.parse_args()
+    model = gs.load_model(args.model, device="cuda", dtype=args.dtype)
+    source = speech(model.sample_rate)
+    long = recording(source, args.minutes * 60, model.sample_rate)
+    short = recording(source, 60 * 60, model.sample_rate)
+    with torch.inference_mode():
+        outputs = {}
+        for name, audio, window in (("long local", long, (256, 256)), ("60 min local", short, (256, 256)),
+                                    ("long full", long, None)):
+            features, frames = model.features([audio])
+            encoded, lengths = model.encoder_output(features, frames, window)
+            outputs[name] = (encoded, lengths)
+            norms = encoded[0].float().norm(dim=1)
+            print(name, "frames", int(lengths[0]), "nan", bool(torch.isnan(encoded).any()),
+                  "norm per 15 min:", [round(float(norms[s: s + STRETCH].mean()), 1) for s in range(0, norms.numel(), STRETCH)],
+                  flush=True)
+            hyp = model.decode(encoded, lengths)[0]
+            counts = torch.bincount(torch.tensor(hyp.frames) // STRETCH, minlength=-(-int(lengths[0]) // STRETCH))
+            print(name, "tokens", len(hyp.token_ids), "per 15 min:", counts.tolist(), flush=True)
+            del features
+        a, b = outputs["long local"][0][0], outputs["60 min local"][0][0]
+        n = 50 * 60 * 100 // 8
+        print("long local vs 60 min local, first 50 min: max abs diff", float((a[:n] - b[:n]).abs().max()),
+              "per 15 min:", [float((a[s: s + STRETCH] - b[s: s + STRETCH]).abs().max()) for s in range(0, n, STRETCH)])
+
+
+if __name__ == "__main__":
+    main()
