@@ -24,6 +24,36 @@ import graphscribe as gs  # noqa: E402
 STRETCH = 15 * 60 * 100 // 8  # encoder frames in 15 minutes
 
 
+def decoders(model, encoded, lengths):
+    """Decode one encoder output with the fused step (graphs, eager) and the PyTorch step (graphs), logging the
+    host loop's reads (frames still to go, tokens recorded) and the token slots."""
+    import graphscribe.decoding as decoding
+    from graphscribe.decoding import GreedyDecoder
+
+    reads = []
+    original = decoding.progress
+
+    def logged(buf):
+        value = original(buf)
+        reads.append(value + (buf.max_tokens,))
+        return value
+
+    decoding.progress = logged
+    try:
+        for name, graphs, fused in (("fused, graphs", True, True), ("fused, eager", False, True),
+                                    ("pytorch, graphs", True, False)):
+            reads.clear()
+            decoder = GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs,
+                                    fused=fused)
+            hyp = decoder.decode(encoded, lengths)[0]
+            counts = torch.bincount(torch.tensor(hyp.frames) // STRETCH, minlength=-(-int(lengths[0]) // STRETCH))
+            print(f"  {name}: tokens {len(hyp.token_ids)}, steps {hyp.steps}, per 15 min {counts.tolist()}", flush=True)
+            print(f"    reads (frames to go, tokens, slots): {reads[:6]} ... {reads[-4:]} ({len(reads)} reads)",
+                  flush=True)
+    finally:
+        decoding.progress = original
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -36,8 +66,7 @@ def main() -> None:
     short = recording(source, 60 * 60, model.sample_rate)
     with torch.inference_mode():
         outputs = {}
-        for name, audio, window in (("long local", long, (256, 256)), ("60 min local", short, (256, 256)),
-                                    ("long full", long, None)):
+        for name, audio, window in (("long local", long, (256, 256)), ("60 min local", short, (256, 256))):
             features, frames = model.features([audio])
             encoded, lengths = model.encoder_output(features, frames, window)
             outputs[name] = (encoded, lengths)
@@ -45,11 +74,14 @@ def main() -> None:
             print(name, "frames", int(lengths[0]), "nan", bool(torch.isnan(encoded).any()),
                   "norm per 15 min:", [round(float(norms[s: s + STRETCH].mean()), 1) for s in range(0, norms.numel(), STRETCH)],
                   flush=True)
-            hyp = model.decode(encoded, lengths)[0]
-            counts = torch.bincount(torch.tensor(hyp.frames) // STRETCH, minlength=-(-int(lengths[0]) // STRETCH))
-            print(name, "tokens", len(hyp.token_ids), "per 15 min:", counts.tolist(), flush=True)
+            if name == "long local":
+                decoders(model, encoded, lengths)
+            else:
+                hyp = model.decode(encoded, lengths)[0]
+                counts = torch.bincount(torch.tensor(hyp.frames) // STRETCH, minlength=-(-int(lengths[0]) // STRETCH))
+                print(name, "tokens", len(hyp.token_ids), "per 15 min:", counts.tolist(), flush=True)
             del features
-        a, b = outputs["long local"][0][0], outputs["60 min local"][0][0]
+        a, b = outputs["long local"][0][0], outputs["60 min local"][0][0]  # noqa: E501
         n = 50 * 60 * 100 // 8
         print("long local vs 60 min local, first 50 min: max abs diff", float((a[:n] - b[:n]).abs().max()),
               "per 15 min:", [float((a[s: s + STRETCH] - b[s: s + STRETCH]).abs().max()) for s in range(0, n, STRETCH)])
