@@ -102,6 +102,10 @@ run_long() {  # 10 to 180 minutes, each dtype in a process of its own (peaks hol
 run_longcheck() {  # where a 3-hour local-attention transcript goes wrong, if it does
     step "long local check" 200 python3 scripts/long_local_check.py --model $ckpt --dtype bfloat16 --minutes 180
 }
+run_longbf16() {
+    step "long audio bfloat16" 200 python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/long-bfloat16" \
+        --dtypes bfloat16 --minutes 10,30,60,180 --skip-encoder --budget-seconds 110
+}
 run_longfloat32() {
     step "long audio float32" 150 python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/long-float32" \
         --dtypes float32 --minutes 10,30,60 --skip-encoder --budget-seconds 130

@@ -30,11 +30,12 @@ reads; steps run in pairs (`STEPS_PER_CHECK` is even), so every round starts fro
 `buf.c`. On Hopper the kernels are launched as programmatic dependent launches: the next
 kernel is scheduled while the last one finishes, and waits (`gdc_wait`) before it reads.
 
-Arithmetic: 16-bit weights go through tensor cores, accumulating in float32. Float32
-weights take `Tiles.fp32`: "ieee" (FMA, each sum in k order) or "tf32x3" (tensor cores, each
-product split in three TF32 products: float32's accuracy, not its exact bits). Tile shapes do
-not depend on the batch, so a row's result does not depend on its batch. The LSTM state is
-float32 either way.
+Arithmetic: the joint's 16-bit output layer goes through tensor cores, accumulating in float32.
+Float32 weights (the joint's in float32 models, and the prediction net's always: LSTM and
+projection stay float32, as in `Transducer.to_inference`) take `Tiles.fp32` or "tf32x3":
+"ieee" (FMA, each sum in k order) or "tf32x3" (tensor cores, each product split in three TF32
+products: float32's accuracy, not its exact bits). Tile shapes do not depend on the batch, so a
+row's result does not depend on its batch. The LSTM state is float32 either way.
 
 Tested against `decode_step` on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
@@ -360,11 +361,14 @@ class FusedStep:
             embed = prediction.prediction.embed.weight.detach().float()  # (V + 1, H)
             self.table = torch.addmm(weight("bias_ih_l0").float() + weight("bias_hh_l0").float(), embed,
                                      weight("weight_ih_l0").float().t()).contiguous()  # (V + 1, 4H)
-            self.w_hh = torch.stack([weight(f"weight_hh_l{i}") for i in range(self.layers)]).to(dtype).contiguous()
-            self.w_ih = [weight(f"weight_ih_l{i}").to(dtype).contiguous() for i in range(1, self.layers)]
+            # The prediction net stays float32 whatever the dtype, as `Transducer.to_inference` keeps it: with
+            # 16-bit LSTM weights a long recording's state drifted until blank won every frame (bench/: 38 of 180
+            # minutes transcribed in bfloat16, all 180 with these weights in float32).
+            self.w_hh = torch.stack([weight(f"weight_hh_l{i}") for i in range(self.layers)]).float().contiguous()
+            self.w_ih = [weight(f"weight_ih_l{i}").float().contiguous() for i in range(1, self.layers)]
             self.bias = [(weight(f"bias_ih_l{i}") + weight(f"bias_hh_l{i}")).float().contiguous()
                          for i in range(1, self.layers)]
-            self.w_pred = joint.pred.weight.detach().to(dtype).contiguous()  # (J, H)
+            self.w_pred = joint.pred.weight.detach().float().contiguous()  # (J, H)
             self.b_pred = joint.pred.bias.detach().float().contiguous()
             self.w_out = out.weight.detach().to(dtype).contiguous()  # (O, J)
             self.b_out = out.bias.detach().float().contiguous()
@@ -403,13 +407,18 @@ class FusedStep:
         """The LSTM state (h, c) after the steps so far: `buf.h`, `buf.c` after an even number of steps."""
         return self._scratch(buf)["states"][buf.parity]
 
+    @property
+    def gate_arithmetic(self) -> str:
+        """The LSTM's and projection's products: float32 weights, so "ieee" or "tf32x3" (tensor cores)."""
+        return self.tiles.fp32 or "tf32x3"
+
     def start(self, buf) -> None:
         """W_hh h of the state in `buf` (after `buf.reset`), which the first step reads."""
         s, tiles = self._scratch(buf), self.tiles
         h = s["states"][buf.parity][0]
         _hh_kernel[(self.layers * self.gate_blocks, triton.cdiv(buf.n, tiles.rows))](
             h, self.w_hh, s["hh"], buf.n, self.hidden, self.gate_blocks,
-            BM=tiles.rows, BQ=4 * tiles.units, BK=tiles.k, FP32=tiles.fp32 or "", num_warps=tiles.warps,
+            BM=tiles.rows, BQ=4 * tiles.units, BK=tiles.k, FP32=self.gate_arithmetic, num_warps=tiles.warps,
             num_stages=tiles.gate_stages)
 
     def __call__(self, buf, prediction=None, joint=None, blank_id: int = 0, max_symbols: int = 10) -> None:
@@ -420,6 +429,7 @@ class FusedStep:
         fp32, pdl, hh = tiles.fp32 or "", self.pdl, s["hh"]
         row_blocks = triton.cdiv(n, tiles.rows)
         matrix = dict(BM=tiles.rows, BK=tiles.k, FP32=fp32, PDL=pdl, num_warps=tiles.warps, launch_pdl=pdl)
+        gates = dict(matrix, FP32=self.gate_arithmetic)  # the prediction net's float32 weights
         _joint_kernel[(self.joint_blocks, triton.cdiv(n * w, tiles.rows))](
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
@@ -437,9 +447,9 @@ class FusedStep:
             _lstm_kernel[(2 * self.gate_blocks, row_blocks)](
                 h_out[i - 1], self.w_ih[i - 1], self.bias[i - 1], hh[i], h[i], c[i], h_out[i], c_out[i], s["emit"],
                 self.w_hh[i - 1], hh[i - 1], n, hidden, self.gate_blocks,
-                BU=tiles.units, num_stages=tiles.gate_stages, **matrix)
+                BU=tiles.units, num_stages=tiles.gate_stages, **gates)
         top = layers - 1  # the projection, and W_hh h of the top layer for the next step
         _project_kernel[(self.proj_blocks + self.gate_blocks, row_blocks)](
             h_out[top], self.w_pred, self.b_pred, buf.g, s["emit"], self.w_hh[top], hh[top],
             n, hidden, self.joint_hidden, self.proj_blocks,
-            BC=tiles.proj_cols, BQ=4 * tiles.units, num_stages=tiles.gate_stages, **matrix)
+            BC=tiles.proj_cols, BQ=4 * tiles.units, num_stages=tiles.gate_stages, **gates)
