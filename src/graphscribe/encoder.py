@@ -175,8 +175,8 @@ def full_attention(q_u, q_v, k, v, p, valid) -> torch.Tensor:
 
     q_u, q_v, k, v: (B, H, T, d_k); p: (H, 2T - 1, d_k) for positions T-1 ... -(T-1); valid: (B, T).
     16-bit: `scaled_dot_product_attention` with the position term as an additive bias. float32: NeMo's own
-    products and masked softmax, whose rounding its token ids come from (the fused kernel's float32 sums
-    flip near-tied tokens against NeMo's). Either way a group of query rows at a time, the groups sized
+    products and masked softmax, so that float32 output is NeMo's arithmetic, not another float32 rounding
+    of it (SDPA's fused kernel sums in its own order). Either way a group of query rows at a time, the groups sized
     per row of the batch (a clip's rounding must not depend on its batch). -> (B, H, T, d_k)
     """
     b, h, t, d_k = q_u.shape
