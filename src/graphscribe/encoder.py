@@ -2,7 +2,7 @@
 
 Parameter names follow NeMo's state dict (`encoder.pre_encode.conv.0.weight`, ...), so a
 checkpoint loads with a strict `load_state_dict`. Padded frames are masked at every stage,
-so a clip's output does not depend on what it is batched with.
+so a clip's output depends on its batch only through the rounding of products over the padded length.
 """
 
 from __future__ import annotations

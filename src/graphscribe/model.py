@@ -360,8 +360,8 @@ class Model:
         Batches hold at most `batch_size` inputs and `batch_seconds` of padded audio (inputs x the longest
         one's length; 0: no cap); None takes the model's options, whose None is the device's default
         (`pipeline.default_batching`). Files are read by threads a few batches ahead (pipeline.py). A bad
-        input yields a Transcript with `error` set and the rest goes on. Results do not depend on the
-        batching (padding-invariant). `clock` collects seconds per stage (the benchmark's).
+        input yields a Transcript with `error` set and the rest goes on. Padded frames are masked, so the
+        batching changes a result only through rounding. `clock` collects seconds per stage (the benchmark's).
         """
         files, seconds = default_batching(self.device)
         batch_size = batch_size or self.options.batch_size or files
