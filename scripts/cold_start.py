@@ -12,7 +12,8 @@ written to the JSON as soon as it is measured:
 3. load: fresh processes that import graphscribe, `load_model()` and transcribe the clip twice; each
    reports `model.load_seconds` (config and tokenizer, weights, CUDA context, module build, placing
    the weights on the device, decoder set-up), the first transcription (first decode: Triton kernels
-   from its disk cache, graph capture) and the second (warm), and the seconds from its spawn to each.
+   from its disk cache, graph capture) and the second (warm), and the seconds from its spawn to each;
+   one more such process runs the clip stage by stage instead, synchronising after each stage (`stages`).
 4. cli: `python -m graphscribe.cli CLIP --model X --device D --dtype T`, timed from spawn to the first
    transcript line on stdout and to exit (median, min, max of --reps); plus one run with an empty
    Triton cache (TRITON_CACHE_DIR) to show what a first run on a fresh machine pays for compiling.
@@ -59,6 +60,9 @@ def child(args) -> None:
                   dtype=str(model.dtype), graphs=model.options.graphs,
                   load_phases=getattr(model, "load_seconds", None))  # None: a version without phases
     for name in ("first", "second"):
+        if args.stages:
+            report[f"{name}_stages"] = stages(model, args.clip)
+            continue
         start = time.perf_counter()
         [transcript] = model.transcribe([args.clip])
         if model.device.type == "cuda":
@@ -70,9 +74,39 @@ def child(args) -> None:
     print(json.dumps(report), flush=True)
 
 
-def run_child(args, script: Path) -> dict:
+def stages(model, clip: Path) -> dict:
+    """Seconds per stage of one transcription, the device synchronised after each (first use shows up where it is
+    paid: cuFFT in features, cuDNN and cuBLAS in the encoder, Triton's kernels and graph capture in decoding)."""
+    import torch
+
+    sync = (lambda: torch.cuda.synchronize(model.device)) if model.device.type == "cuda" else (lambda: None)
+    seconds, start = {}, time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal start
+        sync()
+        seconds[name] = time.perf_counter() - start
+        start = time.perf_counter()
+
+    audio = model.read(clip)
+    lap("read")
+    features, frames = model.padded_features(audio[None], torch.tensor([audio.numel()]))
+    lap("features")
+    encoded, lengths = model.encoder_output(features, frames)
+    lap("encoder")
+    compile_s, capture_s = model.decoder.compile_seconds, model.decoder.capture_seconds
+    [hyp] = model.decode(encoded, lengths)
+    lap("decode")
+    seconds.update(decode_compile=model.decoder.compile_seconds - compile_s,
+                   decode_capture=model.decoder.capture_seconds - capture_s)
+    model.finish(str(clip), audio, hyp, 0.0)
+    lap("text")
+    return seconds
+
+
+def run_child(args, script: Path, stages: bool = False) -> dict:
     cmd = [sys.executable, str(script), "--child", "--spawned", repr(time.time()), "--model", args.model,
-           "--clip", str(args.clip), "--device", args.device, "--dtype", args.dtype]
+           "--clip", str(args.clip), "--device", args.device, "--dtype", args.dtype] + (["--stages"] if stages else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-3:]}")
@@ -118,6 +152,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300, help="seconds for one process")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--stages", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--spawned", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -174,6 +209,14 @@ def main() -> int:
             second_transcribe_s=spread([r["second_transcribe_s"] for r in runs]),
             spawn_to_first_transcript_s=spread([r["first_transcript_s"] for r in runs]))
         save()
+    try:
+        staged = run_child(args, Path(__file__).resolve(), stages=True)
+        report["stages"] = dict(first=staged["first_stages"], second=staged["second_stages"])
+        log("first transcription by stage: " + ", ".join(f"{k} {v:.3f}" for k, v in staged["first_stages"].items()))
+        log("second: " + ", ".join(f"{k} {v:.3f}" for k, v in staged["second_stages"].items()))
+    except Exception as err:  # noqa: BLE001
+        report["errors"].append(f"stages: {type(err).__name__}: {err}")
+    save()
 
     with tempfile.TemporaryDirectory() as triton_cache:
         try:

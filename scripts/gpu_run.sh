@@ -5,7 +5,8 @@
 # Parts: checkpoint (a calibrated parakeet-tdt-0.6b-v3-shaped checkpoint), compare (decoding against NeMo 3.0 on
 # the same checkpoint and clips), tests / gputests (the GPU tests), bench (graphs on/off, float32 and bfloat16),
 # profile (the step), tune (tiles, windows), coldstart, folder (512 files: CLI and API against NeMo's transcribe()),
-# throughput (seconds per stage), shortfiles (host memory on 10 000 files), long (10 to 180 minutes).
+# throughput (seconds per stage), shortfiles (host memory on 10 000 files), long (10 to 180 minutes), profilecli
+# (cProfile of the CLI on the folder), shapes (host cost of a new batch shape).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -109,6 +110,25 @@ run_longbf16() {
 run_longfloat32() {
     step "long audio float32" 150 python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/long-float32" \
         --dtypes float32 --minutes 10,30,60 --skip-encoder --budget-seconds 130
+}
+run_profilecli() {  # where the CLI's time goes, one process each: cProfile of the main thread (PROFILE_RUNS: "dtype batch;...")
+    make_folder
+    local dtype batch
+    echo "${PROFILE_RUNS:-bfloat16 128;float32 8}" | tr ';' '\n' | while read -r dtype batch; do
+        step "CLI $dtype B=$batch (unprofiled; fills Triton's cache)" 120 python3 -m graphscribe.cli /tmp/folder \
+            --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/profile-out-$dtype-$batch"
+        step "cprofile CLI $dtype B=$batch" 120 python3 -m cProfile -o "$OUT/cli-$dtype-$batch.prof" -m graphscribe.cli \
+            /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/profile-out-$dtype-$batch"
+        python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('cumulative').print_stats(45); \
+s.sort_stats('tottime').print_stats(30)" "$OUT/cli-$dtype-$batch.prof" > "$OUT/cli-$dtype-$batch.txt" 2>&1
+    done
+}
+run_shapes() {  # what a batch of a new shape costs the host (SHAPES: "dtype batch;...")
+    local dtype batch
+    echo "${SHAPES:-bfloat16 128;float32 8}" | tr ';' '\n' | while read -r dtype batch; do
+        step "shape costs $dtype B=$batch" 150 python3 scripts/shape_costs.py --model $ckpt --dtype $dtype \
+            --batch "$batch" --json "$OUT/shapes-$dtype-$batch.json"
+    done
 }
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
     step "tune" "${TUNE_SECONDS:-330}" python3 scripts/tune_step.py --model $ckpt --out "$OUT" ${TUNE_ARGS:-}
