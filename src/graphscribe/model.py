@@ -232,6 +232,8 @@ class Model:
         self.tokenizer = tokenizer
         self.decoder = self._new_decoder()
         decoding = self.cfg.decoding
+        self._window_stride = self.cfg.features.hop_length / self.cfg.features.sample_rate  # seconds
+        self._subsampling = self.cfg.encoder.subsampling_factor
         self.word_rules = WordRules(tokenizer.punctuation, tokenizer.wordpiece, decoding.word_separator,
                                     decoding.segment_separators, decoding.segment_gap)
 
@@ -330,7 +332,7 @@ class Model:
 
     def frame_seconds(self, frame: int) -> float:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
-        return frame * (self.cfg.features.hop_length / self.sample_rate) * self.cfg.encoder.subsampling_factor
+        return frame * self._window_stride * self._subsampling
 
     def finish(self, source: str, audio: torch.Tensor, hyp: Hypothesis, seconds: float) -> Transcript:
         tdt = self.cfg.decoding.is_tdt

@@ -9,6 +9,7 @@ import sentencepiece as spm
 
 # Pieces that are not text: [tags], <tags>, ##continuations, ▁word pieces, blank pieces (NeMo's list).
 _SPECIAL_PIECE = re.compile(r"^\[.*\]$|^<.*>$|^##|^▁|^\s*$")
+DECODED_CACHE = 1 << 16  # pieces -> text entries kept (a word's pieces, or one piece); cleared when full
 
 
 class TokenizerError(ValueError):
@@ -22,10 +23,13 @@ class Tokenizer:
             self._sp.LoadFromSerializedProto(model_proto)
         except (RuntimeError, TypeError, OSError) as err:
             raise TokenizerError(f"{source}: the tokenizer model is not a SentencePiece model ({err})") from None
-        pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
-        self.punctuation = _punctuation(pieces)
-        self.wordpiece = any(p.startswith("##") for p in pieces)  # NeMo's "wpe" tokenizer type
+        self._pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
+        self.punctuation = _punctuation(self._pieces)
+        self.wordpiece = any(p.startswith("##") for p in self._pieces)  # NeMo's "wpe" tokenizer type
         self._space_before_punct = _space_before_punctuation(self.punctuation)
+        # Words repeat: a folder's transcripts decode the same few thousand piece sequences again and again, and a
+        # SentencePiece call costs more than the rest of a word's timestamps.
+        self._decoded: dict[tuple[str, ...], str] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -39,11 +43,17 @@ class Tokenizer:
         return text
 
     def piece(self, token_id: int) -> str:
-        return self._sp.id_to_piece(token_id)
+        return self._pieces[token_id]
 
     def decode_pieces(self, pieces: list[str]) -> str:
         """Text of vocabulary pieces, as NeMo decodes a word's pieces (no punctuation clean-up)."""
-        return self._sp.decode_pieces(pieces)
+        key = tuple(pieces)
+        text = self._decoded.get(key)
+        if text is None:
+            if len(self._decoded) >= DECODED_CACHE:
+                self._decoded.clear()
+            text = self._decoded[key] = self._sp.decode_pieces(list(key))
+        return text
 
 
 def _punctuation(pieces: list[str]) -> frozenset[str]:
