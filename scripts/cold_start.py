@@ -15,9 +15,11 @@ written to the JSON as soon as it is measured:
    from its disk cache, graph capture) and the second (warm), and the seconds from its spawn to each;
    one more such process runs the clip stage by stage instead, synchronising after each stage (`stages`).
 4. cli: `python -m graphscribe.cli CLIP --model X --device D --dtype T`, timed from spawn to the first
-   transcript line on stdout and to exit (median, min, max of --reps); plus one run with an empty
-   Triton cache (TRITON_CACHE_DIR) to show what a first run on a fresh machine pays for compiling.
-The clip defaults to the package's 7.4 s LibriSpeech clip.
+   transcript line on stdout and to exit (median, min, max of --reps), alternating with runs whose priming
+   thread is off (graphscribe/priming.py; `cli_unprimed`); plus one run with an empty Triton cache
+   (TRITON_CACHE_DIR) to show what a first run on a fresh machine pays for compiling.
+The clip defaults to the package's 7.4 s LibriSpeech clip. `bytecode` says whether the children could use
+compiled bytecode (see `bytecode_caches`; --pycache-prefix gives them a cache).
 """
 
 from __future__ import annotations
@@ -113,9 +115,14 @@ def run_child(args, script: Path, stages: bool = False) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_cli(args, env=None) -> dict:
+# The CLI with its priming thread (graphscribe/priming.py) switched off, for the A/B.
+UNPRIMED = "import graphscribe.priming as p, sys; p.prime = lambda *a: None; from graphscribe.cli import main; main()"
+
+
+def run_cli(args, env=None, primed: bool = True) -> dict:
     """Spawn the CLI; seconds to its first stdout line (the transcript) and to its exit."""
-    cmd = [sys.executable, "-m", "graphscribe.cli", str(args.clip), "--model", args.model, "--device", args.device,
+    start_cli = ["-m", "graphscribe.cli"] if primed else ["-c", UNPRIMED]
+    cmd = [sys.executable, *start_cli, str(args.clip), "--model", args.model, "--device", args.device,
            "--dtype", args.dtype]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -129,6 +136,23 @@ def run_cli(args, env=None) -> dict:
     total = time.perf_counter() - start
     return dict(first_transcript_s=first, exit_s=total, returncode=proc.returncode, transcript=first_line.strip()[:200],
                 stderr=stderr.strip().splitlines()[-3:])
+
+
+def bytecode_caches(prefix: Path | None) -> dict:
+    """Whether the children can keep compiled bytecode (.pyc): without it every process compiles torch's Python
+    source again (about 2.7 s on the lent GPU machine, whose torch has no .pyc files and may not write them);
+    pip writes them when it installs a package, so a user's machine has them. --pycache-prefix gives the
+    children a writable cache (PYTHONPYCACHEPREFIX), filled by one process before the timed ones."""
+    if prefix is not None:
+        prefix.mkdir(parents=True, exist_ok=True)
+        os.environ["PYTHONPYCACHEPREFIX"] = str(prefix.resolve())
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    import torch
+
+    site = Path(torch.__file__).parent
+    return dict(pycache_prefix=os.environ.get("PYTHONPYCACHEPREFIX"),
+                dont_write_bytecode_env=os.environ.get("PYTHONDONTWRITEBYTECODE"),
+                torch_has_pyc=any(site.glob("__pycache__/*.pyc")), torch_dir_writable=os.access(site, os.W_OK))
 
 
 def warm_page_cache(path: Path) -> dict:
@@ -151,6 +175,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300, help="seconds for one process")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--pycache-prefix", type=Path, help="a writable bytecode cache for the children (see bytecode)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--stages", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--spawned", type=float, help=argparse.SUPPRESS)
@@ -163,11 +188,16 @@ def main() -> int:
     args.model = str(Path(args.model).resolve())
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report: dict = dict(model=args.model, clip=str(args.clip), device=args.device, dtype=args.dtype, reps=args.reps,
-                        python=platform.python_version(), cpus=os.cpu_count(), errors=[])
+                        python=platform.python_version(), cpus=os.cpu_count(), errors=[],
+                        bytecode=bytecode_caches(args.pycache_prefix))
 
     def save() -> None:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 
+    if args.pycache_prefix is not None:  # one CLI run fills the bytecode cache
+        subprocess.run([sys.executable, "-m", "graphscribe.cli", str(args.clip), "--model", args.model, "--device",
+                        args.device, "--dtype", args.dtype], capture_output=True, timeout=args.timeout)
+    log(f"bytecode: {report['bytecode']}")
     report["page_cache"] = warm_page_cache(Path(args.model))
     cache = report["page_cache"]
     log(f"read {args.model} once: {cache['bytes'] / 2**20:.0f} MiB in {cache['read_s']:.2f} s")
@@ -226,19 +256,22 @@ def main() -> int:
         except Exception as err:  # noqa: BLE001
             report["errors"].append(f"cli with an empty Triton cache: {type(err).__name__}: {err}")
         save()
-    runs = []
+    runs: dict[str, list] = {"primed": [], "unprimed": []}
     for rep in range(args.reps):
-        try:
-            runs.append(run_cli(args))
-        except Exception as err:  # noqa: BLE001
-            report["errors"].append(f"cli run {rep}: {type(err).__name__}: {err}")
-            continue
-        log(f"cli run {rep}: first transcript after {runs[-1]['first_transcript_s']:.2f} s, exit after "
-            f"{runs[-1]['exit_s']:.2f} s (exit {runs[-1]['returncode']}): {runs[-1]['transcript'][:60]!r}")
-    report["cli"] = runs
-    if runs:
-        report["cli_summary"] = dict(first_transcript_s=spread([r["first_transcript_s"] for r in runs]),
-                                     exit_s=spread([r["exit_s"] for r in runs]))
+        for variant in runs:  # alternating, so that drift on the machine hits both alike
+            try:
+                run = run_cli(args, primed=variant == "primed")
+            except Exception as err:  # noqa: BLE001
+                report["errors"].append(f"cli run {rep} ({variant}): {type(err).__name__}: {err}")
+                continue
+            runs[variant].append(run)
+            log(f"cli run {rep} ({variant}): first transcript after {run['first_transcript_s']:.2f} s, exit after "
+                f"{run['exit_s']:.2f} s (exit {run['returncode']}): {run['transcript'][:60]!r}")
+    report["cli"], report["cli_unprimed"] = runs["primed"], runs["unprimed"]
+    for variant, key in (("primed", "cli_summary"), ("unprimed", "cli_unprimed_summary")):
+        if runs[variant]:
+            report[key] = dict(first_transcript_s=spread([r["first_transcript_s"] for r in runs[variant]]),
+                               exit_s=spread([r["exit_s"] for r in runs[variant]]))
     save()
     log(f"wrote {args.json}")
     return 0

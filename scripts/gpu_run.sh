@@ -64,6 +64,8 @@ run_gputests() {  # every GPU-marked test (decoding, pipeline, bench, timestamps
 }
 run_coldstart() {
     step "cold start" 200 python3 scripts/cold_start.py --model $ckpt --reps 3 --json "$OUT/cold_start.json"
+    step "cold start, bytecode cached" 200 python3 scripts/cold_start.py --model $ckpt --reps 3 \
+        --pycache-prefix /tmp/pycache --json "$OUT/cold_start-pycache.json"
 }
 make_folder() {
     [ -d /tmp/folder ] || step "folder" 120 python3 scripts/make_folder.py /tmp/folder --files 512 --seed 0

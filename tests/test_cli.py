@@ -281,3 +281,12 @@ def test_output_dir_never_overwrites_one_input_with_another(tmp_path):
     texts = {p.name: p.read_text() for p in out.iterdir()}
     assert texts["x.txt"] == reference_clip("short_2s.wav")["text"] + "\n"  # a/x.wav, first in input order
     assert texts["x-2.txt"] == reference_clip("espeak_fox.wav")["text"] + "\n"  # b/x.wav
+
+
+def test_priming_starts_nothing_without_cuda():
+    from graphscribe.priming import prime
+
+    assert prime("cpu", "float32") is None
+    if not torch.cuda.is_available():
+        assert prime("auto", "bfloat16") is None
+        assert prime("cuda:0", "float32") is None

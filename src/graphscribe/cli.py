@@ -58,7 +58,9 @@ def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional
                  attention: str = "auto", attention_window: int = 256):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is."""
     from .model import load_model
+    from .priming import prime
 
+    primer = prime(device, dtype)  # CUDA's libraries load while the checkpoint does
     source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
     if source == DEMO_NAME:
         err_console.print("note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
@@ -68,13 +70,15 @@ def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional
         loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch,
                             attention=attention, attention_window=attention_window)
     except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
+        if primer is not None:
+            primer.join()  # not exiting while it is inside a CUDA library
         message = str(err)
         if isinstance(err, UnsupportedModelError):
             message = f"{source}: {message}"
         _fail_usage(message)
     if graphs and loaded.device.type != "cuda":  # asked for explicitly
         err_console.print("note: CUDA graphs need a CUDA device; decoding eagerly on the CPU")
-    return loaded
+    return loaded  # the primer may still be at work: what it loads is locked, the first use waits for it
 
 
 def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
