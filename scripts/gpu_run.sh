@@ -6,7 +6,7 @@
 # the same checkpoint and clips), tests / gputests (the GPU tests), bench (graphs on/off, float32 and bfloat16),
 # profile (the step), tune (tiles, windows), coldstart, folder (512 files: CLI and API against NeMo's transcribe()),
 # throughput (seconds per stage), shortfiles (host memory on 10 000 files), long (10 to 180 minutes), profilecli
-# (cProfile of the CLI on the folder), shapes (host cost of a new batch shape).
+# (cProfile of the CLI on the folder), shapes (host cost of a new batch shape), trace (GPU idle gaps, warm folder).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -130,6 +130,14 @@ run_shapes() {  # what a batch of a new shape costs the host (SHAPES: "dtype bat
     echo "${SHAPES:-bfloat16 128;float32 8}" | tr ';' '\n' | while read -r dtype batch; do
         step "shape costs $dtype B=$batch" 150 python3 scripts/shape_costs.py --model $ckpt --dtype $dtype \
             --batch "$batch" --json "$OUT/shapes-$dtype-$batch.json"
+    done
+}
+run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch;...")
+    make_folder
+    local dtype batch
+    echo "${TRACES:-bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
+        step "trace $dtype B=$batch" 150 python3 scripts/trace_pipeline.py --model $ckpt --folder /tmp/folder \
+            --dtype $dtype --batch "$batch" --out "$OUT/trace-$dtype-$batch"
     done
 }
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
