@@ -6,7 +6,8 @@
 # the same checkpoint and clips), tests / gputests (the GPU tests), bench (graphs on/off, float32 and bfloat16),
 # profile (the step), tune (tiles, windows), coldstart, folder (512 files: CLI and API against NeMo's transcribe()),
 # throughput (seconds per stage), shortfiles (host memory on 10 000 files), long (10 to 180 minutes), profilecli
-# (cProfile of the CLI on the folder), shapes (host cost of a new batch shape), trace (GPU idle gaps, warm folder).
+# (cProfile of the CLI on the folder), shapes (host cost of a new batch shape), trace (GPU idle gaps, warm folder),
+# abcli (A/B of host-side choices on the folder CLI).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -138,6 +139,25 @@ run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch
     echo "${TRACES:-bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
         step "trace $dtype B=$batch" 150 python3 scripts/trace_pipeline.py --model $ckpt --folder /tmp/folder \
             --dtype $dtype --batch "$batch" --out "$OUT/trace-$dtype-$batch"
+    done
+}
+run_abcli() {  # A/B of host-side choices on the folder CLI, alternating (ABCLI: "dtype batch;..."; AB_REPS)
+    make_folder
+    local dtype batch rep variant
+    declare -A start=(
+        [base]="from graphscribe.cli import main; main()"
+        [no-cudnn-sdpa]="import torch; torch.backends.cuda.enable_cudnn_sdp(False); from graphscribe.cli import main; main()"
+        [readers-16]="import graphscribe.pipeline as p; p.MAX_READERS = 16; from graphscribe.cli import main; main()"
+        [no-pin]="import graphscribe.pipeline as p; p.Reader.__init__ = (lambda o: lambda self, *a, **k: (o(self, *a, **k), \
+setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import main; main()"
+    )
+    echo "${ABCLI:-bfloat16 128;float32 32}" | tr ';' '\n' | while read -r dtype batch; do
+        for rep in $(seq "${AB_REPS:-3}"); do
+            for variant in base no-cudnn-sdpa readers-16 no-pin; do
+                echo "ab $dtype B=$batch $variant rep $rep: $(python3 -c "${start[$variant]}" /tmp/folder --model $ckpt \
+                    --dtype $dtype --batch "$batch" -o "/tmp/ab-out" 2>&1 | grep 'loaded in')" | tee -a "$log"
+            done
+        done
     done
 }
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
