@@ -200,12 +200,12 @@ def test_padded_query_rows_are_zero_before_the_output_projection():
     attn = model.module.encoder.layers[0].self_attn
     x = torch.randn(2, 20, 64)
     valid = torch.arange(20)[None, :] < torch.tensor([20, 13])[:, None]
-    from graphscribe.encoder import relative_positions, window_positions
+    from graphscribe.encoder import Padding, relative_positions, window_positions
 
     with torch.no_grad():
         for window, pos in ((None, relative_positions(20, 64, x.device, x.dtype)),
                             ((3, 3), window_positions((3, 3), 64, x.device, x.dtype))):
-            out = attn(x, pos, valid, window)
+            out = attn(x, pos, Padding(valid, x.dtype), window)
             assert torch.allclose(out[1, 13:], attn.linear_out(torch.zeros(64)).expand(7, 64))
 
 

@@ -8,6 +8,8 @@ so a clip's output depends on its batch only through the rounding of products ov
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +123,27 @@ def window_positions(window: tuple[int, int], d_model: int, device: torch.device
     return sinusoids(torch.arange(left, -right - 1, -1, device=device), d_model).to(dtype)
 
 
+@dataclass
+class Padding:
+    """Which frames of a padded batch are real, and the masks the layers make of it: made once a forward, not
+    once a layer (each mask is a few kernel launches, and a small batch's encoder waits on its host)."""
+
+    valid: torch.Tensor  # (B, T) True = frame, False = padding
+    dtype: torch.dtype  # the activations'
+
+    @cached_property
+    def keep(self) -> torch.Tensor:  # (B, 1, T, 1) 1.0 for a frame's query row, 0.0 for padding
+        return self.valid[:, None, :, None].to(self.dtype)
+
+    @cached_property
+    def pad(self) -> torch.Tensor:  # (B, 1, T) True = padding, for (B, D, T) activations
+        return ~self.valid[:, None, :]
+
+    @cached_property
+    def pairs(self) -> torch.Tensor:  # (B, 1, T, T) True = query or key is padding
+        return ~(self.valid[:, None, :, None] & self.valid[:, None, None, :])
+
+
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, expansion: int, bias: bool):
         super().__init__()
@@ -151,9 +174,9 @@ class RelPositionAttention(nn.Module):
         self.pos_bias_u = nn.Parameter(torch.zeros(n_heads, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(n_heads, self.d_k))
 
-    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, valid: torch.Tensor,
+    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding,
                 window: tuple[int, int] | None) -> torch.Tensor:
-        """x (B, T, D), pos_emb (P, D) from `relative_positions` or `window_positions`, valid (B, T) True = frame."""
+        """x (B, T, D), pos_emb (P, D) from `relative_positions` or `window_positions`, padding of the batch."""
         b, t, _ = x.shape
         h, d_k = self.n_heads, self.d_k
         q = self.linear_q(x).view(b, t, h, d_k).transpose(1, 2)  # (B, H, T, d_k)
@@ -163,21 +186,22 @@ class RelPositionAttention(nn.Module):
         q_u = q + self.pos_bias_u[:, None]  # content term's query
         q_v = q + self.pos_bias_v[:, None]  # position term's query
         if window is None:
-            out = full_attention(q_u, q_v, k, v, p, valid)
+            out = full_attention(q_u, q_v, k, v, p, padding.valid, padding)
         else:
-            out = local_attention(q_u, q_v, k, v, p, valid, window)
-        out = out * valid[:, None, :, None].to(out.dtype)  # NeMo zeroes the probabilities of padded queries
+            out = local_attention(q_u, q_v, k, v, p, padding.valid, window)
+        out = out * padding.keep  # NeMo zeroes the probabilities of padded queries
         return self.linear_out(out.transpose(1, 2).reshape(b, t, h * d_k))
 
 
-def full_attention(q_u, q_v, k, v, p, valid) -> torch.Tensor:
+def full_attention(q_u, q_v, k, v, p, valid, padding: Padding | None = None) -> torch.Tensor:
     """NeMo's rel_pos: softmax((q_u k^T + rel_shift(q_v p^T)) / sqrt(d_k)), padded keys at -10000.
 
     q_u, q_v, k, v: (B, H, T, d_k); p: (H, 2T - 1, d_k) for positions T-1 ... -(T-1); valid: (B, T).
     16-bit: `scaled_dot_product_attention` with the position term as an additive bias. float32: NeMo's own
     products and masked softmax, so that float32 output is NeMo's arithmetic, not another float32 rounding
     of it (SDPA's fused kernel sums in its own order). Either way a group of query rows at a time, the groups sized
-    per row of the batch (a clip's rounding must not depend on its batch). -> (B, H, T, d_k)
+    per row of the batch (a clip's rounding must not depend on its batch). `padding`: the batch's shared masks
+    (`valid`'s), if the caller has them. -> (B, H, T, d_k)
     """
     b, h, t, d_k = q_u.shape
     scale = 1.0 / math.sqrt(d_k)
@@ -186,7 +210,7 @@ def full_attention(q_u, q_v, k, v, p, valid) -> torch.Tensor:
     per_row = h * (_EXACT_TEMPORARIES * t if exact else width) * q_u.element_size()  # bytes a query row needs
     rows = max(1, min(t, _GROUP_BYTES // per_row))
     if exact and rows >= t:
-        return _full_attention_nemo(q_u, q_v, k, v, p, valid)  # NeMo's very shapes
+        return _full_attention_nemo(q_u, q_v, k, v, p, valid, padding)  # NeMo's very shapes
     keys_masked = ~valid[:, None, None, :]  # (B, 1, 1, T)
     out = torch.empty_like(q_u)
     for start in range(0, t, rows):
@@ -276,11 +300,11 @@ def _aligned(n: int) -> int:
     return -(-n // 16) * 16
 
 
-def _full_attention_nemo(q_u, q_v, k, v, p, valid) -> torch.Tensor:
+def _full_attention_nemo(q_u, q_v, k, v, p, valid, padding: Padding | None = None) -> torch.Tensor:
     """NeMo's own formulation, all query rows at once (several (B, H, T, T) tensors): float32 inputs that fit."""
     t = q_u.shape[2]
     scores = torch.matmul(q_u, k.transpose(-2, -1)) + _rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))[..., :t]
-    mask = ~(valid[:, None, :, None] & valid[:, None, None, :])  # (B, 1, T, T) True = masked
+    mask = (padding or Padding(valid, q_u.dtype)).pairs  # (B, 1, T, T) True = masked
     attn = torch.softmax((scores / math.sqrt(q_u.shape[-1])).masked_fill(mask, _MASKED_SCORE), dim=-1)
     return torch.matmul(attn.masked_fill(mask, 0.0), v)
 
@@ -300,9 +324,9 @@ class ConvModule(nn.Module):
         self.batch_norm = nn.BatchNorm1d(d_model)
         self.pointwise_conv2 = nn.Conv1d(d_model, d_model, 1, bias=bias)
 
-    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, padding: Padding) -> torch.Tensor:
         x = F.glu(self.pointwise_conv1(x.transpose(1, 2)), dim=1)  # (B, D, T)
-        x = x.masked_fill(pad_mask[:, None, :], 0.0)
+        x = x.masked_fill(padding.pad, 0.0)
         x = F.silu(self.batch_norm(self.depthwise_conv(x)))
         return self.pointwise_conv2(x).transpose(1, 2)  # (B, T, D)
 
@@ -321,10 +345,10 @@ class ConformerLayer(nn.Module):
         self.feed_forward2 = FeedForward(d, cfg.ff_expansion, bias)
         self.norm_out = nn.LayerNorm(d)
 
-    def forward(self, x, pos_emb, valid, window):
+    def forward(self, x, pos_emb, padding: Padding, window):
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
-        x = x + self.self_attn(self.norm_self_att(x), pos_emb, valid, window)
-        x = x + self.conv(self.norm_conv(x), ~valid)
+        x = x + self.self_attn(self.norm_self_att(x), pos_emb, padding, window)
+        x = x + self.conv(self.norm_conv(x), padding)
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
         return self.norm_out(x)
 
@@ -352,9 +376,9 @@ class FastConformer(nn.Module):
             pos_emb = relative_positions(t, self.cfg.d_model, x.device, x.dtype)
         else:
             pos_emb = window_positions(window, self.cfg.d_model, x.device, x.dtype)
-        valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # (B, T') False = padding
+        padding = Padding(torch.arange(t, device=x.device)[None, :] < lengths[:, None], x.dtype)  # (B, T')
         for layer in self.layers:
-            x = layer(x, pos_emb, valid, window)
+            x = layer(x, pos_emb, padding, window)
         return x, lengths
 
 
