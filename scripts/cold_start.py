@@ -116,7 +116,7 @@ def run_child(args, script: Path, stages: bool = False) -> dict:
 
 
 # The CLI with its priming thread (graphscribe/priming.py) switched off, for the A/B.
-UNPRIMED = "import graphscribe.priming as p, sys; p.prime = lambda *a: None; from graphscribe.cli import main; main()"
+UNPRIMED = "import graphscribe.priming as p; p.prime = lambda *a: None; from graphscribe.cli import entry; entry()"
 
 
 def run_cli(args, env=None, primed: bool = True) -> dict:

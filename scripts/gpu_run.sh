@@ -145,7 +145,7 @@ run_abcli() {  # A/B of host-side choices on the folder CLI, alternating (ABCLI:
     make_folder
     local dtype batch rep variant
     declare -A start=(
-        [base]="from graphscribe.cli import main; main()"
+        [base]="from graphscribe.cli import entry; entry()"
         [no-cudnn-sdpa]="import torch; torch.backends.cuda.enable_cudnn_sdp(False); from graphscribe.cli import main; main()"
         [readers-16]="import graphscribe.pipeline as p; p.MAX_READERS = 16; from graphscribe.cli import main; main()"
         [no-pin]="import graphscribe.pipeline as p; p.Reader.__init__ = (lambda o: lambda self, *a, **k: (o(self, *a, **k), \
