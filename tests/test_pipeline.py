@@ -132,27 +132,3 @@ def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
     seconds = clock.seconds()
     for stage in ("read", "features", "encoder", "decode", "text"):
         assert seconds[stage] > 0, stage
-
-
-def test_pinned_buffers_are_lent_until_their_batch_is_dropped():
-    import gc
-
-    from graphscribe.pipeline import PinnedBuffers
-
-    class Owner:
-        pass
-
-    pool = PinnedBuffers(keep=2, pin=False)
-    first = Owner()
-    a = pool.take(first, (2, 5), torch.float32)
-    b = pool.take(Owner(), (3,), torch.float32)  # its owner is gone at once: b's buffer is free again
-    assert a.shape == (2, 5) and a.data_ptr() != b.data_ptr()
-    c = pool.take(Owner(), (1, 3), torch.float32)  # fits in b's buffer, the smallest free one that fits
-    assert c.data_ptr() == b.data_ptr()
-    d = pool.take(Owner(), (2, 5), torch.float32)  # first still holds a's buffer: a new one
-    assert d.data_ptr() not in (a.data_ptr(), b.data_ptr())
-    del first
-    gc.collect()
-    e = pool.take(Owner(), (10,), torch.float32)  # a's, or d's: both free now, both fit
-    assert e.data_ptr() in (a.data_ptr(), d.data_ptr())
-    assert pool.take(Owner(), (4,), torch.long).dtype == torch.long  # buffers are not shared across dtypes

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
-import weakref
 from collections import defaultdict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -75,45 +73,10 @@ class Batch:
     audio: torch.Tensor  # (B, L) float32, zero-padded; pinned when the model is on CUDA
     lengths: torch.Tensor  # (B,) int64 samples
     failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of unreadable inputs
-    owner: "Batch | None" = field(default=None, repr=False)  # a row's batch: its buffers stay lent while the row lives
 
     def row(self, r: int) -> "Batch":
         n = int(self.lengths[r])
-        return Batch([self.indices[r]], [self.sources[r]], self.audio[r: r + 1, :n], self.lengths[r: r + 1],
-                     owner=self)
-
-
-class PinnedBuffers:
-    """Pinned host buffers for padded batches, each reused once the batch made in it is dropped.
-
-    Pinning is slow (cudaHostAlloc: 6 calls, 173 ms of a warm 512-file pass at batch 128 on the lent H100, and it
-    holds up the CUDA calls of the main thread meanwhile), so a folder's batches take turns with the few buffers
-    that are in flight at once. A batch is dropped after its transcripts are made: its copy to the GPU is long
-    done, and nothing else keeps a view of its audio.
-    """
-
-    def __init__(self, keep: int = READ_AHEAD + 3, pin: bool = True):
-        self.keep = keep  # free buffers kept at most (the batches in flight at once)
-        self.pin = pin  # False: ordinary memory (tests without CUDA)
-        self._free: list[torch.Tensor] = []
-        self._lock = threading.Lock()
-
-    def take(self, owner: object, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialised pinned tensor of `shape`, lent until `owner` is garbage."""
-        need = max(1, int(torch.Size(shape).numel()))
-        with self._lock:
-            fits = [i for i, b in enumerate(self._free) if b.dtype == dtype and b.numel() >= need]
-            flat = self._free.pop(min(fits, key=lambda i: self._free[i].numel())) if fits else None
-        if flat is None:
-            flat = torch.empty(need, dtype=dtype, pin_memory=self.pin)
-        weakref.finalize(owner, self._give_back, flat)
-        return flat[: torch.Size(shape).numel()].view(shape)
-
-    def _give_back(self, flat: torch.Tensor) -> None:
-        with self._lock:
-            self._free.append(flat)
-            if len(self._free) > self.keep:  # the smallest goes: later batches of a folder are no larger
-                self._free.pop(min(range(len(self._free)), key=lambda i: self._free[i].numel()))
+        return Batch([self.indices[r]], [self.sources[r]], self.audio[r: r + 1, :n], self.lengths[r: r + 1])
 
 
 class StageClock:
@@ -174,7 +137,7 @@ class Reader:
                  clock: StageClock, read_ahead: int = READ_AHEAD):
         self.model, self.items, self.plan, self.pool, self.clock = model, items, plan, pool, clock
         self.read_ahead = read_ahead
-        self.pinned = PinnedBuffers() if model.device.type == "cuda" else None
+        self.pin = model.device.type == "cuda"
 
     def __iter__(self) -> Iterator[Batch]:
         pending: deque[Future] = deque()
@@ -212,20 +175,14 @@ class Reader:
                 failed.append((i, str(audio)))
             else:
                 ok.append((i, audio))
+        lengths = torch.tensor([a.numel() for _, a in ok], dtype=torch.long)  # (B,)
         width = max((a.numel() for _, a in ok), default=0)
-        batch = Batch([i for i, _ in ok], [_name(self.items[i]) for i, _ in ok], torch.empty(0), torch.empty(0),
-                      failed)
-        if self.pinned is None:
-            padded, lengths = torch.empty(len(ok), width), torch.empty(len(ok), dtype=torch.long)
-        else:  # lent by the pool until this batch is dropped
-            padded = self.pinned.take(batch, (len(ok), width), torch.float32)
-            lengths = self.pinned.take(batch, (len(ok),), torch.long)
+        padded = torch.empty(len(ok), width, pin_memory=self.pin)  # (B, L)
         for row, (_, audio) in enumerate(ok):
             padded[row, : audio.numel()].copy_(audio)
             padded[row, audio.numel():].zero_()
-            lengths[row] = audio.numel()
-        batch.audio, batch.lengths = padded, lengths  # (B, L), (B,)
-        return batch
+        return Batch([i for i, _ in ok], [_name(self.items[i]) for i, _ in ok], padded,
+                     lengths.pin_memory() if self.pin else lengths, failed)
 
 
 @dataclass
