@@ -120,7 +120,12 @@ run_profilecli() {  # where the CLI's time goes, one process each: cProfile of t
     echo "${PROFILE_RUNS:-bfloat16 128;float32 8}" | tr ';' '\n' | while read -r dtype batch; do
         step "CLI $dtype B=$batch (unprofiled; fills Triton's cache)" 120 python3 -m graphscribe.cli /tmp/folder \
             --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/profile-out-$dtype-$batch"
-        step "cprofile CLI $dtype B=$batch" 120 python3 -m cProfile -o "$OUT/cli-$dtype-$batch.prof" -m graphscribe.cli \
+        # main(), not the command's entry(): that one leaves by os._exit, before cProfile could write its file
+        step "cprofile CLI $dtype B=$batch" 120 python3 -c "import cProfile, sys; from graphscribe.cli import main
+profile = cProfile.Profile(); profile.enable()
+try: main(sys.argv[2:])
+except SystemExit: pass
+profile.disable(); profile.dump_stats(sys.argv[1])" "$OUT/cli-$dtype-$batch.prof" \
             /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/profile-out-$dtype-$batch"
         python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('cumulative').print_stats(45); \
 s.sort_stats('tottime').print_stats(30)" "$OUT/cli-$dtype-$batch.prof" > "$OUT/cli-$dtype-$batch.txt" 2>&1
