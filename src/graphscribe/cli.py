@@ -21,8 +21,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .audio import NATIVE_STDERR, find_audio_files
 from .checkpoint import DEMO_NAME, CheckpointError
-from .config import UnsupportedModelError
 from .pipeline import header_seconds
+from .config import UnsupportedModelError
 from .tokenizer import TokenizerError
 from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text
 
@@ -193,9 +193,9 @@ def transcribe_command(
     formats = parse_formats(fmt, output_dir, len(files))
     # the files' lengths are read from their headers while the model loads (libmpg123's notes kept off stderr)
     with NATIVE_STDERR.installed(), ThreadPoolExecutor(1, thread_name_prefix="graphscribe-headers") as headers:
-        scan = headers.submit(header_seconds, files)
+        durations = headers.submit(header_seconds, files)
         loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window)
-        durations = scan.result()
+        durations = durations.result()
     targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
     start = time.perf_counter()
     with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr
