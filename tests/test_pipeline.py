@@ -102,19 +102,6 @@ def test_results_in_batch_order_each_input_once(model, tmp_path, short_folder):
     assert order[-1] == 9  # unreadable, so of unknown length: in the last batch, alone
 
 
-def test_known_lengths_order_the_batches(model, short_folder):
-    """Lengths read beforehand (the CLI reads the headers while the model loads) are the ones used for the order."""
-    from graphscribe.pipeline import header_seconds
-
-    paths = short_folder[:6]
-    seconds = header_seconds(paths)
-    assert seconds == [sf.info(str(p)).duration for p in paths]
-    claimed = list(range(len(paths)))  # the input order as lengths: the last input is "longest"
-    order = [i for i, _ in model.transcribe_iter(paths, batch_size=1, durations=claimed)]
-    assert order == list(reversed(range(len(paths))))
-    assert header_seconds([short_folder[0].parent / "missing.wav"]) == [0.0]
-
-
 def test_batching_does_not_change_results(model):
     paths = [CLIPS / name for name in CLIP_NAMES]
     expected = [reference_clip(name)["token_ids"] for name in CLIP_NAMES]

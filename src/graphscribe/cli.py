@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
 
@@ -21,7 +20,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .audio import NATIVE_STDERR, find_audio_files
 from .checkpoint import DEMO_NAME, CheckpointError
-from .pipeline import header_seconds
 from .config import UnsupportedModelError
 from .tokenizer import TokenizerError
 from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text
@@ -191,16 +189,11 @@ def transcribe_command(
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
-    # the files' lengths are read from their headers while the model loads (libmpg123's notes kept off stderr)
-    with NATIVE_STDERR.installed(), ThreadPoolExecutor(1, thread_name_prefix="graphscribe-headers") as headers:
-        durations = headers.submit(header_seconds, files)
-        loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window)
-        durations = durations.result()
+    loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window)
     targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
     start = time.perf_counter()
     with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr
-        printed, done, audio, failed = _transcribe_files(loaded, files, durations, batch, batch_seconds, formats,
-                                                         targets)
+        printed, done, audio, failed = _transcribe_files(loaded, files, batch, batch_seconds, formats, targets)
     elapsed = time.perf_counter() - start
 
     for text in printed:
@@ -219,8 +212,8 @@ def transcribe_command(
     raise typer.Exit(1 if failed else 0)
 
 
-def _transcribe_files(loaded, files: list[Path], durations: list[float], batch: Optional[int],
-                      batch_seconds: Optional[float], formats: list[str], targets: dict[str, list[Path]]):
+def _transcribe_files(loaded, files: list[Path], batch: Optional[int], batch_seconds: Optional[float],
+                      formats: list[str], targets: dict[str, list[Path]]):
     """Transcribe and write as results come; -> stdout text per file (None: written or failed), files done,
     audio seconds done, failures. Only the stdout text is kept, so memory does not grow with the outputs."""
     printed: list[Optional[str]] = [None] * len(files)
@@ -229,7 +222,7 @@ def _transcribe_files(loaded, files: list[Path], durations: list[float], batch: 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, disable=not show_progress, transient=True) as progress:
         task = progress.add_task("transcribing", total=len(files))
-        for i, transcript in loaded.transcribe_iter(files, batch, batch_seconds, durations=durations):
+        for i, transcript in loaded.transcribe_iter(files, batch, batch_seconds):
             progress.advance(task)
             if transcript.error is not None:
                 failed += 1

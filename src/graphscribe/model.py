@@ -356,7 +356,7 @@ class Model:
         return [self.finish(s, a, h, seconds) for s, a, h in zip(sources, audios, hyps)]
 
     def transcribe_iter(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None,
-                        clock: StageClock | None = None, durations: list[float] | None = None):
+                        clock: StageClock | None = None):
         """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
         Batches hold at most `batch_size` inputs and `batch_seconds` of padded audio (inputs x the longest
@@ -364,13 +364,12 @@ class Model:
         (`pipeline.default_batching`). Files are read by threads a few batches ahead (pipeline.py). A bad
         input yields a Transcript with `error` set and the rest goes on. Padded frames are masked, so the
         batching changes a result only through rounding. `clock` collects seconds per stage (the benchmark's).
-        `durations`: the inputs' lengths in seconds if already known (`pipeline.header_seconds`), for the order.
         """
         files, seconds = default_batching(self.device)
         batch_size = batch_size or self.options.batch_size or files
         if batch_seconds is None:
             batch_seconds = self.options.batch_seconds if self.options.batch_seconds is not None else seconds
-        yield from transcribe_stream(self, list(inputs), batch_size, batch_seconds, clock, seconds=durations)
+        yield from transcribe_stream(self, list(inputs), batch_size, batch_seconds, clock)
 
     def transcribe(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None) -> list[Transcript]:
         """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order."""

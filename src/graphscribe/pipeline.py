@@ -198,18 +198,14 @@ class _Job:
 
 
 def transcribe_stream(model: Model, items: list, batch_size: int, batch_seconds: float | None,
-                      clock: StageClock | None = None, workers: int | None = None,
-                      seconds: list[float] | None = None) -> Iterator[tuple[int, Transcript]]:
-    """Yield (index, Transcript) for every input (paths or sample arrays), a batch at a time, longest first.
-
-    `seconds`: the inputs' lengths if already known (`header_seconds`), else read here from the file headers."""
+                      clock: StageClock | None = None, workers: int | None = None) -> Iterator[tuple[int, Transcript]]:
+    """Yield (index, Transcript) for every input (paths or sample arrays), a batch at a time, longest first."""
     from .model import Transcript  # here: model.py imports this module
 
     clock = clock or StageClock(model.device, enabled=False)
     pool = ThreadPoolExecutor(workers or default_workers(model.device), thread_name_prefix="graphscribe-read")
     try:
-        if seconds is None or len(seconds) != len(items):
-            seconds = list(pool.map(lambda item: _estimated_seconds(item, model.sample_rate), items))
+        seconds = list(pool.map(lambda item: _estimated_seconds(item, model.sample_rate), items))
         plan = plan_batches(seconds, max(1, batch_size), batch_seconds)
         decoded: _Job | None = None  # decoded, its transcripts not made yet
         for batch in Reader(model, items, plan, pool, clock):
@@ -304,13 +300,6 @@ def _out_of_memory_or_raise(model: Model, err: Exception) -> None:
         raise err
     if model.device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def header_seconds(paths: list, workers: int = MAX_READERS) -> list[float]:
-    """Each file's length from its header (0 where it cannot be inspected), for ordering batches: nothing of the
-    model is needed, so the CLI reads them while the model loads (about 0.2 s for 512 files on the H100 machine)."""
-    with ThreadPoolExecutor(workers, thread_name_prefix="graphscribe-header") as pool:
-        return list(pool.map(lambda path: audio_seconds(path) or 0.0, paths))
 
 
 def _estimated_seconds(item, sample_rate: int) -> float:
