@@ -311,15 +311,14 @@ class Model:
         if self.options.attention == "local":
             return window
         longest = max(samples, default=0)
-        seconds = longest / self.sample_rate
-        need = memory_estimate(self.cfg, len(samples), longest, self.dtype.itemsize, None)
-        free = available_memory(self.device)
-        if seconds > FULL_ATTENTION_MAX_SECONDS:
+        if longest / self.sample_rate > FULL_ATTENTION_MAX_SECONDS:
             reason = f"longer than {FULL_ATTENTION_MAX_SECONDS // 60} min"
-        elif need > _MEMORY_HEADROOM * free:
-            reason = f"full attention would need about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         else:
-            return None
+            need = memory_estimate(self.cfg, len(samples), longest, self.dtype.itemsize, None)
+            free = available_memory(self.device)
+            if need <= _MEMORY_HEADROOM * free:
+                return None
+            reason = f"full attention would need about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         names = sources or ["<array>"] * len(samples)
         listed = ", ".join(f"{n} ({k / self.sample_rate / 60:.1f} min)" for n, k in zip(names[:3], samples))
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
