@@ -158,9 +158,10 @@ class RelPositionAttention(nn.Module):
     """Multi-head attention with Transformer-XL relative positions and untied biases u, v.
 
     Two kinds, one set of weights: full attention (NeMo's rel_pos: every frame sees every frame)
-    and local attention (NeMo's rel_pos_local_attn, `window` = (left, right) frames). Both run
-    through `scaled_dot_product_attention` with the positional term as an additive bias, a group
-    of query rows at a time, so no (B, H, T, T) tensor is ever made whole.
+    and local attention (NeMo's rel_pos_local_attn, `window` = (left, right) frames). A group of query
+    rows at a time, so no (B, H, T, T) tensor is made whole for a long input: through
+    `scaled_dot_product_attention` with the positional term as an additive bias, except full attention
+    in float32, which keeps NeMo's own products (see `full_attention`).
     """
 
     def __init__(self, d_model: int, n_heads: int, bias: bool):
