@@ -78,19 +78,19 @@ def _normalize_per_feature(x: torch.Tensor, frames: torch.Tensor, std_guard: flo
     count = frames[:, None].to(x.dtype)  # (B, 1)
     chunks = [(s, min(x.shape[-1], s + _NORM_CHUNK_FRAMES)) for s in range(0, x.shape[-1], _NORM_CHUNK_FRAMES)]
 
-    def valid(start, end):  # (B, 1, end - start)
-        return (torch.arange(start, end, device=x.device)[None, :] < frames[:, None])[:, None, :]
+    valid = [(torch.arange(start, end, device=x.device)[None, :] < frames[:, None])[:, None, :]
+             for start, end in chunks]  # (B, 1, end - start) each, made once for the three passes
 
     total = x.new_zeros(x.shape[:2])  # (B, n_mels)
-    for start, end in chunks:
-        total += torch.where(valid(start, end), x[:, :, start:end], 0.0).sum(dim=2)
+    for (start, end), mask in zip(chunks, valid):
+        total += torch.where(mask, x[:, :, start:end], 0.0).sum(dim=2)
     mean = total / count
     squares = x.new_zeros(x.shape[:2])
-    for start, end in chunks:
-        squares += torch.where(valid(start, end), x[:, :, start:end] - mean[:, :, None], 0.0).pow(2).sum(dim=2)
+    for (start, end), mask in zip(chunks, valid):
+        squares += torch.where(mask, x[:, :, start:end] - mean[:, :, None], 0.0).pow(2).sum(dim=2)
     std = (squares / (count - 1.0)).sqrt()
     std = std.masked_fill(std.isnan(), 0.0) + std_guard  # one valid frame: N - 1 == 0
-    for start, end in chunks:
+    for (start, end), mask in zip(chunks, valid):
         part = x[:, :, start:end]
         part.sub_(mean[:, :, None]).div_(std[:, :, None])
-        part.masked_fill_(~valid(start, end), 0.0)
+        part.masked_fill_(~mask, 0.0)
