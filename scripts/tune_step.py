@@ -25,7 +25,7 @@ import torch
 import graphscribe as gs
 from graphscribe.bench import tier_clips
 from graphscribe.decoding import GreedyDecoder
-from graphscribe.fused_step import FP32_TILES, HALF_TILES, FusedStep, Tiles
+from graphscribe.fused_step import FP32_TILES, HALF_TILES, ONE_ROW, FusedStep, Tiles
 
 def _around(base: Tiles) -> list[Tiles]:
     """The defaults, then one setting changed at a time, then a few pairs."""
@@ -42,9 +42,21 @@ def _around(base: Tiles) -> list[Tiles]:
 TILES = {"float32": _around(FP32_TILES), "bfloat16": _around(HALF_TILES)}
 
 
+def _one_row(base: Tiles) -> list[Tiles]:
+    """The one-row class: its default (CUDA-core products), the tensor-core tiles of the other classes, and the
+    default with one of its settings changed at a time."""
+    one = replace(base, **ONE_ROW)
+    out = [one, base]
+    for field, values in (("units", (1, 4)), ("proj_cols", (4, 16)), ("net_k", (64, 256)), ("net_warps", (4, 16)),
+                          ("gate_stages", (2, 4))):
+        out += [replace(one, **{field: v}) for v in values if v != getattr(one, field)]
+    return out
+
+
 def _tiles(t) -> str:
     return (f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
-            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}, rows {t.rows}")
+            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}, rows {t.rows}"
+            + (f", net {t.net} k {t.net_k} warps {t.net_warps}" if t.net else ""))
 
 
 def timed(decoder, encoded, lengths, reps=5):
@@ -65,7 +77,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--parts", default="tiles,windows")
+    ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, windows")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--windows", default="1,2,4,8")
     ap.add_argument("--tile-batches", default="1,8,128")
@@ -86,11 +98,12 @@ def main() -> None:
         (args.out / "tune.md").write_text("\n".join(header + lines) + "\n")
         (args.out / "tune.json").write_text(json.dumps(rows, indent=1) + "\n")
 
-    def run(dtype, batch, window=None, tiles=None):
+    def run(dtype, batch, window=None, tiles=None, one_row=None):
         encoded = encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous()
         lengths = lengths1.expand(batch).contiguous()
         decoder = GreedyDecoder(model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, window=window, fused=True)
-        decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, encoded.dtype, model.cfg.decoding.durations, tiles)
+        decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, encoded.dtype, model.cfg.decoding.durations, tiles,
+                                        one_row)
         ms, warm, hyps = timed(decoder, encoded, lengths)
         return ms, warm, hyps[0].steps, [(h.token_ids, h.frames) for h in hyps]
 
@@ -107,6 +120,17 @@ def main() -> None:
                     lines.append(f"| tiles | {dtype} | {batch} | {_tiles(tiles)} | {ms:.2f} | {steps} | "
                                  f"{row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
                     save()
+        if "onerow" in args.parts:  # B = 1: the one-row class's tiles
+            base = None
+            for one in _one_row(FP32_TILES if dtype == "float32" else HALF_TILES):
+                ms, warm, steps, result = run(dtype, 1, one_row=one)
+                base = base or result
+                row = dict(part="onerow", dtype=dtype, batch=1, tiles=asdict(one), ms=ms, steps=steps,
+                           us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
+                rows.append(row)
+                lines.append(f"| one row | {dtype} | 1 | {_tiles(one)} | {ms:.2f} | {steps} | "
+                             f"{row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
+                save()
         if "windows" in args.parts:
             for batch in map(int, args.batches.split(",")):
                 for window in map(int, args.windows.split(",")):

@@ -32,12 +32,15 @@ def main() -> None:
                                                     row_steps=I64, records=I32, emit_out=I32, table=F32, hh=F32, h=F32,
                                                     c=F32, h_out=F32, c_out=F32),
                            dict(WB=8, NB=256, NBD=2, HB=1024, TDT=tdt, DURATIONS=0x0403020100, PDL=True))
-        compile_kernel(fs._lstm_kernel, dict(x=F32, w_ih=weights, bias=F32, hh=F32, h=F32, c=F32, h_out=F32, c_out=F32,
-                                             emit=I32, w_hh_below=weights, hh_below=F32), dict(mm, BU=tiles.units))
-        compile_kernel(fs._project_kernel, dict(x=F32, w_pred=weights, b_pred=F32, g=weights, emit=I32, w_hh_top=weights,
-                                                hh_top=F32), dict(mm, BC=tiles.proj_cols, BQ=4 * tiles.units))
-        compile_kernel(fs._hh_kernel, dict(h=F32, w_hh=weights, hh=F32),
-                       dict(BM=tiles.rows, BQ=4 * tiles.units, BK=tiles.k, FP32=tiles.fp32 or ""))
+        # the prediction net (float32 weights whatever the dtype): tensor-core tiles, and the one-row class's
+        # CUDA-core products
+        for net in (tiles, replace(tiles, **fs.ONE_ROW)):
+            mm = dict(BM=net.net_rows, BK=net.net_k or net.k, FP32=net.net_arithmetic)
+            compile_kernel(fs._lstm_kernel, dict(x=F32, w_ih=F32, bias=F32, hh=F32, h=F32, c=F32, h_out=F32, c_out=F32,
+                                                 emit=I32, w_hh_below=F32, hh_below=F32), dict(mm, PDL=True, BU=net.units))
+            compile_kernel(fs._project_kernel, dict(x=F32, w_pred=F32, b_pred=F32, g=weights, emit=I32, w_hh_top=F32,
+                                                    hh_top=F32), dict(mm, PDL=True, BC=net.proj_cols, BQ=4 * net.units))
+            compile_kernel(fs._hh_kernel, dict(h=F32, w_hh=F32, hh=F32), dict(mm, BQ=4 * net.units))
     print("compiled")
 
 

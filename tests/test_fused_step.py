@@ -48,6 +48,17 @@ def test_fused_step_gives_nemo_tokens_in_a_padded_batch(name, checkpoint, window
     assert [(h.token_ids, h.frames) for h in hyps] == [(ref[f]["token_ids"], ref[f]["timestamps"]) for f in SHORT]
 
 
+def test_one_row_gives_nemo_tokens():
+    """A clip alone is the one-row size class, whose prediction net runs on the CUDA cores ("fma" products)."""
+    model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")
+    decoder = _decoder(model, fused=True)
+    for name in SHORT:
+        encoded, lengths = model.encode([model.read(CLIPS / name)])
+        hyp, = decoder.decode(encoded, lengths)
+        assert (hyp.token_ids, hyp.frames) == (ref[name]["token_ids"], ref[name]["timestamps"]), name
+    assert list(decoder._buffers) == [1] and decoder._fused_step.tiles_for(1).net == "fma"
+
+
 @torch.inference_mode()
 def test_fused_state_follows_the_pytorch_step():
     """Step by step from the same state: integer state identical, LSTM state and g within float32 rounding."""

@@ -35,7 +35,9 @@ Float32 weights (the joint's in float32 models, and the prediction net's always:
 projection stay float32, as in `Transducer.to_inference`) take `Tiles.fp32` or "tf32x3":
 "ieee" (FMA, each sum in k order) or "tf32x3" (tensor cores, each product split in three TF32
 products: float32's accuracy, not its exact bits). Tile shapes do not depend on the batch, so a
-row's result does not depend on its batch. The LSTM state is float32 either way.
+row's result does not depend on its batch, with one exception: a batch of one row (`ONE_ROW`)
+computes the prediction net's products on the CUDA cores ("fma", one row per program), where a
+16-row tensor-core tile would carry 15 empty rows. The LSTM state is float32 either way.
 
 Tested against `decode_step` on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
@@ -43,7 +45,7 @@ Tested against `decode_step` on the CPU through Triton's interpreter (TRITON_INT
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -57,7 +59,7 @@ _NO_INDEX = tl.constexpr(2**30)  # larger than any column index
 
 @dataclass(frozen=True)
 class Tiles:
-    """Tile sizes and arithmetic of the kernels. The same for every batch size."""
+    """Tile sizes and arithmetic of the kernels. The same for every batch size class but one row's."""
 
     joint_cols: int  # joint output columns per program
     units: int  # LSTM hidden units per program (4x as many gate rows), also in the W_hh h programs
@@ -69,6 +71,19 @@ class Tiles:
     stages: int = 3  # software pipelining of the joint's loads
     gate_stages: int = 3  # the same for the LSTM, projection and W_hh h products
     advance_warps: int = 1  # per program (one row) of the advance kernel
+    net: str = ""  # the prediction net's products (LSTM, projection, W_hh h): "" tensor-core tiles of `rows` rows
+    #                as the joint's; "fma": CUDA cores, one batch row per program, each sum in k order per lane
+    net_k: int = 0  # reduction chunk of the prediction net's products (0: k)
+    net_warps: int = 0  # per program of the prediction net's kernels (0: warps)
+
+    @property
+    def net_arithmetic(self) -> str:
+        """"fma", or the tensor-core products of the prediction net's float32 weights: "ieee" or "tf32x3"."""
+        return "fma" if self.net == "fma" else self.fp32 or "tf32x3"
+
+    @property
+    def net_rows(self) -> int:
+        return 1 if self.net == "fma" else self.rows
 
 
 # Chosen from the H100 sweeps in bench/h100-fused/ (tuning/: k 64 and a 4-warp advance kernel; round 2: 32
@@ -77,6 +92,12 @@ class Tiles:
 # so that a row's float32 result does not depend on its batch.
 FP32_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32="tf32x3", advance_warps=4)
 HALF_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32=None, advance_warps=4)
+# One batch row (the 1-row size class, a single clip): a tensor-core tile of 16 rows would carry 15 empty ones, and
+# the prediction net's products read their weights at ~1 TB/s. On the CUDA cores, 8 gate rows and 128 k per
+# program, 8 warps, an LSTM layer's 6.5 MB took 3.2 us instead of 6.7 (bench/h100-session15/gemv/). So a clip
+# decoded alone and the same clip in a batch of 2 or more differ in the last bits of the LSTM state (both float32
+# products, summed in different orders), as NeMo's cuBLAS GEMMs of different shapes do.
+ONE_ROW = dict(units=2, proj_cols=8, net="fma", net_k=128, net_warps=8)
 
 
 @triton.jit
@@ -116,6 +137,30 @@ def _any_set(flags, rows, N):
 
 
 @triton.jit
+def _products(x, n, n_ok, w, q, q_ok, K, BM: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
+    """(BM, BQ): sum_k x[n, k] w[q, k] for batch rows n and weight rows q; x (N, K), w (Q, K) float32.
+
+    FP32 "fma": on the CUDA cores, every (row, weight row, lane) sum in k order, the lanes summed at the end (BM
+    is 1 then, so that the sum's order is the same whatever the batch); otherwise `_mac`'s tensor-core tiles."""
+    if FP32 == "fma":
+        lanes = tl.zeros((BM, BQ, BK), tl.float32)
+        for k0 in range(0, K, BK):
+            k = k0 + tl.arange(0, BK)
+            xk = tl.load(x + n[:, None] * K + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+            wk = tl.load(w + q[:, None] * K + k[None, :], mask=q_ok[:, None] & (k < K)[None, :], other=0.0)
+            lanes += xk[:, None, :] * wk[None, :, :]
+        acc = tl.sum(lanes, axis=2)
+    else:
+        acc = tl.zeros((BM, BQ), tl.float32)
+        for k0 in range(0, K, BK):
+            k = k0 + tl.arange(0, BK)
+            xk = tl.load(x + n[:, None] * K + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+            wk = tl.load(w + q[:, None] * K + k[None, :], mask=q_ok[:, None] & (k < K)[None, :], other=0.0)
+            acc = _mac(acc, xk, wk, FP32)
+    return acc
+
+
+@triton.jit
 def _hh_block(h, w_hh, hh, q0, n0, N, H, BM: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
     """hh[n, q] = sum_k h[n, k] w_hh[q, k] for batch rows n0 .. n0 + BM and gate rows q0 .. q0 + BQ of one layer:
     h (N, H), w_hh (4H, H), hh (N, 4H)."""
@@ -123,12 +168,7 @@ def _hh_block(h, w_hh, hh, q0, n0, N, H, BM: tl.constexpr, BQ: tl.constexpr, BK:
     q_ok = q < 4 * H
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
-    acc = tl.zeros((BM, BQ), tl.float32)
-    for k0 in range(0, H, BK):
-        k = k0 + tl.arange(0, BK)
-        x = tl.load(h + n[:, None] * H + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
-        w = tl.load(w_hh + q[:, None] * H + k[None, :], mask=q_ok[:, None] & (k < H)[None, :], other=0.0)
-        acc = _mac(acc, x, w, FP32)
+    acc = _products(h, n, n_ok, w_hh, q, q_ok, H, BM, BQ, BK, FP32)
     tl.store(hh + n[:, None] * 4 * H + q[None, :], acc, mask=n_ok[:, None] & q_ok[None, :])
 
 
@@ -280,11 +320,7 @@ def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h be
         b = tl.load(bias + q, mask=q_ok, other=0.0)
         acc = tl.zeros((BM, 4 * BU), tl.float32)
         if any_emit:
-            for k0 in range(0, H, BK):
-                k = k0 + tl.arange(0, BK)
-                xk = tl.load(x + n[:, None] * H + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
-                w = tl.load(w_ih + q[:, None] * H + k[None, :], mask=q_ok[:, None] & (k < H)[None, :], other=0.0)
-                acc = _mac(acc, xk, w, FP32)
+            acc = _products(x, n, n_ok, w_ih, q, q_ok, H, BM, 4 * BU, BK, FP32)
         acc += tl.load(hh + n[:, None] * 4 * H + q[None, :], mask=n_ok[:, None] & q_ok[None, :], other=0.0) + b[None, :]
         # (BM, 4 BU) -> four (BM, BU) gates
         ig, fo = tl.split(tl.reshape(tl.permute(tl.reshape(acc, (BM, 4, BU)), (0, 2, 1)), (BM, BU, 2, 2)))
@@ -317,12 +353,7 @@ def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J,
             j = pid * BC + tl.arange(0, BC)
             j_ok = j < J
             bias = tl.load(b_pred + j, mask=j_ok, other=0.0).to(tl.float32)
-            acc = tl.zeros((BM, BC), tl.float32)
-            for k0 in range(0, H, BK):
-                k = k0 + tl.arange(0, BK)
-                xk = tl.load(x + n[:, None] * H + k[None, :], mask=n_ok[:, None] & (k < H)[None, :], other=0.0)
-                w = tl.load(w_pred + j[:, None] * H + k[None, :], mask=j_ok[:, None] & (k < H)[None, :], other=0.0)
-                acc = _mac(acc, xk, w, FP32)
+            acc = _products(x, n, n_ok, w_pred, j, j_ok, H, BM, BC, BK, FP32)
             emitted = tl.load(emit + n, mask=n_ok, other=0) != 0
             tl.store(g + n[:, None] * J + j[None, :], acc + bias[None, :], mask=(n_ok & emitted)[:, None] & j_ok[None, :])
         else:  # W_hh h of the top layer, from its new state, for the next step
@@ -345,13 +376,15 @@ def _next_pow2(n: int) -> int:
 class FusedStep:
     """The step's weights laid out for the kernels, prepared once per decoder; called like `decode_step`.
 
+    `tiles`: for every size class but one row's; `one_row`: for one row (default: `tiles` with `ONE_ROW`).
     `start(buf)` must follow every `buf.reset` (it computes W_hh h of the start state)."""
 
     def __init__(self, prediction: PredictionNet, joint: Joint, dtype: torch.dtype, durations: tuple[int, ...],
-                 tiles: Tiles | None = None):
+                 tiles: Tiles | None = None, one_row: Tiles | None = None):
         lstm = prediction.prediction.dec_rnn.lstm
         self.layers, self.hidden = lstm.num_layers, lstm.hidden_size
         self.tiles = tiles or (HALF_TILES if dtype in (torch.bfloat16, torch.float16) else FP32_TILES)
+        self.one_row = one_row or replace(self.tiles, **ONE_ROW)
         out = joint.joint_net[-1]
         self.vocab = joint.num_token_logits  # V + 1 token logits, blank last
         self.outputs, self.joint_hidden = out.weight.shape
@@ -375,9 +408,9 @@ class FusedStep:
         if len(durations) > 8 or any(not 0 <= d < 256 for d in durations):
             raise ValueError(f"TDT durations {durations} do not pack into 8 bits each")
         self.packed_durations = sum(d << (8 * i) for i, d in enumerate(durations))
+        if self.one_row.joint_cols != self.tiles.joint_cols:
+            raise ValueError("one row's tiles must split the joint's columns as the others do (the same scratch)")
         self.joint_blocks = triton.cdiv(self.outputs, self.tiles.joint_cols)
-        self.gate_blocks = triton.cdiv(self.hidden, self.tiles.units)  # programs per layer over hidden units
-        self.proj_blocks = triton.cdiv(self.joint_hidden, self.tiles.proj_cols)
         # programmatic dependent launch: Hopper and later, not under the CPU interpreter
         self.pdl = (self.table.is_cuda and torch.cuda.get_device_capability(self.table.device)[0] >= 9
                     and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
@@ -407,49 +440,52 @@ class FusedStep:
         """The LSTM state (h, c) after the steps so far: `buf.h`, `buf.c` after an even number of steps."""
         return self._scratch(buf)["states"][buf.parity]
 
-    @property
-    def gate_arithmetic(self) -> str:
-        """The LSTM's and projection's products: float32 weights, so "ieee" or "tf32x3" (tensor cores)."""
-        return self.tiles.fp32 or "tf32x3"
+    def tiles_for(self, n: int) -> Tiles:
+        """The tiles of the size class of n rows."""
+        return self.one_row if n == 1 else self.tiles
 
     def start(self, buf) -> None:
         """W_hh h of the state in `buf` (after `buf.reset`), which the first step reads."""
-        s, tiles = self._scratch(buf), self.tiles
+        s, tiles = self._scratch(buf), self.tiles_for(buf.n)
         h = s["states"][buf.parity][0]
-        _hh_kernel[(self.layers * self.gate_blocks, triton.cdiv(buf.n, tiles.rows))](
-            h, self.w_hh, s["hh"], buf.n, self.hidden, self.gate_blocks,
-            BM=tiles.rows, BQ=4 * tiles.units, BK=tiles.k, FP32=self.gate_arithmetic, num_warps=tiles.warps,
-            num_stages=tiles.gate_stages)
+        gate_blocks = triton.cdiv(self.hidden, tiles.units)
+        _hh_kernel[(self.layers * gate_blocks, triton.cdiv(buf.n, tiles.net_rows))](
+            h, self.w_hh, s["hh"], buf.n, self.hidden, gate_blocks,
+            BM=tiles.net_rows, BQ=4 * tiles.units, BK=tiles.net_k or tiles.k, FP32=tiles.net_arithmetic,
+            num_warps=tiles.net_warps or tiles.warps, num_stages=tiles.gate_stages)
 
     def __call__(self, buf, prediction=None, joint=None, blank_id: int = 0, max_symbols: int = 10) -> None:
-        s, tiles = self._scratch(buf), self.tiles
+        s, tiles = self._scratch(buf), self.tiles_for(buf.n)
         n, w, layers, hidden = buf.n, buf.window, self.layers, self.hidden
         (h, c), (h_out, c_out) = s["states"][buf.parity], s["states"][1 - buf.parity]
         buf.parity = 1 - buf.parity
-        fp32, pdl, hh = tiles.fp32 or "", self.pdl, s["hh"]
-        row_blocks = triton.cdiv(n, tiles.rows)
-        matrix = dict(BM=tiles.rows, BK=tiles.k, FP32=fp32, PDL=pdl, num_warps=tiles.warps, launch_pdl=pdl)
-        gates = dict(matrix, FP32=self.gate_arithmetic)  # the prediction net's float32 weights
+        pdl, hh = self.pdl, s["hh"]
+        gate_blocks = triton.cdiv(hidden, tiles.units)  # programs per layer over hidden units
+        proj_blocks = triton.cdiv(self.joint_hidden, tiles.proj_cols)
+        row_blocks = triton.cdiv(n, tiles.net_rows)
+        launch = dict(PDL=pdl, launch_pdl=pdl)
+        # the prediction net's float32 weights
+        net = dict(launch, BM=tiles.net_rows, BK=tiles.net_k or tiles.k, FP32=tiles.net_arithmetic,
+                   num_warps=tiles.net_warps or tiles.warps, num_stages=tiles.gate_stages)
         _joint_kernel[(self.joint_blocks, triton.cdiv(n * w, tiles.rows))](
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
             n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, self.joint_blocks,
-            BC=tiles.joint_cols, TDT=self.tdt, NBD=_next_pow2(self.duration_blocks), num_stages=tiles.stages, **matrix)
+            BM=tiles.rows, BC=tiles.joint_cols, BK=tiles.k, FP32=tiles.fp32 or "", TDT=self.tdt,
+            NBD=_next_pow2(self.duration_blocks), num_warps=tiles.warps, num_stages=tiles.stages, **launch)
         _advance_kernel[(n,)](
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
             buf.t, buf.lengths, buf.active, buf.last_frame, buf.run, buf.count, buf.row_steps, buf.records,
             s["emit"], self.table, hh[0], h[0], c[0], h_out[0], c_out[0],
             w, self.joint_blocks, hidden, buf.max_tokens, blank_id, max_symbols,
             WB=_next_pow2(w), NB=_next_pow2(self.joint_blocks), NBD=_next_pow2(self.duration_blocks),
-            HB=_next_pow2(hidden), TDT=self.tdt, DURATIONS=self.packed_durations, PDL=pdl, num_warps=tiles.advance_warps,
-            launch_pdl=pdl)
+            HB=_next_pow2(hidden), TDT=self.tdt, DURATIONS=self.packed_durations, num_warps=tiles.advance_warps,
+            **launch)
         for i in range(1, layers):  # layer i, and W_hh h of layer i - 1 for the next step
-            _lstm_kernel[(2 * self.gate_blocks, row_blocks)](
+            _lstm_kernel[(2 * gate_blocks, row_blocks)](
                 h_out[i - 1], self.w_ih[i - 1], self.bias[i - 1], hh[i], h[i], c[i], h_out[i], c_out[i], s["emit"],
-                self.w_hh[i - 1], hh[i - 1], n, hidden, self.gate_blocks,
-                BU=tiles.units, num_stages=tiles.gate_stages, **gates)
+                self.w_hh[i - 1], hh[i - 1], n, hidden, gate_blocks, BU=tiles.units, **net)
         top = layers - 1  # the projection, and W_hh h of the top layer for the next step
-        _project_kernel[(self.proj_blocks + self.gate_blocks, row_blocks)](
+        _project_kernel[(proj_blocks + gate_blocks, row_blocks)](
             h_out[top], self.w_pred, self.b_pred, buf.g, s["emit"], self.w_hh[top], hh[top],
-            n, hidden, self.joint_hidden, self.proj_blocks,
-            BC=tiles.proj_cols, BQ=4 * tiles.units, num_stages=tiles.gate_stages, **gates)
+            n, hidden, self.joint_hidden, proj_blocks, BC=tiles.proj_cols, BQ=4 * tiles.units, **net)
