@@ -47,8 +47,8 @@ def _one_row(base: Tiles) -> list[Tiles]:
     default with one of its settings changed at a time."""
     one = replace(base, **ONE_ROW)
     out = [one, base]
-    for field, values in (("units", (1, 4)), ("proj_cols", (4, 16)), ("net_k", (64, 256)), ("net_warps", (4, 16)),
-                          ("gate_stages", (2, 4))):
+    for field, values in (("joint_cols", (32,)), ("stages", (2, 4)), ("advance_warps", (1, 2)), ("units", (4,)),
+                          ("proj_cols", (16,)), ("net_warps", (4,)), ("gate_stages", (2, 4))):
         out += [replace(one, **{field: v}) for v in values if v != getattr(one, field)]
     return out
 

@@ -22,7 +22,8 @@ the state (layer l's in kernel 3 of layer l + 1, the top layer's in kernel 4), w
 otherwise short of memory traffic; `FusedStep.start` computes it once for the start state.
 Every matrix kernel has a second grid axis over blocks of batch rows, so a large batch reads
 each weight tile from L2 in parallel rather than once per row block in turn, and a block whose
-rows have all finished (or did not emit) skips its products.
+rows have all finished (or did not emit) skips its products (from two rows on: at one row the
+check would only delay the products, and the stores are masked anyway).
 
 The LSTM state is double-buffered: a step reads one copy and writes the other (rows that do
 not emit copy theirs), so no program overwrites what another program of its launch still
@@ -137,6 +138,16 @@ def _any_set(flags, rows, N):
 
 
 @triton.jit
+def _has_work(flags, rows, N, SKIP: tl.constexpr):
+    """Whether a block of batch rows has work: any of flags[rows] (rows < N) set. Without SKIP always: at one row
+    the load would only delay the products, whose results the stores then mask."""
+    if SKIP:
+        return _any_set(flags, rows, N)
+    else:
+        return N > 0
+
+
+@triton.jit
 def _products(x, n, n_ok, w, q, q_ok, K, BM: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
     """(BM, BQ): sum_k x[n, k] w[q, k] for batch rows n and weight rows q; x (N, K), w (Q, K) float32.
 
@@ -146,16 +157,16 @@ def _products(x, n, n_ok, w, q, q_ok, K, BM: tl.constexpr, BQ: tl.constexpr, BK:
         lanes = tl.zeros((BM, BQ, BK), tl.float32)
         for k0 in range(0, K, BK):
             k = k0 + tl.arange(0, BK)
-            xk = tl.load(x + n[:, None] * K + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
             wk = tl.load(w + q[:, None] * K + k[None, :], mask=q_ok[:, None] & (k < K)[None, :], other=0.0)
+            xk = tl.load(x + n[:, None] * K + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
             lanes += xk[:, None, :] * wk[None, :, :]
         acc = tl.sum(lanes, axis=2)
     else:
         acc = tl.zeros((BM, BQ), tl.float32)
         for k0 in range(0, K, BK):
             k = k0 + tl.arange(0, BK)
-            xk = tl.load(x + n[:, None] * K + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
             wk = tl.load(w + q[:, None] * K + k[None, :], mask=q_ok[:, None] & (k < K)[None, :], other=0.0)
+            xk = tl.load(x + n[:, None] * K + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
             acc = _mac(acc, xk, wk, FP32)
     return acc
 
@@ -178,13 +189,13 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
                   tok_val, tok_idx, dur_val, dur_idx,  # (N * W, NBJ) and (N * W, NBD): max and index per column block
                   N, T, W, J, V1, O, NBJ,
                   BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, TDT: tl.constexpr,
-                  NBD: tl.constexpr, PDL: tl.constexpr):
+                  NBD: tl.constexpr, SKIP: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)  # joint columns [pid * BC, pid * BC + BC)
     r = tl.program_id(1) * BM + tl.arange(0, BM)  # rows r = n * W + w: frame t[n] + w of batch row n
     _wait_for_previous(PDL)
     r_ok = r < N * W
     n = r // W
-    if _any_set(active, tl.where(r_ok, n, N), N):  # a block of finished (or spare) rows skips its products
+    if _has_work(active, tl.where(r_ok, n, N), N, SKIP):  # a block of finished (or spare) rows skips its products
         cols = pid * BC + tl.arange(0, BC)
         col_ok = cols < O
         bias = tl.load(b_out + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -194,9 +205,10 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
         for k0 in range(0, J, BK):
             k = k0 + tl.arange(0, BK)
             x_ok = r_ok[:, None] & (k < J)[None, :]
+            # the weights first: their loads need no other load's result (f's address needs t)
+            w = tl.load(w_out + cols[:, None] * J + k[None, :], mask=col_ok[:, None] & (k < J)[None, :], other=0.0)
             f = tl.load(enc + enc_row[:, None] + k[None, :], mask=x_ok, other=0.0).to(tl.float32)
             gk = tl.load(g + n[:, None] * J + k[None, :], mask=x_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_out + cols[:, None] * J + k[None, :], mask=col_ok[:, None] & (k < J)[None, :], other=0.0)
             acc = _mac(acc, tl.maximum(f + gk, 0.0), w, FP32)
         logits = acc + bias[None, :]  # (BM, BC)
         tokens = tl.where((cols < V1)[None, :], logits, float("-inf"))
@@ -304,13 +316,14 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx,  # partials of kernel 1
 def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h below; (4H, H); (4H,); (N, 4H); (N, H) x 4
                  w_hh_below, hh_below,  # (4H, H), (N, 4H) out: the layer below's W_hh h for the next step
                  N, H, NBU,
-                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr):
+                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, SKIP: tl.constexpr,
+                 PDL: tl.constexpr):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
-    any_emit = _any_set(emit, n, N)  # no row of the block emitted: its state and W_hh h stay as they are
+    any_emit = _has_work(emit, n, N, SKIP)  # no row of the block emitted: its state and W_hh h stay as they are
     if pid < NBU:  # hidden units [pid * BU, pid * BU + BU) of this layer
         units = pid * BU + tl.arange(0, BU)
         u_ok = units < H
@@ -342,13 +355,13 @@ def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J,
                     w_hh_top, hh_top,  # (4H, H), (N, 4H) out: the top layer's W_hh h for the next step
                     N, H, J, NBP,
                     BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
-                    PDL: tl.constexpr):
+                    SKIP: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
-    if _any_set(emit, n, N):
+    if _has_work(emit, n, N, SKIP):
         if pid < NBP:  # projection columns [pid * BC, pid * BC + BC)
             j = pid * BC + tl.arange(0, BC)
             j_ok = j < J
@@ -408,14 +421,14 @@ class FusedStep:
         if len(durations) > 8 or any(not 0 <= d < 256 for d in durations):
             raise ValueError(f"TDT durations {durations} do not pack into 8 bits each")
         self.packed_durations = sum(d << (8 * i) for i, d in enumerate(durations))
-        if self.one_row.joint_cols != self.tiles.joint_cols:
-            raise ValueError("one row's tiles must split the joint's columns as the others do (the same scratch)")
-        self.joint_blocks = triton.cdiv(self.outputs, self.tiles.joint_cols)
         # programmatic dependent launch: Hopper and later, not under the CPU interpreter
         self.pdl = (self.table.is_cuda and torch.cuda.get_device_capability(self.table.device)[0] >= 9
                     and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
-        # joint column blocks that hold duration columns (after the V + 1 token columns)
-        self.duration_blocks = self.joint_blocks - self.vocab // self.tiles.joint_cols if self.tdt else 1
+
+    def joint_blocks(self, tiles: Tiles) -> tuple[int, int]:
+        """The joint's column blocks, and how many of them hold duration columns (after the V + 1 token columns)."""
+        blocks = triton.cdiv(self.outputs, tiles.joint_cols)
+        return blocks, blocks - self.vocab // tiles.joint_cols if self.tdt else 1
 
     def weight_bytes(self) -> int:
         """Bytes of weights a step reads (the table's one row aside): the floor of its memory traffic."""
@@ -426,7 +439,8 @@ class FusedStep:
         """Per-buffers scratch, made on the first call (before any capture) and kept with the buffers."""
         if buf.scratch is None:
             n, w, device = buf.n, buf.window, buf.t.device
-            partial, durations = (n * w, self.joint_blocks), (n * w, _next_pow2(self.duration_blocks))
+            blocks, duration_blocks = self.joint_blocks(self.tiles_for(n))
+            partial, durations = (n * w, blocks), (n * w, _next_pow2(duration_blocks))
             gates = (self.layers, n, 4 * self.hidden)
             buf.scratch = dict(
                 tok_val=torch.empty(partial, device=device), tok_idx=torch.empty(partial, device=device, dtype=torch.int32),
@@ -463,24 +477,25 @@ class FusedStep:
         gate_blocks = triton.cdiv(hidden, tiles.units)  # programs per layer over hidden units
         proj_blocks = triton.cdiv(self.joint_hidden, tiles.proj_cols)
         row_blocks = triton.cdiv(n, tiles.net_rows)
-        launch = dict(PDL=pdl, launch_pdl=pdl)
+        blocks, duration_blocks = self.joint_blocks(tiles)
+        launch = dict(PDL=pdl, launch_pdl=pdl, SKIP=n > 1)
         # the prediction net's float32 weights
         net = dict(launch, BM=tiles.net_rows, BK=tiles.net_k or tiles.k, FP32=tiles.net_arithmetic,
                    num_warps=tiles.net_warps or tiles.warps, num_stages=tiles.gate_stages)
-        _joint_kernel[(self.joint_blocks, triton.cdiv(n * w, tiles.rows))](
+        _joint_kernel[(blocks, triton.cdiv(n * w, tiles.rows))](
             buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
-            n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, self.joint_blocks,
+            n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, blocks,
             BM=tiles.rows, BC=tiles.joint_cols, BK=tiles.k, FP32=tiles.fp32 or "", TDT=self.tdt,
-            NBD=_next_pow2(self.duration_blocks), num_warps=tiles.warps, num_stages=tiles.stages, **launch)
+            NBD=_next_pow2(duration_blocks), num_warps=tiles.warps, num_stages=tiles.stages, **launch)
         _advance_kernel[(n,)](
             s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
             buf.t, buf.lengths, buf.active, buf.last_frame, buf.run, buf.count, buf.row_steps, buf.records,
             s["emit"], self.table, hh[0], h[0], c[0], h_out[0], c_out[0],
-            w, self.joint_blocks, hidden, buf.max_tokens, blank_id, max_symbols,
-            WB=_next_pow2(w), NB=_next_pow2(self.joint_blocks), NBD=_next_pow2(self.duration_blocks),
+            w, blocks, hidden, buf.max_tokens, blank_id, max_symbols,
+            WB=_next_pow2(w), NB=_next_pow2(blocks), NBD=_next_pow2(duration_blocks),
             HB=_next_pow2(hidden), TDT=self.tdt, DURATIONS=self.packed_durations, num_warps=tiles.advance_warps,
-            **launch)
+            PDL=pdl, launch_pdl=pdl)
         for i in range(1, layers):  # layer i, and W_hh h of layer i - 1 for the next step
             _lstm_kernel[(2 * gate_blocks, row_blocks)](
                 h_out[i - 1], self.w_ih[i - 1], self.bias[i - 1], hh[i], h[i], c[i], h_out[i], c_out[i], s["emit"],
