@@ -24,7 +24,7 @@ import torch
 
 import graphscribe as gs
 from graphscribe.bench import tier_clips
-from graphscribe.decoding import GreedyDecoder
+from graphscribe.decoding import GreedyDecoder, size_class
 from graphscribe.fused_step import FP32_TILES, HALF_TILES, ONE_ROW, FusedStep, Tiles
 
 def _around(base: Tiles) -> list[Tiles]:
@@ -74,12 +74,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, windows")
+    ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, warps, windows")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--windows", default="1,2,4,8")
     ap.add_argument("--tile-batches", default="1,8,128")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--rounds", type=int, default=5, help="onerow: rounds over the settings, each a median of 5")
+    ap.add_argument("--rounds", type=int, default=5, help="onerow, warps: rounds over the settings, each a median of 5")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = gs.load_model(args.model, device="cuda", dtype="float32")
@@ -105,6 +105,31 @@ def main() -> None:
         ms, warm, hyps = timed(decoder, encoded, lengths)
         return ms, warm, hyps[0].steps, [(h.token_ids, h.frames) for h in hyps]
 
+    def alternating(dtype, batch, settings):
+        """(tiles, one_row) settings measured in alternating rounds, each a median of 5; a row per setting."""
+        encoded = encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous()
+        lengths = lengths1.expand(batch).contiguous()
+        configs = []
+        for tiles, one_row in settings:
+            decoder = GreedyDecoder(model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, fused=True)
+            decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, encoded.dtype,
+                                            model.cfg.decoding.durations, tiles, one_row)
+            _, warm, hyps = timed(decoder, encoded, lengths, reps=1)
+            configs.append((decoder, warm, [(h.token_ids, h.frames) for h in hyps], [], hyps[0].steps))
+        for _ in range(args.rounds):
+            for decoder, _, _, times, _ in configs:
+                times.append(timed(decoder, encoded, lengths)[0])
+        base = configs[0][2]
+        for decoder, warm, result, times, steps in configs:
+            used = decoder._fused_step.tiles_for(size_class(batch))
+            ms = statistics.median(times)
+            row = dict(part="alternating", dtype=dtype, batch=batch, tiles=asdict(used), ms=ms, rounds=times,
+                       steps=steps, us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
+            rows.append(row)
+            lines.append(f"| alternating | {dtype} | {batch} | {_tiles(used)} | {ms:.2f} ({min(times):.2f}-"
+                         f"{max(times):.2f}) | {steps} | {row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
+            save()
+
     for dtype in args.dtypes.split(","):
         if "tiles" in args.parts:
             for batch in map(int, args.tile_batches.split(",")):
@@ -118,27 +143,12 @@ def main() -> None:
                     lines.append(f"| tiles | {dtype} | {batch} | {_tiles(tiles)} | {ms:.2f} | {steps} | "
                                  f"{row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
                     save()
-        if "onerow" in args.parts:  # B = 1: the one-row class's tiles, measured in alternating rounds
-            encoded = encoded32.to(getattr(torch, dtype))
-            configs = []
-            for one in _one_row(FP32_TILES if dtype == "float32" else HALF_TILES):
-                decoder = GreedyDecoder(model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, fused=True)
-                decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, encoded.dtype,
-                                                model.cfg.decoding.durations, one_row=one)
-                _, warm, hyps = timed(decoder, encoded, lengths1, reps=1)
-                configs.append((one, decoder, warm, [(h.token_ids, h.frames) for h in hyps], []))
-            for _ in range(args.rounds):
-                for one, decoder, _, _, times in configs:
-                    times.append(timed(decoder, encoded, lengths1)[0])
-            base = configs[0][3]
-            for one, decoder, warm, result, times in configs:
-                ms, steps = statistics.median(times), decoder._buffers[1].row_steps.max().item()
-                row = dict(part="onerow", dtype=dtype, batch=1, tiles=asdict(one), ms=ms, rounds=times, steps=steps,
-                           us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
-                rows.append(row)
-                lines.append(f"| one row | {dtype} | 1 | {_tiles(one)} | {ms:.2f} ({min(times):.2f}-{max(times):.2f}) | "
-                             f"{steps} | {row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
-                save()
+        base_tiles = FP32_TILES if dtype == "float32" else HALF_TILES
+        if "onerow" in args.parts:  # B = 1: the one-row class's tiles
+            alternating(dtype, 1, [(None, one) for one in _one_row(base_tiles)])
+        if "warps" in args.parts:  # the other classes: 4 or 8 warps a matrix program
+            for batch in map(int, args.tile_batches.split(",")):
+                alternating(dtype, batch, [(base_tiles, None), (replace(base_tiles, warps=8), None)])
         if "windows" in args.parts:
             for batch in map(int, args.batches.split(",")):
                 for window in map(int, args.windows.split(",")):

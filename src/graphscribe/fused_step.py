@@ -97,8 +97,10 @@ HALF_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32=None, advanc
 # the prediction net's products read their weights at ~1 TB/s. On the CUDA cores, 8 gate rows and 128 k per
 # program, 8 warps, an LSTM layer's 6.5 MB took 3.2 us instead of 6.7 (bench/h100-session15/gemv/). So a clip
 # decoded alone and the same clip in a batch of 2 or more differ in the last bits of the LSTM state (both float32
-# products, summed in different orders), as NeMo's cuBLAS GEMMs of different shapes do.
-ONE_ROW = dict(units=2, proj_cols=8, net="fma", net_k=128, net_warps=8)
+# products, summed in different orders), as NeMo's cuBLAS GEMMs of different shapes do. The joint's programs get
+# 8 warps: 77 s decoded in 9.6 instead of 12.5 ms in bfloat16, 14.5 instead of 14.9 in float32 (alternating rounds,
+# bench/h100-session15/one-row-warps/).
+ONE_ROW = dict(units=2, proj_cols=8, net="fma", net_k=128, net_warps=8, warps=8)
 
 
 @triton.jit
