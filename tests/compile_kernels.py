@@ -26,7 +26,7 @@ def main() -> None:
         for tdt in (True, False):
             compile_kernel(fs._joint_kernel, dict(enc=weights, g=weights, t=I64, active="*i1", w_out=weights, b_out=F32,
                                                   tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32),
-                           dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2))
+                           dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2, SKIP=tdt))
             compile_kernel(fs._advance_kernel, dict(tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32,
                                                     t=I64, lengths=I64, active="*i1", last_frame=I64, run=I64, count=I64,
                                                     row_steps=I64, records=I32, emit_out=I32, table=F32, hh=F32, h=F32,
@@ -37,9 +37,10 @@ def main() -> None:
         for net in (tiles, replace(tiles, **fs.ONE_ROW)):
             mm = dict(BM=net.net_rows, BK=net.net_k or net.k, FP32=net.net_arithmetic)
             compile_kernel(fs._lstm_kernel, dict(x=F32, w_ih=F32, bias=F32, hh=F32, h=F32, c=F32, h_out=F32, c_out=F32,
-                                                 emit=I32, w_hh_below=F32, hh_below=F32), dict(mm, PDL=True, BU=net.units))
+                                                 emit=I32, w_hh_below=F32, hh_below=F32), dict(mm, PDL=True, SKIP=net.net != "fma", BU=net.units))
             compile_kernel(fs._project_kernel, dict(x=F32, w_pred=F32, b_pred=F32, g=weights, emit=I32, w_hh_top=F32,
-                                                    hh_top=F32), dict(mm, PDL=True, BC=net.proj_cols, BQ=4 * net.units))
+                                                    hh_top=F32), dict(mm, PDL=True, SKIP=net.net != "fma", BC=net.proj_cols,
+                                                                      BQ=4 * net.units))
             compile_kernel(fs._hh_kernel, dict(h=F32, w_hh=F32, hh=F32), dict(mm, BQ=4 * net.units))
     print("compiled")
 

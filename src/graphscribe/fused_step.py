@@ -22,7 +22,8 @@ the state (layer l's in kernel 3 of layer l + 1, the top layer's in kernel 4), w
 otherwise short of memory traffic; `FusedStep.start` computes it once for the start state.
 Every matrix kernel has a second grid axis over blocks of batch rows, so a large batch reads
 each weight tile from L2 in parallel rather than once per row block in turn, and a block whose
-rows have all finished (or did not emit) skips its products.
+rows have all finished (or did not emit) skips its products (from two rows on: at one row the
+check would only delay the products, and the stores are masked anyway).
 
 The LSTM state is double-buffered: a step reads one copy and writes the other (rows that do
 not emit copy theirs), so no program overwrites what another program of its launch still
@@ -139,6 +140,16 @@ def _any_set(flags, rows, N):
 
 
 @triton.jit
+def _has_work(flags, rows, N, SKIP: tl.constexpr):
+    """Whether a block of batch rows has work: any of flags[rows] (rows < N) set. Without SKIP always: at one row
+    the load would only delay the products, whose results the stores then mask."""
+    if SKIP:
+        return _any_set(flags, rows, N)
+    else:
+        return N > 0
+
+
+@triton.jit
 def _products(x, n, n_ok, w, q, q_ok, K, BM: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
     """(BM, BQ): sum_k x[n, k] w[q, k] for batch rows n and weight rows q; x (N, K), w (Q, K) float32.
 
@@ -180,13 +191,13 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
                   tok_val, tok_idx, dur_val, dur_idx,  # (N * W, NBJ) and (N * W, NBD): max and index per column block
                   N, T, W, J, V1, O, NBJ,
                   BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, TDT: tl.constexpr,
-                  NBD: tl.constexpr, PDL: tl.constexpr):
+                  NBD: tl.constexpr, SKIP: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)  # joint columns [pid * BC, pid * BC + BC)
     r = tl.program_id(1) * BM + tl.arange(0, BM)  # rows r = n * W + w: frame t[n] + w of batch row n
     _wait_for_previous(PDL)
     r_ok = r < N * W
     n = r // W
-    if _any_set(active, tl.where(r_ok, n, N), N):  # a block of finished (or spare) rows skips its products
+    if _has_work(active, tl.where(r_ok, n, N), N, SKIP):  # a block of finished (or spare) rows skips its products
         cols = pid * BC + tl.arange(0, BC)
         col_ok = cols < O
         bias = tl.load(b_out + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -307,13 +318,14 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx,  # partials of kernel 1
 def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h below; (4H, H); (4H,); (N, 4H); (N, H) x 4
                  w_hh_below, hh_below,  # (4H, H), (N, 4H) out: the layer below's W_hh h for the next step
                  N, H, NBU,
-                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr):
+                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, SKIP: tl.constexpr,
+                 PDL: tl.constexpr):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
-    any_emit = _any_set(emit, n, N)  # no row of the block emitted: its state and W_hh h stay as they are
+    any_emit = _has_work(emit, n, N, SKIP)  # no row of the block emitted: its state and W_hh h stay as they are
     if pid < NBU:  # hidden units [pid * BU, pid * BU + BU) of this layer
         units = pid * BU + tl.arange(0, BU)
         u_ok = units < H
@@ -345,13 +357,13 @@ def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J,
                     w_hh_top, hh_top,  # (4H, H), (N, 4H) out: the top layer's W_hh h for the next step
                     N, H, J, NBP,
                     BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
-                    PDL: tl.constexpr):
+                    SKIP: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
-    if _any_set(emit, n, N):
+    if _has_work(emit, n, N, SKIP):
         if pid < NBP:  # projection columns [pid * BC, pid * BC + BC)
             j = pid * BC + tl.arange(0, BC)
             j_ok = j < J
@@ -468,7 +480,7 @@ class FusedStep:
         proj_blocks = triton.cdiv(self.joint_hidden, tiles.proj_cols)
         row_blocks = triton.cdiv(n, tiles.net_rows)
         blocks, duration_blocks = self.joint_blocks(tiles)
-        launch = dict(PDL=pdl, launch_pdl=pdl)
+        launch = dict(PDL=pdl, launch_pdl=pdl, SKIP=n > 1)
         # the prediction net's float32 weights
         net = dict(launch, BM=tiles.net_rows, BK=tiles.net_k or tiles.k, FP32=tiles.net_arithmetic,
                    num_warps=tiles.net_warps or tiles.warps, num_stages=tiles.gate_stages)
