@@ -96,24 +96,26 @@ def main() -> None:
         (args.out / "tune.md").write_text("\n".join(header + lines) + "\n")
         (args.out / "tune.json").write_text(json.dumps(rows, indent=1) + "\n")
 
-    def run(dtype, batch, window=None, tiles=None, one_row=None):
-        encoded = encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous()
-        lengths = lengths1.expand(batch).contiguous()
+    def inputs(dtype, batch):
+        """The tier's encoder output in `dtype`, repeated for `batch` rows, and its lengths."""
+        return encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous(), lengths1.expand(batch).contiguous()
+
+    def decoder_for(dtype, window=None, tiles=None, one_row=None):
         decoder = GreedyDecoder(model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, window=window, fused=True)
-        decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, encoded.dtype, model.cfg.decoding.durations, tiles,
-                                        one_row)
-        ms, warm, hyps = timed(decoder, encoded, lengths)
+        decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, getattr(torch, dtype),
+                                        model.cfg.decoding.durations, tiles, one_row)
+        return decoder
+
+    def run(dtype, batch, window=None, tiles=None, one_row=None):
+        ms, warm, hyps = timed(decoder_for(dtype, window, tiles, one_row), *inputs(dtype, batch))
         return ms, warm, hyps[0].steps, [(h.token_ids, h.frames) for h in hyps]
 
     def alternating(dtype, batch, settings):
         """(tiles, one_row) settings measured in alternating rounds, each a median of 5; a row per setting."""
-        encoded = encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous()
-        lengths = lengths1.expand(batch).contiguous()
+        encoded, lengths = inputs(dtype, batch)
         configs = []
         for tiles, one_row in settings:
-            decoder = GreedyDecoder(model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, fused=True)
-            decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, encoded.dtype,
-                                            model.cfg.decoding.durations, tiles, one_row)
+            decoder = decoder_for(dtype, tiles=tiles, one_row=one_row)
             _, warm, hyps = timed(decoder, encoded, lengths, reps=1)
             configs.append((decoder, warm, [(h.token_ids, h.frames) for h in hyps], [], hyps[0].steps))
         for _ in range(args.rounds):
