@@ -7,7 +7,8 @@
 # profile (the step), tune (tiles, windows), coldstart, folder (512 files: CLI and API against NeMo's transcribe()),
 # throughput (seconds per stage), shortfiles (host memory on 10 000 files), long (10 to 180 minutes), profilecli
 # (cProfile of the CLI on the folder), shapes (host cost of a new batch shape), trace (GPU idle gaps, warm folder),
-# abcli (A/B of host-side choices on the folder CLI), l2 (the step's weights kept in L2).
+# abcli (A/B of host-side choices on the folder CLI), l2 (the step's weights kept in L2), encgraphs (the encoder's
+# layers replayed from one captured layer, against the eager loop).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -167,6 +168,9 @@ setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import
 }
 run_l2() {  # the step's weights kept in L2 (access policy windows), against none
     step "l2 window" 240 python3 scripts/l2_window.py --model $ckpt --json "$OUT/l2-window.json"
+}
+run_encgraphs() {
+    step "encoder layer graphs" 200 python3 scripts/encoder_graphs.py --model $ckpt --json "$OUT/encoder-graphs.json"
 }
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
     step "tune" "${TUNE_SECONDS:-330}" python3 scripts/tune_step.py --model $ckpt --out "$OUT" ${TUNE_ARGS:-}

@@ -1,4 +1,4 @@
-"""GPU tests: CUDA-graph decoding gives NeMo's tokens and exactly what eager decoding gives.
+"""GPU tests: CUDA-graph decoding and encoding give NeMo's tokens and exactly what eager code gives.
 
 Marked `gpu`: skipped without CUDA. On the lent GPU: `pytest -m gpu tests/test_gpu.py`.
 A 0.6b-v3-shaped checkpoint for the real-speech tests is named by GRAPHSCRIBE_TEST_V3
@@ -165,3 +165,41 @@ def test_fused_step_gives_the_pytorch_steps_tokens_v3():
         assert (decoder._fused_step is not None) == fused
     assert results[0] == results[1]
     assert all(len(ids) > 10 for ids, _ in results[0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_encoder_layer_graphs_equal_eager(dtype):
+    """A small batch's layers replayed from one captured layer: bit-equal to the eager loop, shape after shape,
+    a shape seen again with other padding, and more shapes than the graphs kept."""
+    model = gs.load_model(V3 or FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype=dtype)
+    a, b = (model.read(speech_path(n)) for n in ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac"))
+    cut = [b[: k * 16000] for k in (2, 3, 4, 5, 6)]
+    batches = [[a, b], [a[:80000], b], [b, cut[0]]] + [[c] for c in cut] + [[a, b], torch.cat([a, b])[None]]
+    layers = model.module.encoder.layers
+    assert len(layers) > 1
+    for batch in batches:
+        features, frames = model.features(list(batch))
+        with torch.inference_mode():
+            eager, eager_frames = model.module.encoder(features.to(model.dtype), frames)
+        graphed, graphed_frames = model.encoder_output(features, frames)
+        assert torch.equal(graphed, eager) and torch.equal(graphed_frames, eager_frames)
+    graphs = model._layer_graphs
+    assert graphs.enabled and 0 < len(graphs._graphs) <= graphs.KEEP and graphs.capture_seconds > 0
+
+
+def test_encoder_capture_failure_runs_the_layers_eagerly(monkeypatch, caplog):
+    import graphscribe.graphs
+
+    class Broken:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("capture refused for the test")
+
+    ref = _reference("nemo-tdt-tiny")
+    paths = [CLIPS / c["file"] for c in ref["clips"]]
+    model = gs.load_model(FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype="float32", graphs=True)
+    monkeypatch.setattr(graphscribe.graphs, "_LayerGraph", Broken)
+    with caplog.at_level(logging.WARNING, logger="graphscribe"):
+        got = model.transcribe(paths, batch_size=1)
+    assert [t.token_ids for t in got] == [c["token_ids"] for c in ref["clips"]]
+    assert sum("encoder layer failed" in r.message for r in caplog.records) == 1  # warned once
+    assert model._layer_graphs.enabled is False

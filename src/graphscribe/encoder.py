@@ -367,8 +367,9 @@ class FastConformer(nn.Module):
         self.pre_encode = Subsampling(cfg)
         self.layers = nn.ModuleList(ConformerLayer(cfg) for _ in range(cfg.n_layers))
 
-    def forward(self, features: torch.Tensor, lengths: torch.Tensor,
-                window: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor, window: tuple[int, int] | None = None,
+                layers=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`layers`: runs the layer stack in place of `run_layers` (`graphs.LayerGraphs`: replayed graphs)."""
         x, lengths = self.pre_encode(features.transpose(1, 2), lengths)  # (B, T', D)
         if self.cfg.xscaling:
             x = x * math.sqrt(self.cfg.d_model)
@@ -378,9 +379,17 @@ class FastConformer(nn.Module):
         else:
             pos_emb = window_positions(window, self.cfg.d_model, x.device, x.dtype)
         padding = Padding(torch.arange(t, device=x.device)[None, :] < lengths[:, None], x.dtype)  # (B, T')
-        for layer in self.layers:
-            x = layer(x, pos_emb, padding, window)
-        return x, lengths
+        if layers is None:
+            return run_layers(self.layers, x, pos_emb, padding, window), lengths
+        return layers(x, pos_emb, padding, window), lengths
+
+
+def run_layers(layers, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding,
+               window: tuple[int, int] | None) -> torch.Tensor:
+    """The conformer layers, one after another, eagerly: (B, T', D) -> (B, T', D)."""
+    for layer in layers:
+        x = layer(x, pos_emb, padding, window)
+    return x
 
 
 def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,

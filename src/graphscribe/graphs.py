@@ -1,17 +1,26 @@
-"""Capturing decode steps in CUDA graphs and replaying them.
+"""CUDA graphs: decode steps and encoder layers captured once and replayed.
 
 `CapturedSteps` records `steps` consecutive calls of a step function (which reads and
 writes only static buffers) into one `torch.cuda.CUDAGraph`, after a warm-up on a side
 stream. Replaying it launches the whole sequence of kernels with one call, instead of a
 few dozen launches per step. The graphs of one decoder share one memory pool.
+`LayerGraphs` runs the encoder's layer stack from one captured layer (see there).
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 import time
+from collections import OrderedDict
 from typing import Callable
 
 import torch
+from torch import nn
+
+from .encoder import Padding, run_layers
+
+log = logging.getLogger(__name__)
 
 _WARMUP_CALLS = 2  # eager calls on a side stream before capture (cuBLAS/cuDNN workspaces, lazy init)
 
@@ -46,3 +55,114 @@ class CapturedSteps:
 
     def replay(self) -> None:
         self.graph.replay()
+
+
+class LayerGraphs:
+    """The encoder's layer stack from one captured layer, replayed once a layer with that layer's weights.
+
+    A small batch's encoder waits on its host: each layer is about 80 kernel launches, 24 layers a few thousand
+    per batch, which take longer to launch than the GPU takes to run them. The layers all have one structure, so
+    one graph of one layer serves them all: `slot`, a copy of layer 0 whose weights are static buffers, is captured
+    once per batch shape (after layer 0 has run eagerly on that shape: its cuBLAS and cuDNN plans exist, and
+    its work is the batch's own); every later layer copies its weights into the slot and replays the graph.
+    The same kernels on the same shapes and the same values as the eager loop: the output is bit-equal to it.
+
+    Only for full attention on batches of at most `MAX_FRAMES` encoder frames: larger ones keep the GPU busy
+    anyway, and their graph's memory (one layer's temporaries, held while the graph lives) would be large. The
+    graphs of the last `KEEP` shapes share one memory pool; replays run in stream order, and what one layer
+    hands the next lives in each graph's own static input, outside the pool.
+    """
+
+    MAX_FRAMES = 16384  # batch x encoder frames: 32 clips of 40 s, 8 of 160 s
+    KEEP = 4  # captured shapes kept, most recently used
+
+    def __init__(self, layers: nn.ModuleList):
+        self.layers = layers
+        self.slot = copy.deepcopy(layers[0])
+        self._slot_tensors = _tensors(self.slot)
+        self._layer_tensors = [_tensors(layer) for layer in layers]
+        self._graphs: OrderedDict[tuple, _LayerGraph] = OrderedDict()
+        self._pool = None
+        self._stream = torch.cuda.Stream()
+        self.enabled = True
+        self.capture_seconds = 0.0  # summed over the captures so far
+
+    def applies(self, x: torch.Tensor, window: tuple[int, int] | None) -> bool:
+        return self.enabled and window is None and x.is_cuda and x.shape[0] * x.shape[1] <= self.MAX_FRAMES
+
+    def __call__(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, window: tuple[int, int] | None) -> torch.Tensor:
+        """x (B, T, D) after subsampling, pos_emb (2T - 1, D), the batch's `Padding` -> (B, T, D) after every layer."""
+        if not self.applies(x, window):
+            return run_layers(self.layers, x, pos_emb, padding, window)
+        x = self.layers[0](x, pos_emb, padding, None)  # eager: the batch's first layer, and warm-up for the capture
+        try:
+            graph = self._graph_for(x, pos_emb, padding)
+        except RuntimeError as err:  # capture is an optimisation: run the rest eagerly rather than fail
+            log.warning("CUDA graph capture of the encoder layer failed (%s); running it eagerly",
+                        str(err).splitlines()[0])
+            self.release()
+            self.enabled = False
+            return run_layers(self.layers[1:], x, pos_emb, padding, None)
+        graph.x.copy_(x)
+        for tensors in self._layer_tensors[1:]:
+            torch._foreach_copy_(self._slot_tensors, tensors)
+            graph.graph.replay()
+        return graph.x.clone()  # the static buffer is the next batch's input
+
+    def release(self) -> None:
+        """Drop the captured graphs and their memory (out of memory elsewhere)."""
+        self._graphs.clear()
+        self._pool = None
+
+    def _graph_for(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding) -> "_LayerGraph":
+        key = (tuple(x.shape), x.dtype)
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self._graphs.move_to_end(key)
+            graph.refresh(padding)  # same shape: same positions, new padding
+            return graph
+        start = time.perf_counter()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = _LayerGraph(self.slot, x, pos_emb, padding, self._pool, self._stream)
+        self.capture_seconds += time.perf_counter() - start
+        self._graphs[key] = graph
+        if len(self._graphs) > self.KEEP:
+            self._graphs.popitem(last=False)
+        return graph
+
+
+class _LayerGraph:
+    """One layer captured for one batch shape: static input/output `x`, positions and padding masks."""
+
+    def __init__(self, slot: nn.Module, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, pool, stream):
+        self.x = torch.empty_like(x)  # (B, T, D): the layer's input, overwritten with its output
+        self.pos_emb = pos_emb.clone()
+        self.padding = Padding(padding.valid.clone(), padding.dtype)
+        for name, mask in _masks(padding).items():  # made by the eager layer: every mask the layer reads
+            self.padding.__dict__[name] = mask.clone()
+        self.graph = torch.cuda.CUDAGraph()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            # not torch.cuda.graph: it collects garbage and empties the allocator's cache at every capture;
+            # thread_local: the reader threads may pin host memory meanwhile
+            self.graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                self.x.copy_(slot(self.x, self.pos_emb, self.padding, None))
+            finally:
+                self.graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def refresh(self, padding: Padding) -> None:
+        self.padding.valid.copy_(padding.valid)
+        for name, mask in _masks(self.padding).items():
+            mask.copy_(getattr(padding, name))
+
+
+def _masks(padding: Padding) -> dict[str, torch.Tensor]:
+    """The padding masks made so far (cached properties), by name."""
+    return {name: value for name, value in vars(padding).items() if isinstance(value, torch.Tensor) and name != "valid"}
+
+
+def _tensors(module: nn.Module) -> list[torch.Tensor]:
+    return [t.data for t in module.parameters()] + list(module.buffers())

@@ -1,8 +1,8 @@
 """The transducer model and its Python API: `load_model(source).transcribe(inputs)`.
 
-Pipeline: audio -> LogMel (float32) -> FastConformer (eager, model dtype) -> greedy
-decoding (GreedyDecoder, eager or CUDA graphs) -> text and token timestamps. Reading and
-batching many inputs is pipeline.py's.
+Pipeline: audio -> LogMel (float32) -> FastConformer (model dtype; eager, or a small batch's layers
+replayed from a CUDA graph) -> greedy decoding (GreedyDecoder, eager or CUDA graphs) -> text and token
+timestamps. Reading and batching many inputs is pipeline.py's.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
 from .encoder import FastConformer, memory_estimate
 from .features import LogMel
+from .graphs import LayerGraphs
 from .heads import Joint, PredictionNet
 from .pipeline import StageClock, default_batching, transcribe_stream
 from .timestamps import Segment, Word, WordRules, token_spans, words_and_segments
@@ -231,6 +232,7 @@ class Model:
         self.module = module.to_inference(self.device, self.dtype)
         self.tokenizer = tokenizer
         self.decoder = self._new_decoder()
+        self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
         decoding = self.cfg.decoding
         self._window_stride = self.cfg.features.hop_length / self.cfg.features.sample_rate  # seconds
         self._subsampling = self.cfg.encoder.subsampling_factor
@@ -238,9 +240,15 @@ class Model:
                                     decoding.segment_separators, decoding.segment_gap)
 
     def use_graphs(self, enabled: bool) -> None:
-        """Decode with (CUDA only) or without captured graphs from now on: a fresh decoder, fresh captures."""
+        """Decode and encode with (CUDA only) or without captured graphs from now on: fresh captures."""
         self.options = replace(self.options, graphs=enabled and self.device.type == "cuda")
         self.decoder = self._new_decoder()
+        self._layer_graphs = None
+
+    def release_graphs(self) -> None:
+        """Free the encoder's captured layers (their memory pool), e.g. after running out of memory."""
+        if self._layer_graphs is not None:
+            self._layer_graphs.release()
 
     def _new_decoder(self) -> GreedyDecoder:
         return GreedyDecoder(self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs)
@@ -284,8 +292,11 @@ class Model:
                        window: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, n_mels, T) features and (B,) frames -> (B, T', D) encoder output in the model dtype and (B,) lengths.
 
-        window: None for full attention, (left, right) frames for local attention (`attention_for` chooses)."""
-        return self.module.encoder(features.to(self.dtype), lengths, window)
+        window: None for full attention, (left, right) frames for local attention (`attention_for` chooses).
+        With graphs, a small batch's layers replay one captured layer (`graphs.LayerGraphs`): the same numbers."""
+        if self.options.graphs and self._layer_graphs is None:
+            self._layer_graphs = LayerGraphs(self.module.encoder.layers)
+        return self.module.encoder(features.to(self.dtype), lengths, window, self._layer_graphs)
 
     @torch.inference_mode()
     def encode(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

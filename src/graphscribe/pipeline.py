@@ -299,6 +299,7 @@ def _out_of_memory_or_raise(model: Model, err: Exception) -> None:
     if not (isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text):
         raise err
     if model.device.type == "cuda":
+        model.release_graphs()
         torch.cuda.empty_cache()
 
 
