@@ -8,7 +8,8 @@
 # throughput (seconds per stage), shortfiles (host memory on 10 000 files), long (10 to 180 minutes), profilecli
 # (cProfile of the CLI on the folder), shapes (host cost of a new batch shape), trace (GPU idle gaps, warm folder),
 # abcli (A/B of host-side choices on the folder CLI), l2 (the step's weights kept in L2), encgraphs (the encoder's
-# layers replayed from one captured layer, against the eager loop).
+# layers replayed from one captured layer, against the eager loop), pyspy (the folder CLI's threads sampled by
+# py-spy, carried as a wheel in .whl).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -168,6 +169,17 @@ setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import
 }
 run_l2() {  # the step's weights kept in L2 (access policy windows), against none
     step "l2 window" 240 python3 scripts/l2_window.py --model $ckpt --json "$OUT/l2-window.json"
+}
+run_pyspy() {  # where the CLI's threads spend the folder job, idle time included (PYSPY_RUNS: "dtype batch;...")
+    make_folder
+    local dtype batch
+    echo "${PYSPY_RUNS:-float32 8;bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
+        step "CLI $dtype B=$batch (fills Triton's cache)" 120 python3 -m graphscribe.cli /tmp/folder \
+            --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/pyspy-out-$dtype-$batch"
+        step "py-spy CLI $dtype B=$batch" 120 /tmp/site/bin/py-spy record --idle --threads --nonblocking --rate 250 \
+            --format raw -o "$OUT/pyspy-$dtype-$batch.txt" -- python3 -m graphscribe.cli /tmp/folder \
+            --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/pyspy-out-$dtype-$batch"
+    done
 }
 run_encgraphs() {
     step "encoder layer graphs" 200 python3 scripts/encoder_graphs.py --model $ckpt --json "$OUT/encoder-graphs.json"

@@ -26,10 +26,10 @@ _CONV_BYTES = 512 * 2**20  # subsampling: time chunks keep the first convolution
 _MIN_CHUNK = 64  # subsampling: output frames a chunk has at least (each chunk recomputes one more)
 
 
-def subsampled_lengths(lengths: torch.Tensor, factor: int) -> torch.Tensor:
-    """Frames after `log2(factor)` stride-2 convolutions: floor((L + 2 - 3) / 2 + 1) each."""
+def subsampled_lengths(lengths, factor: int):
+    """Frames after `log2(factor)` stride-2 convolutions: floor((L + 2 - 3) / 2 + 1) each; ints or tensors."""
     for _ in range(int(math.log2(factor))):
-        lengths = torch.div(lengths + 2 * _PAD - _KERNEL, _STRIDE, rounding_mode="floor") + 1
+        lengths = (lengths + 2 * _PAD - _KERNEL) // _STRIDE + 1
     return lengths
 
 
@@ -54,7 +54,7 @@ class Subsampling(nn.Module):
                 nn.ReLU(),
             ]
         self.conv = nn.Sequential(*layers)
-        freq = subsampled_lengths(torch.tensor(cfg.n_mels), cfg.subsampling_factor).item()
+        freq = subsampled_lengths(cfg.n_mels, cfg.subsampling_factor)
         self.out = nn.Linear(channels * freq, cfg.d_model)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor,
@@ -62,7 +62,7 @@ class Subsampling(nn.Module):
         """(B, T, F) features -> (B, T', D) and (B,) lengths; `chunk_frames`: output frames per chunk (tests)."""
         b, t, f = x.shape
         out_lengths = subsampled_lengths(lengths, self.factor)
-        t_out = int(subsampled_lengths(torch.tensor(t), self.factor))
+        t_out = subsampled_lengths(t, self.factor)
         if chunk_frames is None:  # per row: a clip's chunks (so its float32 rounding) must not depend on its batch
             per_frame = _conv_bytes_per_frame(1, self.conv[0].out_channels, self.factor, f, x.element_size())
             chunk_frames = max(_MIN_CHUNK, _CONV_BYTES // per_frame)
@@ -404,7 +404,7 @@ def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
     """
     enc = cfg.encoder
     frames = samples // cfg.features.hop_length + 1
-    t = int(subsampled_lengths(torch.tensor(frames), enc.subsampling_factor))
+    t = subsampled_lengths(frames, enc.subsampling_factor)  # ints: no tensor ops on the host per batch
     activations = batch * t * enc.d_model * itemsize
     if window is None:  # per row of the batch, as the groups are sized
         per_row = _EXACT_TEMPORARIES * t if itemsize == 4 else _aligned(t)  # float32: NeMo's products, see full_attention

@@ -10,6 +10,7 @@ few dozen launches per step. The graphs of one decoder share one memory pool.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -23,6 +24,29 @@ from .encoder import Padding, run_layers
 log = logging.getLogger(__name__)
 
 _WARMUP_CALLS = 2  # eager calls on a side stream before capture (cuBLAS/cuDNN workspaces, lazy init)
+
+
+def capture(graph: torch.cuda.CUDAGraph, record: Callable[[], None], pool) -> None:
+    """Record the kernels `record()` launches into `graph`, its memory from `pool`.
+
+    Not `torch.cuda.graph`, which empties the allocator's device and pinned-host caches at every capture (the
+    readers' pinned buffers then cost cudaHostAlloc calls again). thread_local: the reader threads may pin host
+    memory meanwhile.
+    """
+    stream = _capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            record()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
+@functools.cache
+def _capture_stream() -> torch.cuda.Stream:
+    return torch.cuda.Stream()
 
 
 def pool_of(live: list["CapturedSteps"]):
@@ -46,9 +70,12 @@ class CapturedSteps:
             if before_capture is not None:
                 before_capture()  # the warm-up wrote to the buffers: let the owner put them back
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+
+        def record():
             for _ in range(steps):
                 step()
+
+        capture(self.graph, record, pool)
         torch.cuda.synchronize()
         self.steps = steps
         self.capture_seconds = time.perf_counter() - start
@@ -64,33 +91,38 @@ class LayerGraphs:
     per batch, which take longer to launch than the GPU takes to run them. The layers all have one structure, so
     one graph of one layer serves them all: `slot`, a copy of layer 0 whose weights are static buffers, is captured
     once per batch shape (after layer 0 has run eagerly on that shape: its cuBLAS and cuDNN plans exist, and
-    its work is the batch's own); every later layer copies its weights into the slot and replays the graph.
+    its work is the batch's own); every later layer copies its weights into the slot and replays the graph. Each
+    layer's weights are packed into one buffer (`_pack`), so that copy is one block.
     The same kernels on the same shapes and the same values as the eager loop: the output is bit-equal to it.
 
-    Only for full attention on batches of at most `MAX_FRAMES` encoder frames: larger ones keep the GPU busy
-    anyway, and their graph's memory (one layer's temporaries, held while the graph lives) would be large. The
-    graphs of the last `KEEP` shapes share one memory pool; replays run in stream order, and what one layer
-    hands the next lives in each graph's own static input, outside the pool.
+    Only for full attention on batches of at most `MAX_FRAMES` encoder frames: on larger ones the GPU is the
+    bottleneck anyway, and copying the weights (one layer's, every layer) costs more than the launches save
+    (`scripts/encoder_graphs.py` on the H100: float32 B=8 x 4 s 39 -> 27 ms, B=8 x 10 s 40 -> 41 ms; bfloat16
+    B=32 x 10 s 41 -> 30 ms, B=32 x 20 s 55 -> 56 ms). The graphs of the last `KEEP` shapes share one memory
+    pool; replays run in stream order, and what one layer hands the next lives in each graph's own static
+    input, outside the pool.
     """
 
-    MAX_FRAMES = 16384  # batch x encoder frames: 32 clips of 40 s, 8 of 160 s
+    MAX_FRAMES = {4: 768, 2: 6144}  # batch x encoder frames, by bytes per element: 16-bit products are ~4x faster
     KEEP = 4  # captured shapes kept, most recently used
 
     def __init__(self, layers: nn.ModuleList):
         self.layers = layers
-        self.slot = copy.deepcopy(layers[0])
-        self._slot_tensors = _tensors(self.slot)
-        self._layer_tensors = [_tensors(layer) for layer in layers]
+        with torch.inference_mode(False):  # the layers' own parameters stay normal tensors
+            self._weights = [_pack(layer) for layer in layers]  # (N,) each: one copy a layer
+            self.slot = copy.deepcopy(layers[0])
+            self._slot_weights = _pack(self.slot)
         self._graphs: OrderedDict[tuple, _LayerGraph] = OrderedDict()
         self._pool = None
-        self._stream = torch.cuda.Stream()
         self.enabled = True
         self.capture_seconds = 0.0  # summed over the captures so far
 
     def applies(self, x: torch.Tensor, window: tuple[int, int] | None) -> bool:
-        return self.enabled and window is None and x.is_cuda and x.shape[0] * x.shape[1] <= self.MAX_FRAMES
+        frames = x.shape[0] * x.shape[1]
+        return self.enabled and window is None and x.is_cuda and frames <= self.MAX_FRAMES.get(x.element_size(), 0)
 
-    def __call__(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, window: tuple[int, int] | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding,
+                 window: tuple[int, int] | None) -> torch.Tensor:
         """x (B, T, D) after subsampling, pos_emb (2T - 1, D), the batch's `Padding` -> (B, T, D) after every layer."""
         if not self.applies(x, window):
             return run_layers(self.layers, x, pos_emb, padding, window)
@@ -104,8 +136,8 @@ class LayerGraphs:
             self.enabled = False
             return run_layers(self.layers[1:], x, pos_emb, padding, None)
         graph.x.copy_(x)
-        for tensors in self._layer_tensors[1:]:
-            torch._foreach_copy_(self._slot_tensors, tensors)
+        for weights in self._weights[1:]:
+            self._slot_weights.copy_(weights)
             graph.graph.replay()
         return graph.x.clone()  # the static buffer is the next batch's input
 
@@ -124,7 +156,7 @@ class LayerGraphs:
         start = time.perf_counter()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = _LayerGraph(self.slot, x, pos_emb, padding, self._pool, self._stream)
+        graph = _LayerGraph(self.slot, x, pos_emb, padding, self._pool)
         self.capture_seconds += time.perf_counter() - start
         self._graphs[key] = graph
         if len(self._graphs) > self.KEEP:
@@ -135,23 +167,14 @@ class LayerGraphs:
 class _LayerGraph:
     """One layer captured for one batch shape: static input/output `x`, positions and padding masks."""
 
-    def __init__(self, slot: nn.Module, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, pool, stream):
+    def __init__(self, slot: nn.Module, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, pool):
         self.x = torch.empty_like(x)  # (B, T, D): the layer's input, overwritten with its output
         self.pos_emb = pos_emb.clone()
         self.padding = Padding(padding.valid.clone(), padding.dtype)
         for name, mask in _masks(padding).items():  # made by the eager layer: every mask the layer reads
             self.padding.__dict__[name] = mask.clone()
         self.graph = torch.cuda.CUDAGraph()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            # not torch.cuda.graph: it collects garbage and empties the allocator's cache at every capture;
-            # thread_local: the reader threads may pin host memory meanwhile
-            self.graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-            try:
-                self.x.copy_(slot(self.x, self.pos_emb, self.padding, None))
-            finally:
-                self.graph.capture_end()
-        torch.cuda.current_stream().wait_stream(stream)
+        capture(self.graph, lambda: self.x.copy_(slot(self.x, self.pos_emb, self.padding, None)), pool)
 
     def refresh(self, padding: Padding) -> None:
         self.padding.valid.copy_(padding.valid)
@@ -164,5 +187,23 @@ def _masks(padding: Padding) -> dict[str, torch.Tensor]:
     return {name: value for name, value in vars(padding).items() if isinstance(value, torch.Tensor) and name != "valid"}
 
 
-def _tensors(module: nn.Module) -> list[torch.Tensor]:
-    return [t.data for t in module.parameters()] + list(module.buffers())
+_ALIGN_BYTES = 512  # where each tensor of a packed module starts, as the allocator's blocks do
+
+
+def _pack(module: nn.Module) -> torch.Tensor:
+    """Move a module's floating-point parameters and buffers into one flat buffer, each a view of it with the same
+    values (the module computes exactly as before): its weights then copy as one block, not one copy a tensor.
+    Two modules of one structure get one layout."""
+    tensors = [t for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()]
+    if len({t.dtype for t in tensors}) != 1:
+        raise ValueError(f"one dtype expected, got {sorted({str(t.dtype) for t in tensors})}")
+    align = _ALIGN_BYTES // tensors[0].element_size()
+    sizes = [-(-t.numel() // align) * align for t in tensors]
+    flat = torch.empty(sum(sizes), dtype=tensors[0].dtype, device=tensors[0].device)
+    offset = 0
+    for t, size in zip(tensors, sizes):
+        view = flat[offset: offset + t.numel()].view(t.shape)
+        view.copy_(t)
+        t.data = view
+        offset += size
+    return flat

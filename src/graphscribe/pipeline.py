@@ -3,11 +3,13 @@
     inputs -> lengths (file headers) -> batches, longest first (at most N files, S seconds of padded audio)
     -> a pool of reader threads: decode, mix down, resample (libsndfile and torch release the GIL)
     -> one zero-padded (B, L) buffer a batch (pinned on CUDA, so the copy to the GPU is asynchronous)
-    -> features, encoder (queued on the GPU) -> decoding -> transcripts
+    -> features, encoder (queued on the GPU) -> decoding (its own CUDA stream) -> transcripts
 
-The main thread keeps the GPU fed: it queues batch k+1's copy, features and encoder right after batch k's
-decoding, then makes batch k's transcripts (and the caller writes them) while the GPU runs; the readers
-stay READ_AHEAD batches ahead, so host memory is bounded by the batch size, not by the number of inputs.
+The main thread keeps the GPU fed: it queues batch k+1's copy, features and encoder, then decodes batch k on a
+second stream while they run (decoding reads a few numbers back to the host as it goes, so on one stream the
+GPU would wait for the host's launches of every next batch), then makes batch k's transcripts (and the caller
+writes them); the readers stay READ_AHEAD batches ahead, so host memory is bounded by the batch size, not by
+the number of inputs.
 Results come in batch order, each batch's unreadable inputs first; a batch that runs out of memory is
 retried one input at a time, and an input that alone does not fit gets an error.
 """
@@ -192,6 +194,7 @@ class _Job:
     batch: Batch
     encoded: torch.Tensor | None = None  # (B, T', D)
     frames: torch.Tensor | None = None  # (B,) encoder frames
+    ready: torch.cuda.Event | None = None  # CUDA: recorded after the encoder, on its stream
     hyps: list[Hypothesis] | None = None
     out_of_memory: bool = False
     seconds: float = 0.0  # host time spent on it
@@ -204,21 +207,41 @@ def transcribe_stream(model: Model, items: list, batch_size: int, batch_seconds:
 
     clock = clock or StageClock(model.device, enabled=False)
     pool = ThreadPoolExecutor(workers or default_workers(model.device), thread_name_prefix="graphscribe-read")
+    streams = _Streams(model.device)
     try:
         seconds = list(pool.map(lambda item: _estimated_seconds(item, model.sample_rate), items))
         plan = plan_batches(seconds, max(1, batch_size), batch_seconds)
-        decoded: _Job | None = None  # decoded, its transcripts not made yet
+        encoded: _Job | None = None  # queued up to its encoder, not decoded yet
         for batch in Reader(model, items, plan, pool, clock):
-            job = _start(model, batch, clock)  # queued on the GPU: it runs while the host finishes `decoded`
-            if decoded is not None:
-                yield from _finish(model, decoded, clock)
+            job = _start(model, batch, clock)  # queued on the GPU: it runs while `encoded` is decoded
+            if encoded is not None:
+                yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams)
             for i, error in batch.failed:
                 yield i, Transcript(source=_name(items[i]), error=error)
-            decoded = _decode(model, job, clock)
-        if decoded is not None:
-            yield from _finish(model, decoded, clock)
+            encoded = job
+        if encoded is not None:
+            yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams)
     finally:  # also when the caller stops early: reads not started are dropped
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _Streams:
+    """Where decoding runs: on CUDA a stream of its own (high priority: its small step kernels then start as soon
+    as the encoder's leave an SM free), waiting for its batch's encoder; elsewhere the current one."""
+
+    def __init__(self, device: torch.device):
+        self.decode = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+
+    @contextlib.contextmanager
+    def decoding(self, job: _Job):
+        if self.decode is None:
+            yield
+            return
+        self.decode.wait_event(job.ready)
+        job.encoded.record_stream(self.decode)  # made on the encoder's stream: not reused before decoding is done
+        job.frames.record_stream(self.decode)
+        with torch.cuda.stream(self.decode):
+            yield
 
 
 def default_workers(device: torch.device) -> int:
@@ -239,6 +262,9 @@ def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
             features, feature_frames = model.padded_features(batch.audio, batch.lengths)
         with clock.gpu("encoder"):
             job.encoded, job.frames = model.encoder_output(features, feature_frames, window)
+        if model.device.type == "cuda":
+            job.ready = torch.cuda.Event()
+            job.ready.record()
     except (torch.OutOfMemoryError, RuntimeError) as err:
         _out_of_memory_or_raise(model, err)
         job.out_of_memory = True
@@ -246,26 +272,26 @@ def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
     return job
 
 
-def _decode(model: Model, job: _Job, clock: StageClock) -> _Job:
+def _decode(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> _Job:
     if job.encoded is None:
         return job
     start = time.perf_counter()
     try:
-        with clock.gpu("decode"):
+        with streams.decoding(job), clock.gpu("decode"):
             job.hyps = model.decode(job.encoded, job.frames)
     except (torch.OutOfMemoryError, RuntimeError) as err:
         _out_of_memory_or_raise(model, err)
         job.out_of_memory = True
-    job.encoded = job.frames = None  # free the encoder output before the next batch's encoder runs
+    job.encoded = job.frames = None  # the encoder output's memory is reused once decoding is done (record_stream)
     job.seconds += time.perf_counter() - start
     return job
 
 
-def _finish(model: Model, job: _Job, clock: StageClock) -> Iterator[tuple[int, Transcript]]:
+def _finish(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> Iterator[tuple[int, Transcript]]:
     """A decoded job's transcripts; one that ran out of memory is redone one input at a time."""
     batch = job.batch
     if job.out_of_memory:
-        yield from (_alone(model, batch.row(r), clock) for r in range(len(batch.indices)))
+        yield from (_alone(model, batch.row(r), clock, streams) for r in range(len(batch.indices)))
         return
     if job.hyps is None:
         return
@@ -279,13 +305,13 @@ def _finish(model: Model, job: _Job, clock: StageClock) -> Iterator[tuple[int, T
     yield from zip(batch.indices, transcripts)
 
 
-def _alone(model: Model, batch: Batch, clock: StageClock) -> tuple[int, Transcript]:
+def _alone(model: Model, batch: Batch, clock: StageClock, streams: _Streams) -> tuple[int, Transcript]:
     """One input, start to end; an error if it does not fit in memory either."""
     from .model import Transcript  # here: model.py imports this module
 
-    job = _decode(model, _start(model, batch, clock), clock)
+    job = _decode(model, _start(model, batch, clock), clock, streams)
     if not job.out_of_memory:
-        [result] = _finish(model, job, clock)
+        [result] = _finish(model, job, clock, streams)
         return result
     minutes = int(batch.lengths[0]) / model.sample_rate / 60
     source = batch.sources[0]
