@@ -65,8 +65,9 @@ run_profile() {
 run_gputests() {  # every GPU-marked test (decoding, pipeline, bench, timestamps)
     step "gpu tests (all)" 300 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -m gpu tests/
 }
-run_coldstart() {
-    step "cold start" 200 python3 scripts/cold_start.py --model $ckpt --reps 3 --json "$OUT/cold_start.json"
+run_coldstart() {  # COLDSTART_CACHED=1: only the runs with a bytecode cache
+    [ -n "${COLDSTART_CACHED:-}" ] ||
+        step "cold start" 200 python3 scripts/cold_start.py --model $ckpt --reps 3 --json "$OUT/cold_start.json"
     step "cold start, bytecode cached" 200 python3 scripts/cold_start.py --model $ckpt --reps 3 \
         --pycache-prefix /tmp/pycache --json "$OUT/cold_start-pycache.json"
 }
@@ -82,10 +83,10 @@ run_folder() {  # our CLI and API against NeMo's transcribe() on 512 files (FOLD
             --nemo-path /tmp/nemo-site --batch-sizes $sizes --dtypes $dtype --out "$OUT/folder-$dtype"
     done
 }
-run_throughput() {  # seconds per stage, graphs on and off (THROUGHPUT_DTYPES: bfloat16 at 128, float32 at 8 and 32)
-    make_folder
+run_throughput() {  # seconds per stage, graphs on and off (THROUGHPUT_DTYPES: bfloat16 at 128, float32 at
+    make_folder       # THROUGHPUT_SIZES, default 8,32)
     for dtype in ${THROUGHPUT_DTYPES:-bfloat16 float32}; do
-        local sizes=8,32
+        local sizes=${THROUGHPUT_SIZES:-8,32}
         [ "$dtype" = bfloat16 ] && sizes=128
         step "throughput $dtype" 200 python3 -m graphscribe.cli bench --folder /tmp/folder --model $ckpt \
             --dtype $dtype --batch-sizes $sizes --json "$OUT/throughput-$dtype.json"
