@@ -11,7 +11,6 @@ import pytest
 import soundfile as sf
 import torch
 
-import graphscribe
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 from graphscribe.bench import make_folder
 from graphscribe.pipeline import READ_AHEAD, StageClock, default_batching, plan_batches
@@ -134,25 +133,3 @@ def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
     for stage in ("read", "features", "encoder", "decode", "text"):
         assert seconds[stage] > 0, stage
 
-
-def test_packed_layer_computes_as_before_and_copies_as_one_block():
-    """graphs._pack: a conformer layer's weights moved into one flat buffer (views of it): the same output bits,
-    and two layers of one structure share the layout, so one copy moves every weight of one into the other."""
-    from graphscribe.encoder import ConformerLayer, Padding, relative_positions
-    from graphscribe.graphs import _pack
-
-    model = graphscribe.load_model(NEMO_PATH, device="cpu")
-    first, second = model.module.encoder.layers[:2]
-    d = model.cfg.encoder.d_model
-    x = torch.randn(2, 9, d)
-    padding = Padding(torch.arange(9)[None, :] < torch.tensor([[9], [6]]), x.dtype)
-    pos = relative_positions(9, d, x.device, x.dtype)
-    with torch.inference_mode():
-        before = [layer(x, pos, padding, None) for layer in (first, second)]
-    flats = [_pack(layer) for layer in (first, second)]
-    assert all(p.data_ptr() >= flats[0].data_ptr() for p in first.parameters())
-    with torch.inference_mode():
-        assert torch.equal(first(x, pos, padding, None), before[0])
-        flats[0].copy_(flats[1])  # the first layer now holds the second's weights
-        assert torch.equal(first(x, pos, padding, None), before[1])
-    assert isinstance(first, ConformerLayer)

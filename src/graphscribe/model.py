@@ -240,10 +240,10 @@ class Model:
                                     decoding.segment_separators, decoding.segment_gap)
 
     def use_graphs(self, enabled: bool) -> None:
-        """Decode and encode with (CUDA only) or without captured graphs from now on: fresh captures."""
+        """Decode and encode with (CUDA only) or without captured graphs from now on: a fresh decoder (fresh
+        captures); the encoder's captured layers are kept for whenever graphs are on."""
         self.options = replace(self.options, graphs=enabled and self.device.type == "cuda")
         self.decoder = self._new_decoder()
-        self._layer_graphs = None
 
     def release_graphs(self) -> None:
         """Free the encoder's captured layers (their memory pool), e.g. after running out of memory."""
@@ -294,9 +294,12 @@ class Model:
 
         window: None for full attention, (left, right) frames for local attention (`attention_for` chooses).
         With graphs, a small batch's layers replay one captured layer (`graphs.LayerGraphs`): the same numbers."""
-        if self.options.graphs and self._layer_graphs is None:
-            self._layer_graphs = LayerGraphs(self.module.encoder.layers)
-        return self.module.encoder(features.to(self.dtype), lengths, window, self._layer_graphs)
+        layers = None
+        if self.options.graphs:
+            if self._layer_graphs is None:  # packs the layers' weights once (see LayerGraphs)
+                self._layer_graphs = LayerGraphs(self.module.encoder.layers)
+            layers = self._layer_graphs
+        return self.module.encoder(features.to(self.dtype), lengths, window, layers)
 
     @torch.inference_mode()
     def encode(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,75 @@
+"""The encoder's layer graphs (graphs.LayerGraphs) on the CPU: the weight packing, and the bookkeeping around
+the captured layer (slot weights, static input, padding masks, shapes kept), with a stand-in for the CUDA graph
+that re-runs what it recorded. The real captures are tested on the GPU (test_gpu.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import graphscribe
+import graphscribe.graphs as graphs
+from conftest import NEMO_PATH
+from graphscribe.encoder import Padding, relative_positions, run_layers
+
+
+@pytest.fixture(scope="module")
+def model():
+    return graphscribe.load_model(NEMO_PATH, device="cpu")
+
+
+def _batch(model, lengths: list[int], frames: int):
+    d = model.cfg.encoder.d_model
+    x = torch.randn(len(lengths), frames, d, generator=torch.Generator().manual_seed(frames + len(lengths)))
+    padding = Padding(torch.arange(frames)[None, :] < torch.tensor(lengths)[:, None], x.dtype)
+    return x, relative_positions(frames, d, x.device, x.dtype), padding
+
+
+def test_packed_layer_computes_as_before_and_copies_as_one_block(model):
+    """The same output bits after packing, and two layers of one structure share the layout, so one copy moves
+    every weight of one into the other."""
+    first, second = (copy.deepcopy(layer) for layer in model.module.encoder.layers[:2])
+    x, pos, padding = _batch(model, [9, 6], 9)
+    with torch.inference_mode():
+        before = [layer(x, pos, padding, None) for layer in (first, second)]
+    flats = [graphs._pack(layer) for layer in (first, second)]
+    assert all(flats[0].data_ptr() <= p.data_ptr() < flats[0].data_ptr() + flats[0].nbytes for p in first.parameters())
+    with torch.inference_mode():
+        assert torch.equal(first(x, pos, padding, None), before[0])
+        flats[0].copy_(flats[1])  # the first layer now holds the second's weights
+        assert torch.equal(first(x, pos, padding, None), before[1])
+
+
+class _Replayed:
+    """Stands in for torch.cuda.CUDAGraph: replay() runs again what capture recorded, reading the static buffers."""
+
+    def __init__(self):
+        self.record = None
+
+    def replay(self):
+        self.record()
+
+
+def test_layer_graphs_give_the_eager_loops_bits(model, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Replayed)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(graphs, "capture", lambda graph, record, pool: setattr(graph, "record", record))
+    monkeypatch.setattr(graphs.LayerGraphs, "applies", lambda self, x, window: self.enabled and window is None)
+    monkeypatch.setattr(graphs.LayerGraphs, "KEEP", 2)
+    layers = nn.ModuleList(copy.deepcopy(model.module.encoder.layers[i % 2]) for i in range(5))
+    with torch.no_grad():
+        for i, layer in enumerate(layers):  # five different layers
+            for p in layer.parameters():
+                p.add_(0.01 * i * torch.randn_like(p))
+    runner = graphs.LayerGraphs(layers)
+    batches = [([12, 7], 12), ([12, 10], 12), ([5], 9), ([9, 9, 4], 9), ([12, 3], 12)]  # kept, refreshed, evicted
+    for lengths, frames in batches:
+        x, pos, padding = _batch(model, lengths, frames)
+        with torch.inference_mode():
+            expected = run_layers(layers, x, pos, Padding(padding.valid, x.dtype), None)
+            got = runner(x, pos, padding, None)
+        assert torch.equal(got, expected), (lengths, frames)
+    assert len(runner._graphs) == 2  # the last two shapes
