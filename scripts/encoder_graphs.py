@@ -83,7 +83,7 @@ def main() -> int:
                    "bit_equal": equal, "graphs_first_call_s": first[0],
                    "capture_s_total": model._layer_graphs.capture_seconds}
             for name, got in times.items():
-                wall, host, gpu = (statistics.median(t[i] for t in got) for i in range(3))
+                wall, host, gpu = (statistics.median(t[field] for t in got) for field in range(3))
                 row[name] = {"wall_s": wall, "host_s": host, "gpu_s": gpu,
                              "wall_spread_s": [min(t[0] for t in got), max(t[0] for t in got)]}
             rows.append(row)
