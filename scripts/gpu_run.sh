@@ -141,12 +141,12 @@ run_shapes() {  # what a batch of a new shape costs the host (SHAPES: "dtype bat
             --batch "$batch" --json "$OUT/shapes-$dtype-$batch.json"
     done
 }
-run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch;...")
+run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch;..."; TRACE_COLD=1: the first pass)
     make_folder
     local dtype batch
     echo "${TRACES:-bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
         step "trace $dtype B=$batch" 150 python3 scripts/trace_pipeline.py --model $ckpt --folder /tmp/folder \
-            --dtype $dtype --batch "$batch" --out "$OUT/trace-$dtype-$batch"
+            --dtype $dtype --batch "$batch" --out "$OUT/trace-$dtype-$batch${TRACE_COLD:+-cold}" ${TRACE_COLD:+--cold}
     done
 }
 run_abcli() {  # A/B of host-side choices on the folder CLI, alternating (ABCLI: "dtype batch;..."; AB_REPS)
@@ -178,8 +178,11 @@ run_pyspy() {  # where the CLI's threads spend the folder job, idle time include
         step "CLI $dtype B=$batch (fills Triton's cache)" 120 python3 -m graphscribe.cli /tmp/folder \
             --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/pyspy-out-$dtype-$batch"
         step "py-spy CLI $dtype B=$batch" 120 /tmp/site/bin/py-spy record --idle --threads --nonblocking --rate 250 \
-            --format raw -o "$OUT/pyspy-$dtype-$batch.txt" -- python3 -m graphscribe.cli /tmp/folder \
+            --format speedscope -o "/tmp/pyspy-$dtype-$batch.json" -- python3 -m graphscribe.cli /tmp/folder \
             --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/pyspy-out-$dtype-$batch"
+        python3 scripts/pyspy_timeline.py "/tmp/pyspy-$dtype-$batch.json" --md "$OUT/timeline-$dtype-$batch.md" \
+            >/dev/null 2>>"$log"
+        gzip -c "/tmp/pyspy-$dtype-$batch.json" >"$OUT/pyspy-$dtype-$batch.json.gz"
     done
 }
 run_encgraphs() {

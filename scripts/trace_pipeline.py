@@ -3,7 +3,8 @@
 
     python scripts/trace_pipeline.py --model v3.nemo --folder /tmp/folder --dtype bfloat16 --batch 128 --out $OUT/trace
 
-One untimed pass first (kernels, graphs, the allocator's pool), then one pass under the profiler. Writes
+One untimed pass first (kernels, graphs, the allocator's pool), then one pass under the profiler; --cold: the
+first pass, as the one-pass CLI runs it (Triton's kernels loaded, graphs captured, plans made as it goes). Writes
 gaps.json: the GPU's busy time (the union of its kernels and copies), and every idle stretch over
 --min-gap-ms with the host-side ops (PyTorch ops and Python functions of the main thread) running while
 the GPU waited, longest first. The host names say what the GPU waited for.
@@ -62,11 +63,13 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--min-gap-ms", type=float, default=1.0)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cold", action="store_true", help="trace the process's first pass (what the CLI runs), no warm one")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = graphscribe.load_model(args.model, device="cuda", dtype=args.dtype)
     files = find_audio_files(args.folder)
-    model.transcribe(files, batch_size=args.batch)  # warm
+    if not args.cold:
+        model.transcribe(files, batch_size=args.batch)  # warm
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=False) as prof:
         start = time.perf_counter()
@@ -76,7 +79,7 @@ def main() -> int:
     trace = args.out / "trace.json"
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text())["traceEvents"]
-    report = dict(wall_s=wall, files=len(files), dtype=args.dtype, batch=args.batch, **gaps(events, args.min_gap_ms * 1e3))
+    report = dict(wall_s=wall, files=len(files), dtype=args.dtype, batch=args.batch, cold=args.cold, **gaps(events, args.min_gap_ms * 1e3))
     (args.out / "gaps.json").write_text(json.dumps(report, indent=1))
     print(json.dumps({k: v for k, v in report.items() if k != "gaps"}))
     for g in report["gaps"][:15]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 import graphscribe as gs
+from graphscribe import decoding
 from graphscribe.bench import tier_clips
 from graphscribe.decoding import GreedyDecoder, size_class
 from graphscribe.fused_step import FP32_TILES, HALF_TILES, ONE_ROW, FusedStep, Tiles
@@ -56,6 +58,29 @@ def _tiles(t) -> str:
             + (f", net {t.net} k {t.net_k} warps {t.net_warps}" if t.net else ""))
 
 
+SHARE = decoding.ROUND_SHARE
+_ROUND_STEPS = decoding.round_steps
+
+
+def _last_round_rate(buf, remaining, first, queued, _last={}):
+    """Session 15's round sizes: the rate of the last round alone (`_last` keeps it between calls of a decode)."""
+    lower = -(-remaining // (buf.window + buf.max_skip + 1))
+    last = _last.get("at") if queued else None
+    _last["at"] = (remaining, queued)
+    if last is None or last[0] <= remaining:
+        return lower
+    rate = (last[0] - remaining) / (queued - last[1])
+    return max(lower, min(remaining, math.ceil(remaining / rate)))
+
+
+def _rounds(policy) -> None:
+    """Use a rounds policy: a ROUND_SHARE, or "last"."""
+    if policy == "last":
+        decoding.round_steps = _last_round_rate
+    else:
+        decoding.round_steps, decoding.ROUND_SHARE = _ROUND_STEPS, policy
+
+
 def timed(decoder, encoded, lengths, reps=5):
     start = time.perf_counter()
     hyps = decoder.decode(encoded, lengths)  # warm-up: compile (or load the kernel cache) and capture
@@ -74,7 +99,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, warps, windows")
+    ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, skip, warps, windows")
+    ap.add_argument("--tiers", default="2", help="bench tiers by index (0: 7.4 s, 1: 23 s, 2: 77 s), comma separated")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--windows", default="1,2,4,8")
     ap.add_argument("--tile-batches", default="1,8,128")
@@ -83,21 +109,24 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = gs.load_model(args.model, device="cuda", dtype="float32")
-    tier = tier_clips(model)[-1]
-    encoded32, lengths1 = model.encode([tier.audio])
+    tiers = [tier_clips(model)[int(i)] for i in args.tiers.split(",")]
+    encoded = {tier.name: model.encode([tier.audio]) for tier in tiers}
+    tier = tiers[-1]  # every part but skip: the last of --tiers
     joints = {"float32": model.module.joint, "bfloat16": copy.deepcopy(model.module.joint).to(torch.bfloat16)}
     rows, lines = [], []
-    header = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {tier_clips(model)[-1].name} tier, decode only, "
-              "graphs, median of 5 (ms)", "", "| what | dtype | B | tiles | ms | steps | us/step | warm-up s | same tokens |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    header = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, decode only, graphs, median of 5 (ms); "
+              "tier: the clip; steps: the row's; queued: steps run, the finished row's included", "",
+              "| what | tier | dtype | B | tiles | ms | steps | queued | us/step | warm-up s | same tokens |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def save() -> None:
         print(lines[-1], flush=True)
         (args.out / "tune.md").write_text("\n".join(header + lines) + "\n")
         (args.out / "tune.json").write_text(json.dumps(rows, indent=1) + "\n")
 
-    def inputs(dtype, batch):
-        """The tier's encoder output in `dtype`, repeated for `batch` rows, and its lengths."""
+    def inputs(dtype, batch, name=None):
+        """A tier's encoder output in `dtype`, repeated for `batch` rows, and its lengths."""
+        encoded32, lengths1 = encoded[name or tier.name]
         return encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous(), lengths1.expand(batch).contiguous()
 
     def decoder_for(dtype, window=None, tiles=None, one_row=None):
@@ -107,29 +136,39 @@ def main() -> None:
         return decoder
 
     def run(dtype, batch, window=None, tiles=None, one_row=None):
-        ms, warm, hyps = timed(decoder_for(dtype, window, tiles, one_row), *inputs(dtype, batch))
-        return ms, warm, hyps[0].steps, [(h.token_ids, h.frames) for h in hyps]
+        decoder = decoder_for(dtype, window, tiles, one_row)
+        ms, warm, hyps = timed(decoder, *inputs(dtype, batch))
+        return ms, warm, hyps[0].steps, decoder.queued_steps, [(h.token_ids, h.frames) for h in hyps]
 
-    def alternating(dtype, batch, settings):
-        """(tiles, one_row) settings measured in alternating rounds, each a median of 5; a row per setting."""
-        encoded, lengths = inputs(dtype, batch)
+    def alternating(dtype, batch, settings, name=None):
+        """(tiles, one_row[, rounds policy]) settings measured in alternating rounds, each a median of 5; a row per
+        setting. A policy: a ROUND_SHARE, or "last" (session 15's: the rate of the last round alone)."""
+        name = name or tier.name
+        encoded, lengths = inputs(dtype, batch, name)
         configs = []
-        for tiles, one_row in settings:
+        for tiles, one_row, *policy in settings:
+            policy = policy[0] if policy else decoding.ROUND_SHARE
             decoder = decoder_for(dtype, tiles=tiles, one_row=one_row)
+            _rounds(policy)
             _, warm, hyps = timed(decoder, encoded, lengths, reps=1)
-            configs.append((decoder, warm, [(h.token_ids, h.frames) for h in hyps], [], hyps[0].steps))
+            configs.append((decoder, policy, warm, [(h.token_ids, h.frames) for h in hyps], [], hyps[0].steps))
         for _ in range(args.rounds):
-            for decoder, _, _, times, _ in configs:
+            for decoder, policy, _, _, times, _ in configs:
+                _rounds(policy)
                 times.append(timed(decoder, encoded, lengths)[0])
-        base = configs[0][2]
-        for decoder, warm, result, times, steps in configs:
+        _rounds(SHARE)
+        base = configs[0][3]
+        for decoder, policy, warm, result, times, steps in configs:
             used = decoder._fused_step.tiles_for(size_class(batch))
             ms = statistics.median(times)
-            row = dict(part="alternating", dtype=dtype, batch=batch, tiles=asdict(used), ms=ms, rounds=times,
-                       steps=steps, us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
+            row = dict(part="alternating", tier=name, dtype=dtype, batch=batch, tiles=asdict(used), rounds_policy=policy,
+                       ms=ms, rounds=times, steps=steps, queued=decoder.queued_steps, host_reads=decoder.host_reads,
+                       us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
             rows.append(row)
-            lines.append(f"| alternating | {dtype} | {batch} | {_tiles(used)} | {ms:.2f} ({min(times):.2f}-"
-                         f"{max(times):.2f}) | {steps} | {row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
+            lines.append(f"| alternating, rounds {policy}, {decoder.host_reads} reads | {name} | {dtype} | {batch} | "
+                         f"{_tiles(used)}{', skip' if used.skip else ''} | {ms:.3f} ({min(times):.3f}-"
+                         f"{max(times):.3f}) | {steps} | {decoder.queued_steps} | {row['us_per_step']:.1f} | "
+                         f"{warm:.1f} | {row['same']} |")
             save()
 
     for dtype in args.dtypes.split(","):
@@ -137,29 +176,35 @@ def main() -> None:
             for batch in map(int, args.tile_batches.split(",")):
                 base = None
                 for tiles in TILES[dtype]:
-                    ms, warm, steps, result = run(dtype, batch, tiles=tiles)
+                    ms, warm, steps, queued, result = run(dtype, batch, tiles=tiles)
                     base = base or result
-                    row = dict(part="tiles", dtype=dtype, batch=batch, tiles=asdict(tiles), ms=ms, steps=steps,
-                               us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
+                    row = dict(part="tiles", tier=tier.name, dtype=dtype, batch=batch, tiles=asdict(tiles), ms=ms,
+                               steps=steps, queued=queued, us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
                     rows.append(row)
-                    lines.append(f"| tiles | {dtype} | {batch} | {_tiles(tiles)} | {ms:.2f} | {steps} | "
-                                 f"{row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
+                    lines.append(f"| tiles | {tier.name} | {dtype} | {batch} | {_tiles(tiles)} | {ms:.2f} | {steps} | "
+                                 f"{queued} | {row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
                     save()
         base_tiles = FP32_TILES if dtype == "float32" else HALF_TILES
         if "onerow" in args.parts:  # B = 1: the one-row class's tiles
             alternating(dtype, 1, [(None, one) for one in _one_row(base_tiles)])
+        if "skip" in args.parts:  # B = 1: the has-work checks (finished row: products skipped) off and on, with
+            # the round sizes of session 15 and of ROUND_SHARE 1.0 and 0.7
+            one = replace(base_tiles, **ONE_ROW)
+            for t in tiers:
+                alternating(dtype, 1, [(None, replace(one, skip=skip), policy) for policy in ("last", 1.0, 0.7)
+                                       for skip in (None, True)], t.name)
         if "warps" in args.parts:  # the other classes: 4 or 8 warps a matrix program
             for batch in map(int, args.tile_batches.split(",")):
                 alternating(dtype, batch, [(base_tiles, None), (replace(base_tiles, warps=8), None)])
         if "windows" in args.parts:
             for batch in map(int, args.batches.split(",")):
                 for window in map(int, args.windows.split(",")):
-                    ms, warm, steps, result = run(dtype, batch, window=window)
-                    row = dict(part="windows", dtype=dtype, batch=batch, window=window, ms=ms, steps=steps,
-                               us_per_step=ms * 1e3 / steps, warm_s=warm)
+                    ms, warm, steps, queued, _ = run(dtype, batch, window=window)
+                    row = dict(part="windows", tier=tier.name, dtype=dtype, batch=batch, window=window, ms=ms,
+                               steps=steps, queued=queued, us_per_step=ms * 1e3 / steps, warm_s=warm)
                     rows.append(row)
-                    lines.append(f"| window {window} | {dtype} | {batch} | default | {ms:.2f} | {steps} | "
-                                 f"{row['us_per_step']:.1f} | {warm:.1f} | |")
+                    lines.append(f"| window {window} | {tier.name} | {dtype} | {batch} | default | {ms:.2f} | {steps} | "
+                                 f"{queued} | {row['us_per_step']:.1f} | {warm:.1f} | |")
                     save()
 
 

@@ -125,6 +125,7 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
                 row = {"what": "decode", "batch": n, "graphs": graphs, **_stats(times), "steps": steps,
                        "us_per_step": statistics.median(times) * 1e6 / max(steps, 1),
                        "window": default_window(size_class(n)), "host_reads": decoder.host_reads,
+                       "queued_steps": decoder.queued_steps,
                        "capture_ms": decoder.capture_seconds * 1e3,
                        "compile_ms": decoder.compile_seconds * 1e3,
                        "peak_mb": _peak_mb(device), "tokens": len(hyps[0].token_ids)}

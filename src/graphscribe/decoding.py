@@ -36,6 +36,7 @@ from .heads import Joint, PredictionNet
 log = logging.getLogger(__name__)
 
 STEPS_PER_CHECK = 4  # decode steps run (or replayed) at a time; even: the fused step's state alternates buffers
+ROUND_SHARE = 1.0  # of the steps a round's rate predicts, queued before the next host read (`round_steps`)
 
 
 @dataclass
@@ -167,19 +168,20 @@ def progress(buf: DecodeBuffers) -> tuple[int, int]:
     return remaining, emitted
 
 
-def round_steps(buf: DecodeBuffers, remaining: int, last: tuple[int, int] | None) -> int:
-    """Steps to queue before the next host read, for `remaining` frames still to go.
+def round_steps(buf: DecodeBuffers, remaining: int, first: int, queued: int) -> int:
+    """Steps to queue before the next host read, for `remaining` frames still to go (`first` at the first read,
+    `queued` steps queued since).
 
-    At least the lower bound (a step moves a row at most W + max_skip + 1 frames); after a first round, as many
-    as the rate seen so far predicts, at most one a frame: steps after the last row finishes cost little (every
-    kernel skips finished rows), while each round costs a host read that leaves the GPU idle.
-    `last`: (frames still to go, steps queued) at the previous read.
+    At least the lower bound (a step moves a row at most W + max_skip + 1 frames); after a first round, ROUND_SHARE
+    of what the rate so far predicts, at most one a frame. A row's rate changes along a clip (a run of blanks goes
+    fast, speech slowly), and a step queued after the last row finishes costs a whole step at one row (where the
+    kernels do not check for finished rows); a round costs a host read that leaves the GPU idle.
     """
     lower = -(-remaining // (buf.window + buf.max_skip + 1))
-    if last is None or last[0] <= remaining:
+    if queued == 0 or first <= remaining:
         return lower
-    rate = (last[0] - remaining) / last[1]  # frames a step, of the furthest-behind row
-    return max(lower, min(remaining, math.ceil(remaining / rate)))
+    rate = (first - remaining) / queued  # frames a step so far, of the furthest-behind row
+    return max(lower, min(remaining, math.ceil(ROUND_SHARE * remaining / rate)))
 
 
 def frame_capacity(frames: int) -> int:
@@ -228,6 +230,7 @@ class GreedyDecoder:
         self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
         self.compile_seconds = 0.0  # spent preparing and compiling the fused step (first use; Triton caches on disk)
         self.host_reads = 0  # rounds of the last decode: each one host read (a wait for the GPU)
+        self.queued_steps = 0  # steps the last decode ran (or replayed), finished rows' included
 
     def _step_fn(self, device: torch.device, dtype: torch.dtype):
         """The one step for this device: the fused kernels on CUDA, unless unavailable or not wanted."""
@@ -333,28 +336,29 @@ class GreedyDecoder:
 
         step = self._check_fused(buf, step, restore)
         run = self._runner(buf, step, lambda: restore(step))
-        last = None
-        self.host_reads = 0
+        first = None
+        self.host_reads = self.queued_steps = 0
         while True:
             remaining, emitted = progress(buf)  # the one host read per round
             self.host_reads += 1
             if remaining == 0:
                 break
-            replays = math.ceil(round_steps(buf, remaining, last) / STEPS_PER_CHECK)
-            last = (remaining, replays * STEPS_PER_CHECK)
-            if emitted + last[1] >= buf.max_tokens:  # a row could fill its token slots in this round
-                buf.grow_records(emitted + last[1] + 1)
+            first = remaining if first is None else first
+            steps = math.ceil(round_steps(buf, remaining, first, self.queued_steps) / STEPS_PER_CHECK) * STEPS_PER_CHECK
+            self.queued_steps += steps
+            if emitted + steps >= buf.max_tokens:  # a row could fill its token slots in this round
+                buf.grow_records(emitted + steps + 1)
                 self._captured.pop(buf.n, None)
                 run = self._runner(buf, step, lambda: restore(step), warm_up=False)
-            for _ in range(replays):
+            for _ in range(steps // STEPS_PER_CHECK):
                 run()
-        return _collect(buf, b)
+        return _collect(buf, b, emitted)
 
 
-def _collect(buf: DecodeBuffers, b: int) -> list[Hypothesis]:
-    """The first b rows' records as hypotheses."""
-    counts = buf.count[:b].tolist()
-    records = buf.records[:b, : max(counts, default=0)].cpu().numpy()  # (B, width, 3)
-    steps = int(buf.row_steps.max())
+def _collect(buf: DecodeBuffers, b: int, width: int) -> list[Hypothesis]:
+    """The first b rows' records (at most `width` a row) as hypotheses: one host read."""
+    packed = torch.cat([buf.count[:b, None].to(buf.records.dtype), buf.row_steps[:b, None].to(buf.records.dtype),
+                        buf.records[:b, :width].reshape(b, 3 * width)], dim=1).cpu().numpy()  # (B, 2 + 3 width)
+    counts, steps, records = packed[:, 0], int(packed[:, 1].max(initial=0)), packed[:, 2:].reshape(b, width, 3)
     return [Hypothesis(*(records[i, :count, field].tolist() for field in range(3)), steps)
-            for i, count in enumerate(counts)]
+            for i, count in enumerate(counts.tolist())]

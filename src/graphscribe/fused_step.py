@@ -76,6 +76,7 @@ class Tiles:
     #                as the joint's; "fma": CUDA cores, one batch row per program, each sum in k order per lane
     net_k: int = 0  # reduction chunk of the prediction net's products (0: k)
     net_warps: int = 0  # per program of the prediction net's kernels (0: warps)
+    skip: bool | None = None  # the has-work checks before the products; None: from two batch rows on
 
     @property
     def net_arithmetic(self) -> str:
@@ -480,7 +481,7 @@ class FusedStep:
         proj_blocks = triton.cdiv(self.joint_hidden, tiles.proj_cols)
         row_blocks = triton.cdiv(n, tiles.net_rows)
         blocks, duration_blocks = self.joint_blocks(tiles)
-        launch = dict(PDL=pdl, launch_pdl=pdl, SKIP=n > 1)
+        launch = dict(PDL=pdl, launch_pdl=pdl, SKIP=n > 1 if tiles.skip is None else tiles.skip)
         # the prediction net's float32 weights
         net = dict(launch, BM=tiles.net_rows, BK=tiles.net_k or tiles.k, FP32=tiles.net_arithmetic,
                    num_warps=tiles.net_warps or tiles.warps, num_stages=tiles.gate_stages)
