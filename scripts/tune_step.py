@@ -166,7 +166,7 @@ def main() -> None:
                        us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
             rows.append(row)
             lines.append(f"| alternating, rounds {policy}, {decoder.host_reads} reads | {name} | {dtype} | {batch} | "
-                         f"{_tiles(used)}{', skip' if used.skip else ''} | {ms:.3f} ({min(times):.3f}-"
+                         f"{_tiles(used)}{'' if used.skip else ', no skip'} | {ms:.3f} ({min(times):.3f}-"
                          f"{max(times):.3f}) | {steps} | {decoder.queued_steps} | {row['us_per_step']:.1f} | "
                          f"{warm:.1f} | {row['same']} |")
             save()
@@ -192,7 +192,7 @@ def main() -> None:
             one = replace(base_tiles, **ONE_ROW)
             for t in tiers:
                 alternating(dtype, 1, [(None, replace(one, skip=skip), policy) for policy in ("last", 1.0, 0.7)
-                                       for skip in (None, True)], t.name)
+                                       for skip in (False, True)], t.name)
         if "warps" in args.parts:  # the other classes: 4 or 8 warps a matrix program
             for batch in map(int, args.tile_batches.split(",")):
                 alternating(dtype, batch, [(base_tiles, None), (replace(base_tiles, warps=8), None)])

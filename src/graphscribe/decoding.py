@@ -36,7 +36,10 @@ from .heads import Joint, PredictionNet
 log = logging.getLogger(__name__)
 
 STEPS_PER_CHECK = 4  # decode steps run (or replayed) at a time; even: the fused step's state alternates buffers
-ROUND_SHARE = 1.0  # of the steps a round's rate predicts, queued before the next host read (`round_steps`)
+# Of the steps the rate so far predicts, the share a round queues before its host read (`round_steps`): 0.7 left
+# the fewest steps after a clip's end without more time on the long tier (bench/h100-session17/, one row: 7.4 s
+# 36 steps queued for 34 needed, 48 with session 15's last-round rate; 77 s 14.4 ms, 15.1 with 1.0).
+ROUND_SHARE = 0.7
 
 
 @dataclass
@@ -174,8 +177,8 @@ def round_steps(buf: DecodeBuffers, remaining: int, first: int, queued: int) -> 
 
     At least the lower bound (a step moves a row at most W + max_skip + 1 frames); after a first round, ROUND_SHARE
     of what the rate so far predicts, at most one a frame. A row's rate changes along a clip (a run of blanks goes
-    fast, speech slowly), and a step queued after the last row finishes costs a whole step at one row (where the
-    kernels do not check for finished rows); a round costs a host read that leaves the GPU idle.
+    fast, speech slowly); a step queued after the last row finishes still costs its launches (its kernels skip
+    their products), and a round costs a host read that leaves the GPU idle.
     """
     lower = -(-remaining // (buf.window + buf.max_skip + 1))
     if queued == 0 or first <= remaining:

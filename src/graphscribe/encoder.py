@@ -14,6 +14,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import EncoderConfig, ModelConfig
 from .features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
@@ -231,7 +232,7 @@ def full_attention(q_u, q_v, k, v, p, valid, padding: Padding | None = None) -> 
         torch.mul(shifted, scale, out=bias)
         del raw, shifted
         bias.masked_fill_(keys_masked, _MASKED_SCORE)
-        out[:, :, start:end] = F.scaled_dot_product_attention(q_u[:, :, start:end], k, v, attn_mask=bias, scale=scale)
+        out[:, :, start:end] = _attend(q_u[:, :, start:end], k, v, bias, scale)
     return out
 
 
@@ -291,9 +292,22 @@ def local_attention(q_u, q_v, k, v, p, valid, window: tuple[int, int]) -> torch.
         value_blocks = v[:, :, start: end + 2 * w].unfold(2, n, m).transpose(-2, -1).reshape(b, h * g, n, d_k)
         queries = q_u[:, :, start:end].reshape(b, h * g, m, d_k)
         mask = bias.view(b, h * g, m, width)[..., :n]
-        out[:, :, start:end] = F.scaled_dot_product_attention(
-            queries, key_blocks, value_blocks, attn_mask=mask, scale=scale).reshape(b, h, g * m, d_k)
+        out[:, :, start:end] = _attend(queries, key_blocks, value_blocks, mask, scale).reshape(b, h, g * m, d_k)
     return out[:, :, :t]
+
+
+# scaled_dot_product_attention's kernels with an additive bias on CUDA, cuDNN's left out: it builds a graph for
+# every new shape (about 70 ms of host time each on the H100, bench/h100-session17/), and a folder gives the encoder
+# a new shape almost every batch. The memory-efficient kernel takes any shape as it comes.
+_CUDA_BIAS_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q k^T scale + bias) v: (..., n, d_k) queries, (..., m, d_k) keys and values, (..., n, m) bias."""
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    with sdpa_kernel(_CUDA_BIAS_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
 def _aligned(n: int) -> int:

@@ -22,8 +22,9 @@ the state (layer l's in kernel 3 of layer l + 1, the top layer's in kernel 4), w
 otherwise short of memory traffic; `FusedStep.start` computes it once for the start state.
 Every matrix kernel has a second grid axis over blocks of batch rows, so a large batch reads
 each weight tile from L2 in parallel rather than once per row block in turn, and a block whose
-rows have all finished (or did not emit) skips its products (from two rows on: at one row the
-check would only delay the products, and the stores are masked anyway).
+rows have all finished (or did not emit) skips its products. At one row too: the check's load
+costs little next to the steps queued after a clip's end, which it makes cheap (bench/h100-session17:
+7.4 s alone 2.0 instead of 2.2-2.5 ms, 77 s the same).
 
 The LSTM state is double-buffered: a step reads one copy and writes the other (rows that do
 not emit copy theirs), so no program overwrites what another program of its launch still
@@ -76,7 +77,7 @@ class Tiles:
     #                as the joint's; "fma": CUDA cores, one batch row per program, each sum in k order per lane
     net_k: int = 0  # reduction chunk of the prediction net's products (0: k)
     net_warps: int = 0  # per program of the prediction net's kernels (0: warps)
-    skip: bool | None = None  # the has-work checks before the products; None: from two batch rows on
+    skip: bool = True  # the has-work checks before the products (False: every block computes, for measuring)
 
     @property
     def net_arithmetic(self) -> str:
@@ -142,8 +143,8 @@ def _any_set(flags, rows, N):
 
 @triton.jit
 def _has_work(flags, rows, N, SKIP: tl.constexpr):
-    """Whether a block of batch rows has work: any of flags[rows] (rows < N) set. Without SKIP always: at one row
-    the load would only delay the products, whose results the stores then mask."""
+    """Whether a block of batch rows has work: any of flags[rows] (rows < N) set. Without SKIP always (the stores
+    mask a finished row's results)."""
     if SKIP:
         return _any_set(flags, rows, N)
     else:
@@ -481,7 +482,7 @@ class FusedStep:
         proj_blocks = triton.cdiv(self.joint_hidden, tiles.proj_cols)
         row_blocks = triton.cdiv(n, tiles.net_rows)
         blocks, duration_blocks = self.joint_blocks(tiles)
-        launch = dict(PDL=pdl, launch_pdl=pdl, SKIP=n > 1 if tiles.skip is None else tiles.skip)
+        launch = dict(PDL=pdl, launch_pdl=pdl, SKIP=tiles.skip)
         # the prediction net's float32 weights
         net = dict(launch, BM=tiles.net_rows, BK=tiles.net_k or tiles.k, FP32=tiles.net_arithmetic,
                    num_warps=tiles.net_warps or tiles.warps, num_stages=tiles.gate_stages)

@@ -109,10 +109,7 @@ class LayerGraphs:
 
     def __init__(self, layers: nn.ModuleList):
         self.layers = layers
-        with torch.inference_mode(False):  # the layers' own parameters stay normal tensors
-            self._weights = [_pack(layer) for layer in layers]  # (N,) each: one copy a layer
-            self.slot = copy.deepcopy(layers[0])
-            self._slot_weights = _pack(self.slot)
+        self._weights: list[torch.Tensor] | None = None  # (N,) each, one a layer: packed at the first batch that applies
         self._graphs: OrderedDict[tuple, _LayerGraph] = OrderedDict()
         self._pool = None
         self.enabled = True
@@ -127,6 +124,8 @@ class LayerGraphs:
         """x (B, T, D) after subsampling, pos_emb (2T - 1, D), the batch's `Padding` -> (B, T, D) after every layer."""
         if not self.applies(x, window):
             return run_layers(self.layers, x, pos_emb, padding, window)
+        if self._weights is None:
+            self._pack_layers()
         x = self.layers[0](x, pos_emb, padding, None)  # eager: the batch's first layer, and warm-up for the capture
         try:
             graph = self._graph_for(x, pos_emb, padding)
@@ -141,6 +140,13 @@ class LayerGraphs:
             self._slot_weights.copy_(weights)
             graph.graph.replay()
         return graph.x.clone()  # the static buffer is the next batch's input
+
+    def _pack_layers(self) -> None:
+        """Every layer's weights packed into one buffer, and `slot`, the layer that is captured (its own copy)."""
+        with torch.inference_mode(False):  # the layers' own parameters stay normal tensors
+            self._weights = [_pack(layer) for layer in self.layers]
+            self.slot = copy.deepcopy(self.layers[0])
+            self._slot_weights = _pack(self.slot)
 
     def release(self) -> None:
         """Drop the captured graphs and their memory (out of memory elsewhere)."""
