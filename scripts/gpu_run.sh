@@ -152,16 +152,22 @@ run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch
 run_abcli() {  # A/B of host-side choices on the folder CLI, alternating (ABCLI: "dtype batch;..."; AB_REPS)
     make_folder
     local dtype batch rep variant
-    declare -A start=(
+    declare -A start=(  # AB_VARIANTS: which of these, in turn
         [base]="from graphscribe.cli import entry; entry()"
+        [no-warm-up]="import graphscribe.pipeline as p; p._warm_up_for = lambda *a: None; from graphscribe.cli import entry; entry()"
+        [cudnn-sdpa]="import graphscribe.encoder as e; from torch.nn.attention import SDPBackend as B; \
+e._CUDA_BIAS_BACKENDS = [B.CUDNN_ATTENTION, B.EFFICIENT_ATTENTION, B.MATH]; from graphscribe.cli import entry; entry()"
+        [share-1]="import graphscribe.decoding as d; d.ROUND_SHARE = 1.0; from graphscribe.cli import entry; entry()"
         [no-cudnn-sdpa]="import torch; torch.backends.cuda.enable_cudnn_sdp(False); from graphscribe.cli import main; main()"
         [readers-16]="import graphscribe.pipeline as p; p.MAX_READERS = 16; from graphscribe.cli import main; main()"
         [no-pin]="import graphscribe.pipeline as p; p.Reader.__init__ = (lambda o: lambda self, *a, **k: (o(self, *a, **k), \
 setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import main; main()"
     )
     echo "${ABCLI:-bfloat16 128;float32 32}" | tr ';' '\n' | while read -r dtype batch; do
+        python3 -m graphscribe.cli /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" -o /tmp/ab-out \
+            >/dev/null 2>&1  # Triton's kernel cache
         for rep in $(seq "${AB_REPS:-3}"); do
-            for variant in base no-cudnn-sdpa readers-16 no-pin; do
+            for variant in ${AB_VARIANTS:-base no-cudnn-sdpa readers-16 no-pin}; do
                 echo "ab $dtype B=$batch $variant rep $rep: $(python3 -c "${start[$variant]}" /tmp/folder --model $ckpt \
                     --dtype $dtype --batch "$batch" -o "/tmp/ab-out" 2>&1 | grep 'loaded in')" | tee -a "$log"
             done
