@@ -24,6 +24,7 @@ from pathlib import Path
 import soundfile as sf
 
 import graphscribe as gs
+from graphscribe import decoding
 from graphscribe.bench import run_bench, tier_clips
 
 
@@ -39,6 +40,8 @@ def main() -> None:
     ap.add_argument("--nemo-tf32", action="store_true",
                     help="NeMo with PyTorch's default TF32 convolutions (faster, other float32 encoder output)")
     ap.add_argument("--out", type=Path, required=True, help="folder for the tier WAVs, JSON and the Markdown table")
+    ap.add_argument("--round-shares", default="", help="comma list: our decoder with each decoding.ROUND_SHARE in "
+                    "turn, in two rounds (default: as shipped, once)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -59,10 +62,19 @@ def main() -> None:
     nemo = json.loads(nemo_json.read_text())
 
     tiers = tier_clips(model, wavs)  # the very samples NeMo read
-    ours = run_bench(model, tiers, sizes, args.reps, [False, True] if model.device.type == "cuda" else [False])
-    ours["nemo"] = {k: v for k, v in nemo.items() if k != "results"}
-    (args.out / "graphscribe.json").write_text(json.dumps(ours, indent=1) + "\n")
-    table = side_by_side(ours, nemo)
+    modes = [False, True] if model.device.type == "cuda" else [False]
+    shares = [float(x) for x in args.round_shares.split(",")] * 2 if args.round_shares else [None]
+    tables, reports = [], []
+    for share in shares:
+        if share is not None:
+            decoding.ROUND_SHARE = share
+        ours = run_bench(model, tiers, sizes, args.reps, modes)
+        ours["nemo"] = {k: v for k, v in nemo.items() if k != "results"}
+        ours["round_share"] = decoding.ROUND_SHARE
+        reports.append(ours)
+        tables.append((f"ROUND_SHARE {share}:\n\n" if share is not None else "") + side_by_side(ours, nemo))
+    (args.out / "graphscribe.json").write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=1) + "\n")
+    table = "\n\n".join(tables)
     (args.out / "compare.md").write_text(table + "\n")
     print(table)
 

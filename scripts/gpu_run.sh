@@ -37,10 +37,11 @@ run_checkpoint() {
     step checkpoint 150 python3 scripts/make_checkpoint.py parakeet-tdt-0.6b-v3 $ckpt \
         --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
 }
-run_compare() {  # NEMO_TF32=--nemo-tf32: NeMo with PyTorch's default TF32 convolutions
+run_compare() {  # NEMO_TF32=--nemo-tf32: NeMo with PyTorch's default TF32 convolutions; ROUND_SHARES: "0.7,1.0"
     local tag=float32${NEMO_TF32:+-nemo-tf32}
     step "compare with NeMo" 150 python3 scripts/compare_nemo.py --model $ckpt --nemo-path /tmp/nemo-site \
-        --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare ${NEMO_TF32:-}
+        --dtype float32 --batch-sizes 1,8 --reps 5 --out /tmp/compare ${NEMO_TF32:-} \
+        ${ROUND_SHARES:+--round-shares $ROUND_SHARES}
     cp /tmp/compare/compare.md "$OUT/compare-nemo-$tag.md"
     cp /tmp/compare/nemo.json "$OUT/nemo-$tag.json"
     cp /tmp/compare/graphscribe.json "$OUT/compare-graphscribe-$tag.json"
@@ -154,7 +155,6 @@ run_abcli() {  # A/B of host-side choices on the folder CLI, alternating (ABCLI:
     local dtype batch rep variant
     declare -A start=(  # AB_VARIANTS: which of these, in turn
         [base]="from graphscribe.cli import entry; entry()"
-        [no-warm-up]="import graphscribe.pipeline as p; p._warm_up_for = lambda *a: None; from graphscribe.cli import entry; entry()"
         [cudnn-sdpa]="import graphscribe.encoder as e; from torch.nn.attention import SDPBackend as B; \
 e._CUDA_BIAS_BACKENDS = [B.CUDNN_ATTENTION, B.EFFICIENT_ATTENTION, B.MATH]; from graphscribe.cli import entry; entry()"
         [share-1]="import graphscribe.decoding as d; d.ROUND_SHARE = 1.0; from graphscribe.cli import entry; entry()"

@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, skip, warps, windows")
+    ap.add_argument("--policies", default="last,1.0,0.7", help="skip: rounds policies (ROUND_SHARE values, or last)")
+    ap.add_argument("--skips", default="0,1", help="skip: the has-work checks off (0) and on (1)")
     ap.add_argument("--tiers", default="2", help="bench tiers by index (0: 7.4 s, 1: 23 s, 2: 77 s), comma separated")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--windows", default="1,2,4,8")
@@ -188,11 +190,12 @@ def main() -> None:
         if "onerow" in args.parts:  # B = 1: the one-row class's tiles
             alternating(dtype, 1, [(None, one) for one in _one_row(base_tiles)])
         if "skip" in args.parts:  # B = 1: the has-work checks (finished row: products skipped) off and on, with
-            # the round sizes of session 15 and of ROUND_SHARE 1.0 and 0.7
+            # the round sizes of --policies
             one = replace(base_tiles, **ONE_ROW)
             for t in tiers:
-                alternating(dtype, 1, [(None, replace(one, skip=skip), policy) for policy in ("last", 1.0, 0.7)
-                                       for skip in (False, True)], t.name)
+                policies = [p if p == "last" else float(p) for p in args.policies.split(",")]
+                alternating(dtype, 1, [(None, replace(one, skip=bool(int(skip))), policy) for policy in policies
+                                       for skip in args.skips.split(",")], t.name)
         if "warps" in args.parts:  # the other classes: 4 or 8 warps a matrix program
             for batch in map(int, args.tile_batches.split(",")):
                 alternating(dtype, batch, [(base_tiles, None), (replace(base_tiles, warps=8), None)])

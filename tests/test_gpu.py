@@ -187,22 +187,6 @@ def test_encoder_layer_graphs_equal_eager(dtype):
     assert graphs.enabled and 0 < len(graphs._graphs) <= graphs.KEEP and graphs.capture_seconds > 0
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_warm_up_changes_no_result(dtype):
-    """The silent batch of the first batch's shape that runs while its files are read (`Model.warm_up`): every
-    transcript exactly as without it."""
-    paths = [speech_path(n) for n in ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")]
-    paths += sorted(CLIPS.glob("*.wav"))
-    results = {}
-    for warm_up in (False, True):
-        model = gs.load_model(V3 or FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype=dtype)
-        model.warmed_up = not warm_up  # as if it had run already: it does not run again
-        results[warm_up] = _result(model.transcribe(paths, batch_size=3))
-        assert model.warmed_up
-    assert results[True] == results[False]
-    assert any(ids for ids, _, _ in results[True])
-
-
 def test_encoder_capture_failure_runs_the_layers_eagerly(monkeypatch, caplog):
     import graphscribe.graphs
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ import torch
 
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 from graphscribe.bench import make_folder
-from graphscribe.pipeline import READ_AHEAD, Reader, StageClock, default_batching, plan_batches
+from graphscribe.pipeline import READ_AHEAD, StageClock, default_batching, plan_batches
 
 
 def test_plan_is_longest_first_in_batches_of_n():
@@ -82,27 +81,6 @@ def test_reading_stays_a_few_batches_ahead(model, short_folder, monkeypatch):
     assert 1 <= most_ahead <= READ_AHEAD + 1
 
 
-def test_warm_up_runs_once_while_the_first_batch_is_read(model, short_folder, monkeypatch):
-    """The reader's `while_reading` work (the model's warm-up on CUDA) runs once, with the first reads under way,
-    before the first batch is handed out."""
-    reading = threading.Event()
-    read = model.read
-
-    def flagged_read(item):
-        reading.set()
-        return read(item)
-
-    monkeypatch.setattr(model, "read", flagged_read)
-    events = []
-    plan = plan_batches([1.0] * 12, 4, None)
-    with ThreadPoolExecutor(2) as pool:
-        reader = Reader(model, short_folder[:12], plan, pool, StageClock(model.device),
-                        while_reading=lambda: events.append(("warm-up", reading.wait(timeout=10))))
-        for batch in reader:
-            events.append(("batch", len(batch.indices)))
-    assert events == [("warm-up", True)] + [("batch", 4)] * 3
-
-
 def test_stopping_early_stops_the_readers(model, short_folder):
     results = model.transcribe_iter(short_folder, batch_size=2)
     next(results)
@@ -152,7 +130,6 @@ def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
     got = dict(model.transcribe_iter(paths, batch_size=4, clock=clock))
     assert [got[i].token_ids for i in range(len(paths))] == [reference_clip(p.name)["token_ids"] for p in paths]
     seconds = clock.seconds()
-    for stage in ("read", "warm-up", "features", "encoder", "decode", "text"):  # warm-up: the first batch's shape
+    for stage in ("read", "features", "encoder", "decode", "text"):
         assert seconds[stage] > 0, stage
-    assert model.warmed_up
 

@@ -43,7 +43,7 @@ FOLDER_MEAN_SECONDS = 7.45  # ... 7.45 s on average (test-clean: 2620 files, 5.4
 FOLDER_SHAPE = 2.0  # gamma shape: most files 2-12 s, a tail to 30 s
 SHORT_SECONDS = (1.0, 3.0)  # `short`: uniform lengths, for the host-memory test
 GAIN = (0.5, 1.0)  # random gain per file
-STAGES = ("read", "warm-up", "wait", "features", "encoder", "decode", "text", "write")
+STAGES = ("read", "wait", "features", "encoder", "decode", "text", "write")
 
 
 @dataclass

@@ -233,7 +233,6 @@ class Model:
         self.tokenizer = tokenizer
         self.decoder = self._new_decoder()
         self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
-        self.warmed_up = False  # `warm_up` ran
         decoding = self.cfg.decoding
         self._window_stride = self.cfg.features.hop_length / self.cfg.features.sample_rate  # seconds
         self._subsampling = self.cfg.encoder.subsampling_factor
@@ -343,18 +342,6 @@ class Model:
 
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
         return self.decoder.decode(encoded, lengths)
-
-    @torch.inference_mode()
-    def warm_up(self, rows: int, samples: int) -> None:
-        """Run a batch of `rows` silent inputs of `samples` samples through features, encoder and a one-frame decode,
-        keeping nothing: what a process's first batch of that shape pays once (loading the CUDA libraries' kernels,
-        their plans for the shape, device memory, graph captures, the decode step's kernels) is paid now, e.g. while
-        that batch is read. Later results do not change: the same kernels run on the same shapes."""
-        self.warmed_up = True
-        audio = torch.zeros(rows, samples, device=self.device)
-        lengths = torch.full((rows,), samples, device=self.device)
-        encoded, frames = self.encoder_output(*self.padded_features(audio, lengths), self.attention_for([samples] * rows))
-        self.decode(encoded, frames.clamp(max=1))
 
     def frame_seconds(self, frame: int) -> float:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""

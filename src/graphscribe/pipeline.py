@@ -5,8 +5,6 @@
     -> one zero-padded (B, L) buffer a batch (pinned on CUDA, so the copy to the GPU is asynchronous)
     -> features, encoder (queued on the GPU) -> decoding (its own CUDA stream) -> transcripts
 
-On CUDA, while the first batch's files are read, the model runs a silent batch of that shape (`Model.warm_up`):
-the CUDA libraries' first-use costs, which would otherwise follow the reads, overlap them.
 The main thread keeps the GPU fed: it queues batch k+1's copy, features and encoder, then decodes batch k on a
 second stream while they run (decoding reads a few numbers back to the host as it goes, so on one stream the
 GPU would wait for the host's launches of every next batch), then makes batch k's transcripts (and the caller
@@ -88,8 +86,7 @@ class StageClock:
 
     GPU stages (features, encoder, decode) are timed with CUDA events recorded around them: no
     synchronisation while running; they are read in `seconds()`. Host stages (read: summed over the reader
-    threads; warm-up: `Model.warm_up` while the first batch is read (CUDA); wait: the main thread waiting for a batch
-    to be read; text; write) with perf_counter. On the
+    threads; wait: the main thread waiting for a batch to be read; text; write) with perf_counter. On the
     CPU everything runs synchronously, so perf_counter times every stage. A disabled clock does nothing.
     """
 
@@ -139,11 +136,10 @@ class Reader:
     """
 
     def __init__(self, model: Model, items: list, plan: list[list[int]], pool: ThreadPoolExecutor,
-                 clock: StageClock, read_ahead: int = READ_AHEAD, while_reading=None):
+                 clock: StageClock, read_ahead: int = READ_AHEAD):
         self.model, self.items, self.plan, self.pool, self.clock = model, items, plan, pool, clock
         self.read_ahead = read_ahead
         self.pin = model.device.type == "cuda"
-        self.while_reading = while_reading  # called once, when the first batches' reads are under way
 
     def __iter__(self) -> Iterator[Batch]:
         pending: deque[Future] = deque()
@@ -161,10 +157,6 @@ class Reader:
                     future.cancel()
 
     def _take(self, future: Future) -> Batch:
-        if self.while_reading is not None:
-            work, self.while_reading = self.while_reading, None
-            with self.clock.host("warm-up"):
-                work()
         with self.clock.host("wait"):
             return future.result()
 
@@ -220,7 +212,7 @@ def transcribe_stream(model: Model, items: list, batch_size: int, batch_seconds:
         seconds = list(pool.map(lambda item: _estimated_seconds(item, model.sample_rate), items))
         plan = plan_batches(seconds, max(1, batch_size), batch_seconds)
         encoded: _Job | None = None  # queued up to its encoder, not decoded yet
-        for batch in Reader(model, items, plan, pool, clock, while_reading=_warm_up_for(model, items, plan, seconds)):
+        for batch in Reader(model, items, plan, pool, clock):
             job = _start(model, batch, clock)  # queued on the GPU: it runs while `encoded` is decoded
             if encoded is not None:
                 yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams)
@@ -250,26 +242,6 @@ class _Streams:
         job.frames.record_stream(self.decode)
         with torch.cuda.stream(self.decode):
             yield
-
-
-def _warm_up_for(model: Model, items: list, plan: list[list[int]], seconds: list[float]):
-    """The model's warm-up for the first batch's shape (`Model.warm_up`), to run while its files are read: a CUDA
-    model's first batch of files; None otherwise (samples given are ready at once, and the CPU has nothing to load)."""
-    if model.device.type != "cuda" or model.warmed_up or not plan:
-        return None
-    if not any(isinstance(items[i], (str, os.PathLike)) for i in plan[0]):
-        return None
-    rows, samples = len(plan[0]), round(max(seconds[i] for i in plan[0]) * model.sample_rate)
-    if samples < 1:
-        return None
-
-    def warm_up() -> None:
-        try:
-            model.warm_up(rows, samples)
-        except (torch.OutOfMemoryError, RuntimeError) as err:  # the batch itself takes the out-of-memory path
-            _out_of_memory_or_raise(model, err)
-
-    return warm_up
 
 
 def default_workers(device: torch.device) -> int:
