@@ -36,9 +36,10 @@ from .heads import Joint, PredictionNet
 log = logging.getLogger(__name__)
 
 STEPS_PER_CHECK = 4  # decode steps run (or replayed) at a time; even: the fused step's state alternates buffers
-# Of the steps the rate so far predicts, the share a round queues before its host read (`round_steps`): 0.7 left
-# the fewest steps after a clip's end without more time on the long tier (bench/h100-session17/, one row: 7.4 s
-# 36 steps queued for 34 needed, 48 with session 15's last-round rate; 77 s 14.4 ms, 15.1 with 1.0).
+# Of the steps the rate so far predicts, the share a round queues before its host read (`round_steps`). On the H100
+# (bench/h100-session17/, one row) 0.7 and 1.0 took the same time within noise on the 7.4 s and 77 s tiers (a
+# finished row's step is cheap), and 0.7 queues the fewest steps after a clip's end: 7.4 s 36 for 34 needed (1.0:
+# 40; session 15's rate of the last round alone: 48), at the cost of more host reads on long clips (77 s: 9, 1.0: 5).
 ROUND_SHARE = 0.7
 
 
