@@ -132,4 +132,3 @@ def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
     seconds = clock.seconds()
     for stage in ("read", "features", "encoder", "decode", "text"):
         assert seconds[stage] > 0, stage
-

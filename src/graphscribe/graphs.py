@@ -109,7 +109,10 @@ class LayerGraphs:
 
     def __init__(self, layers: nn.ModuleList):
         self.layers = layers
-        self._weights: list[torch.Tensor] | None = None  # (N,) each, one a layer: packed at the first batch that applies
+        # packed at the first batch that applies (`_pack_layers`): (N,) a layer, the captured layer and its (N,)
+        self._weights: list[torch.Tensor] | None = None
+        self.slot: nn.Module | None = None
+        self._slot_weights: torch.Tensor | None = None
         self._graphs: OrderedDict[tuple, _LayerGraph] = OrderedDict()
         self._pool = None
         self.enabled = True
