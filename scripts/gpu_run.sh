@@ -6,7 +6,8 @@
 # the same checkpoint and clips), tests / gputests (the GPU tests), bench (graphs on/off, float32 and bfloat16),
 # profile (the step), tune (tiles, windows), coldstart, folder (512 files: CLI and API against NeMo's transcribe()),
 # throughput (seconds per stage), shortfiles (host memory on 10 000 files), long (10 to 180 minutes), profilecli
-# (cProfile of the CLI on the folder), shapes (host cost of a new batch shape), trace (GPU idle gaps, warm folder),
+# (cProfile of the CLI on the folder), shapes (host cost of a new batch shape), newshapes (the same per stage,
+# with remedies), trace (GPU idle gaps, warm folder),
 # abcli (A/B of host-side choices on the folder CLI), l2 (the step's weights kept in L2), encgraphs (the encoder's
 # layers replayed from one captured layer, against the eager loop), pyspy (the folder CLI's threads sampled by
 # py-spy, carried as a wheel in .whl).
@@ -142,6 +143,10 @@ run_shapes() {  # what a batch of a new shape costs the host (SHAPES: "dtype bat
             --batch "$batch" --json "$OUT/shapes-$dtype-$batch.json"
     done
 }
+run_newshapes() {  # a new batch shape's cost per stage, and the remedies (NEW_SHAPES: "dtype batch;...")
+    step "new shapes" 420 python3 scripts/new_shapes.py --model $ckpt --configs "${NEW_SHAPES:-bfloat16 128;float32 8}" \
+        ${NEW_SHAPE_VARIANTS:+--variants $NEW_SHAPE_VARIANTS} --json "$OUT/new_shapes.json" --md "$OUT/new_shapes.md"
+}
 run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch;..."; TRACE_COLD=1: the first pass)
     make_folder
     local dtype batch
@@ -157,6 +162,8 @@ run_abcli() {  # A/B of host-side choices on the folder CLI, alternating (ABCLI:
         [base]="from graphscribe.cli import entry; entry()"
         [cudnn-sdpa]="import graphscribe.encoder as e; from torch.nn.attention import SDPBackend as B; \
 e._CUDA_BIAS_BACKENDS = [B.CUDNN_ATTENTION, B.EFFICIENT_ATTENTION, B.MATH]; from graphscribe.cli import entry; entry()"
+        [cudnn-sub]="import graphscribe.encoder as e; e.Subsampling._convs = lambda self, x, n: self._conv_stack(x.unsqueeze(1), n); \
+from graphscribe.cli import entry; entry()"
         [share-1]="import graphscribe.decoding as d; d.ROUND_SHARE = 1.0; from graphscribe.cli import entry; entry()"
         [no-cudnn-sdpa]="import torch; torch.backends.cuda.enable_cudnn_sdp(False); from graphscribe.cli import main; main()"
         [readers-16]="import graphscribe.pipeline as p; p.MAX_READERS = 16; from graphscribe.cli import main; main()"

@@ -203,3 +203,29 @@ def test_encoder_capture_failure_runs_the_layers_eagerly(monkeypatch, caplog):
     assert [t.token_ids for t in got] == [c["token_ids"] for c in ref["clips"]]
     assert sum("encoder layer failed" in r.message for r in caplog.records) == 1  # warned once
     assert model._layer_graphs.enabled is False
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_subsampling_without_cudnn_gives_cudnns_bits(monkeypatch, dtype):
+    """The subsampling convolutions run through PyTorch's own kernels on CUDA (no per-shape cuDNN plans): in
+    float32 the same bits as cuDNN's (what NeMo runs), on batches and lengths of several shapes; in groups of rows
+    (forced small here) the same bits as in one call, in both dtypes."""
+    import graphscribe.encoder as encoder_module
+
+    model = gs.load_model(V3 or FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype=dtype)
+    sub = model.module.encoder.pre_encode
+    a, b = (model.read(speech_path(n)) for n in ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac"))
+    batches = [[a], [b], [a, b], [b[:40000], a, b[:100000], a[:20000], b[:170000], a, b, a[:5000]]]
+    for batch in batches:
+        features, frames = model.features(batch)
+        x = features.to(model.dtype).transpose(1, 2)
+        with torch.inference_mode():
+            ours = sub._convs(x, frames)
+            with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+                cudnn = sub._conv_stack(x.unsqueeze(1), frames)
+            monkeypatch.setattr(encoder_module, "_INDEX_LIMIT", sub.conv[0].out_channels * x.shape[1] * x.shape[2])
+            grouped = sub._convs(x, frames)  # about four rows a group
+            monkeypatch.undo()
+        if dtype == "float32":
+            assert torch.equal(ours, cudnn)
+        assert torch.equal(grouped, ours)

@@ -25,6 +25,7 @@ _GROUP_BYTES = 256 * 2**20  # attention: query rows are grouped so that one grou
 _EXACT_TEMPORARIES = 8  # float32 attention: (B, H, n, T)-sized tensors alive at once (position term and its shift, scores, ...)
 _CONV_BYTES = 512 * 2**20  # subsampling: time chunks keep the first convolution's output near this per batch row
 _MIN_CHUNK = 64  # subsampling: output frames a chunk has at least (each chunk recomputes one more)
+_INDEX_LIMIT = 2**31 - 1  # elements a tensor of PyTorch's own CUDA convolution kernels may have (32-bit indexing)
 
 
 def subsampled_lengths(lengths, factor: int):
@@ -79,7 +80,28 @@ class Subsampling(nn.Module):
         return y, out_lengths
 
     def _convs(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """(B, T, F) features -> (B, C, T', F'), padding masked before every layer.
+
+        On CUDA through PyTorch's own kernels (im2col and a GEMM per row, a direct depthwise kernel), not
+        cuDNN's: cuDNN builds execution plans for every input shape it has not seen, 75-110 ms a batch at
+        B=128 in bfloat16 and 8 ms at B=8 in float32 on the H100, and a folder's batches nearly all have a
+        shape of their own (bench/h100-session18). The same float32 bits as cuDNN's (tests/test_gpu.py), so
+        NeMo's tokens stay. Those kernels index in 32 bits, so a large batch goes through in groups of rows:
+        each row is computed alone either way."""
         x = x.unsqueeze(1)  # (B, 1, T, F)
+        if not x.is_cuda:
+            return self._conv_stack(x, lengths)
+        cudnn = torch.backends.cudnn
+        per_row = self.conv[0].out_channels * ((x.shape[2] + 1) // 2) * ((x.shape[3] + 1) // 2)  # largest tensor
+        rows = max(1, _INDEX_LIMIT // per_row)
+        with cudnn.flags(enabled=False, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                         allow_tf32=cudnn.allow_tf32):
+            if rows >= x.shape[0]:
+                return self._conv_stack(x, lengths)
+            return torch.cat([self._conv_stack(x[i: i + rows], lengths[i: i + rows])
+                              for i in range(0, x.shape[0], rows)])
+
+    def _conv_stack(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         for layer in self.conv:
             x = _mask_time(x, lengths)
             x = layer(x)
