@@ -45,11 +45,13 @@ TILES = {"float32": _around(FP32_TILES), "bfloat16": _around(HALF_TILES)}
 
 
 def _one_row(base: Tiles) -> list[Tiles]:
-    """The one-row class: its default (CUDA-core products), the tensor-core tiles of the other classes, and the
-    default with the joint's settings changed (the sweep of session 15's first run settled the net's)."""
+    """The one-row class: its default (CUDA-core products) and the default with the joint's settings changed (the
+    sweep of session 15's first run settled the net's; its second, the joint's warps, stages and k): columns a
+    program, after a GEMV bench that read the joint's output layer faster in 32 columns a program than in 64
+    (bench/h100-session15/gemv/)."""
     one = replace(base, **ONE_ROW)
-    return [one, base, replace(one, warps=8), replace(one, stages=2), replace(one, k=128),
-            replace(one, warps=8, stages=2)]
+    return [one, replace(one, joint_cols=32), replace(one, joint_cols=32, warps=4), replace(one, joint_cols=16, warps=4),
+            replace(one, joint_cols=128), replace(one, joint_cols=32, stages=4)]
 
 
 def _tiles(t) -> str:
