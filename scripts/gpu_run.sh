@@ -166,6 +166,8 @@ e._CUDA_BIAS_BACKENDS = [B.CUDNN_ATTENTION, B.EFFICIENT_ATTENTION, B.MATH]; from
 from graphscribe.cli import entry; entry()"
         [share-1]="import graphscribe.decoding as d; d.ROUND_SHARE = 1.0; from graphscribe.cli import entry; entry()"
         [no-cudnn-sdpa]="import torch; torch.backends.cuda.enable_cudnn_sdp(False); from graphscribe.cli import main; main()"
+        [readers-4]="import graphscribe.pipeline as p; p.MAX_READERS = 4; from graphscribe.cli import main; main()"
+        [switch-1ms]="import sys; sys.setswitchinterval(0.001); from graphscribe.cli import main; main()"
         [readers-16]="import graphscribe.pipeline as p; p.MAX_READERS = 16; from graphscribe.cli import main; main()"
         [no-pin]="import graphscribe.pipeline as p; p.Reader.__init__ = (lambda o: lambda self, *a, **k: (o(self, *a, **k), \
 setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import main; main()"
