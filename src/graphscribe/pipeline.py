@@ -33,7 +33,11 @@ if TYPE_CHECKING:
     from .model import Model, Transcript
 
 READ_AHEAD = 2  # batches read ahead of the one being transcribed
-MAX_READERS = 8  # reader threads at most: FLAC decodes at thousands of times real time per thread
+# Reader threads at most: FLAC decodes at thousands of times real time per thread, and every reader's Python takes
+# the GIL from the main thread, which launches the GPU's work: 4 readers transcribed the 512-file folder in 2.24-2.59 s
+# against 2.76-2.84 s with 8 (bfloat16, batch 128, alternating CLI runs; 16 were slower than 8 again),
+# bench/h100-session18/run6.
+MAX_READERS = 4
 BATCH_FILES = {"cuda": 64, "cpu": 8}  # default files per batch by device type
 # Default caps on padded audio per batch. A 0.6b model's features and encoder take about 7 MB per padded second in
 # float32 (measured on the CPU; the first subsampling convolution's output is the largest tensor), so 40 s per GiB
