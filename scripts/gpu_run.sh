@@ -10,7 +10,8 @@
 # with remedies), trace (GPU idle gaps, warm folder),
 # abcli (A/B of host-side choices on the folder CLI), l2 (the step's weights kept in L2), encgraphs (the encoder's
 # layers replayed from one captured layer, against the eager loop), pyspy (the folder CLI's threads sampled by
-# py-spy, carried as a wheel in .whl).
+# py-spy, carried as a wheel in .whl), encprofile (the encoder's GPU time by kernel kind, float32 products
+# through cuBLAS against Triton tf32x3).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -202,6 +203,10 @@ run_pyspy() {  # where the CLI's threads spend the folder job, idle time include
 }
 run_encgraphs() {
     step "encoder layer graphs" 200 python3 scripts/encoder_graphs.py --model $ckpt --json "$OUT/encoder-graphs.json"
+}
+run_encprofile() {  # the encoder's GPU time by kernel kind; float32 products: cuBLAS against Triton tf32x3
+    step "encoder profile" 240 python3 scripts/encoder_profile.py --model $ckpt ${ENC_CONFIGS:+--configs "$ENC_CONFIGS"} \
+        --json "$OUT/encoder-profile.json" --md "$OUT/encoder-profile.md"
 }
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
     step "tune" "${TUNE_SECONDS:-330}" python3 scripts/tune_step.py --model $ckpt --out "$OUT" ${TUNE_ARGS:-}
