@@ -170,6 +170,11 @@ from graphscribe.cli import entry; entry()"
         [readers-4]="import graphscribe.pipeline as p; p.MAX_READERS = 4; from graphscribe.cli import main; main()"
         [switch-1ms]="import sys; sys.setswitchinterval(0.001); from graphscribe.cli import main; main()"
         [readers-16]="import graphscribe.pipeline as p; p.MAX_READERS = 16; from graphscribe.cli import main; main()"
+        [old]="import graphscribe.model as m; m.PRIME_MODEL = False; import graphscribe.cli as c; o = c.load_or_exit; \
+c.load_or_exit = lambda *a: (lambda l: (a[-2](l.cfg, l.device), l)[1])(o(*a[:-2])); c.main()"
+        [no-prime]="import graphscribe.model as m; m.PRIME_MODEL = False; from graphscribe.cli import main; main()"
+        [no-early]="import graphscribe.cli as c; o = c.load_or_exit; \
+c.load_or_exit = lambda *a: (lambda l: (a[-2](l.cfg, l.device), l)[1])(o(*a[:-2], None, a[-1])); c.main()"
         [no-pin]="import graphscribe.pipeline as p; p.Reader.__init__ = (lambda o: lambda self, *a, **k: (o(self, *a, **k), \
 setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import main; main()"
     )
@@ -178,8 +183,10 @@ setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import
             >/dev/null 2>&1  # Triton's kernel cache
         for rep in $(seq "${AB_REPS:-3}"); do
             for variant in ${AB_VARIANTS:-base no-cudnn-sdpa readers-16 no-pin}; do
-                echo "ab $dtype B=$batch $variant rep $rep: $(python3 -c "${start[$variant]}" /tmp/folder --model $ckpt \
-                    --dtype $dtype --batch "$batch" -o "/tmp/ab-out" 2>&1 | grep 'loaded in')" | tee -a "$log"
+                local t0=$(date +%s.%N) line
+                line=$(python3 -c "${start[$variant]}" /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" \
+                    -o "/tmp/ab-out" 2>&1 | grep 'loaded in')
+                echo "ab $dtype B=$batch $variant rep $rep: $line; process $(awk "BEGIN {printf \"%.2f\", $(date +%s.%N) - $t0}") s" | tee -a "$log"
             done
         done
     done

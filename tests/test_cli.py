@@ -5,12 +5,14 @@ Expected text, ids and frames are NeMo's (reference.json).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -290,3 +292,54 @@ def test_priming_starts_nothing_without_cuda():
     if not torch.cuda.is_available():
         assert prime("auto", "bfloat16") is None
         assert prime("cuda:0", "float32") is None
+
+
+def _recorded(init, started: list):
+    def wrapped(self, *args, **kwargs):
+        started.append(True)
+        init(self, *args, **kwargs)
+    return wrapped
+
+
+def test_a_checkpoint_that_fails_to_load_stops_the_early_readers(tmp_path, clip_tree, monkeypatch, capsys):
+    """Reading starts once the config is read (before the weights): a checkpoint whose weights do not fit its config
+    (one encoder layer more in the config) exits 2 with one line, and the readers started for the folder are
+    stopped (in-process: no thread left behind)."""
+    import tarfile
+
+    from graphscribe.cli import main
+    from graphscribe.pipeline import ReadAhead
+
+    broken = tmp_path / "broken.nemo"
+    with tarfile.open(NEMO_PATH) as source, tarfile.open(broken, "w") as target:
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isfile() else None
+            if member.name.endswith("model_config.yaml"):
+                data = data.replace(b"\n  n_layers: 2\n", b"\n  n_layers: 3\n")
+                member.size = len(data)
+            target.addfile(member, io.BytesIO(data) if data is not None else None)
+    started = []
+    with monkeypatch.context() as patch:
+        patch.setattr("graphscribe.cli.ReadAhead.__init__", _recorded(ReadAhead.__init__, started))
+        with pytest.raises(SystemExit) as exited:
+            main([str(clip_tree), "--model", str(broken), "--device", "cpu"])
+    assert exited.value.code == 2 and started == [True]
+    [error] = _error_lines(capsys.readouterr().err)
+    assert "missing" in error and "layers.2" in error
+    names = [t.name for t in threading.enumerate()]
+    assert not [n for n in names if n.startswith("graphscribe-")], names
+
+
+def test_priming_transcribes_silence_with_a_zero_one_layer_copy():
+    """What the priming thread runs (on CUDA, while the weights load), here on the CPU: every stage on the
+    checkpoint's shapes with one layer and zero weights. Zero logits: the argmax is token 0 (blank is the last id),
+    duration 0, so each encoder frame emits max_symbols tokens, then the frame is forced on."""
+    from graphscribe.model import load_model
+    from graphscribe.priming import PRIMING_SECONDS, run_silence
+
+    model = load_model(NEMO_PATH, device="cpu", graphs=False)
+    transcript = run_silence(model.cfg, model.tokenizer, torch.device("cpu"), torch.float32, 3)
+    frames = int(model.encode([torch.zeros(int(PRIMING_SECONDS * model.sample_rate))])[1][0])
+    assert transcript.audio_seconds == PRIMING_SECONDS
+    assert transcript.token_ids == [0] * (frames * model.cfg.decoding.max_symbols)
+    assert len(model.module.encoder.layers) == model.cfg.encoder.n_layers > 1  # the model itself untouched

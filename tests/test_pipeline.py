@@ -13,7 +13,8 @@ import torch
 
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 from graphscribe.bench import make_folder
-from graphscribe.pipeline import READ_AHEAD, StageClock, default_batching, plan_batches
+from graphscribe.audio import load_audio
+from graphscribe.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches
 
 
 def test_plan_is_longest_first_in_batches_of_n():
@@ -79,6 +80,38 @@ def test_reading_stays_a_few_batches_ahead(model, short_folder, monkeypatch):
         most_ahead = max(most_ahead, -(-len(started) // batch) - batches_taken)
     assert taken == len(short_folder) == len(started)
     assert 1 <= most_ahead <= READ_AHEAD + 1
+
+
+def test_reading_starts_before_the_first_batch_is_asked_for(short_folder):
+    """The CLI makes its ReadAhead before the model loads: the first READ_AHEAD + 1 batches are read meanwhile, and
+    no more until the consumer takes them."""
+    started = []
+    batch = 3
+
+    def counted_read(item):
+        started.append(item)
+        return load_audio(item, 16000)
+
+    reads = ReadAhead(short_folder, counted_read, 16000, batch, 0, pin=False, workers=2)
+    try:
+        deadline = time.monotonic() + 30
+        while len(started) < (READ_AHEAD + 1) * batch and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # room for unbounded readers to run on
+        assert len(started) == (READ_AHEAD + 1) * batch
+        taken = [i for b in reads for i in b.indices]
+    finally:
+        reads.close()
+    assert sorted(taken) == list(range(len(short_folder))) and len(started) == len(short_folder)
+
+
+def test_closing_before_reading_ends_stops_every_thread(short_folder):
+    reads = ReadAhead(short_folder, lambda item: load_audio(item, 16000), 16000, 2, 0, pin=False, workers=2)
+    reads.close()
+    reads.close()  # twice is harmless
+    names = [t.name for t in threading.enumerate()]
+    assert not [n for n in names if n.startswith("graphscribe-")], names
+    assert list(reads) == []  # closed: nothing more comes
 
 
 def test_stopping_early_stops_the_readers(model, short_folder):

@@ -5,6 +5,7 @@ Exit codes: 0 every file done, 1 some failed (each named on stderr with its reas
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,9 +19,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .audio import NATIVE_STDERR, find_audio_files
+from .audio import NATIVE_STDERR, find_audio_files, load_audio
 from .checkpoint import DEMO_NAME, CheckpointError
 from .config import UnsupportedModelError
+from .pipeline import BATCH_FILES, ReadAhead, default_batching, default_workers, transcribe_stream
 from .tokenizer import TokenizerError
 from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text
 
@@ -46,8 +48,12 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def _setup_logging() -> None:
+    from .priming import PRIMER_THREAD
+
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    # the priming thread's throwaway model meets what the real one meets, which says it once
+    handler.addFilter(lambda record: record.threadName != PRIMER_THREAD)
     root = logging.getLogger("graphscribe")
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
@@ -55,8 +61,9 @@ def _setup_logging() -> None:
 
 
 def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: Optional[int] = None,
-                 attention: str = "auto", attention_window: int = 256):
-    """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is."""
+                 attention: str = "auto", attention_window: int = 256, on_config=None, prime_rows=None):
+    """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is.
+    on_config, prime_rows: see `load_model`."""
     from .model import load_model
     from .priming import prime
 
@@ -68,7 +75,7 @@ def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional
                           f"or a .nemo file, or set {MODEL_ENV}")
     try:
         loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch,
-                            attention=attention, attention_window=attention_window)
+                            attention=attention, attention_window=attention_window, on_config=on_config, prime_rows=prime_rows)
     except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
         if primer is not None:
             primer.join()  # not exiting while it is inside a CUDA library
@@ -189,12 +196,26 @@ def transcribe_command(
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
-    loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window)
-    targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
-    start = time.perf_counter()
-    with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr
-        printed, done, audio, failed = _transcribe_files(loaded, files, batch, batch_seconds, formats, targets)
-    elapsed = time.perf_counter() - start
+    reads: list[ReadAhead] = []
+
+    def start_reading(cfg, target) -> None:  # the first batches are read while the weights load
+        default_files, default_seconds = default_batching(target)
+        rate = cfg.features.sample_rate
+        reads.append(ReadAhead(files, functools.partial(load_audio, sample_rate=rate), rate, batch or default_files,
+                               default_seconds if batch_seconds is None else batch_seconds,
+                               pin=target.type == "cuda", workers=default_workers(target)))
+
+    try:
+        with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr
+            rows = min(batch or BATCH_FILES["cuda"], len(files))  # the first batch's, where the kernels are primed
+            loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading, rows)
+            targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
+            start = time.perf_counter()
+            printed, done, audio, failed = _transcribe_files(loaded, reads[0], formats, targets)
+            elapsed = time.perf_counter() - start
+    finally:
+        for r in reads:
+            r.close()
 
     for text in printed:
         if text is not None:
@@ -212,17 +233,17 @@ def transcribe_command(
     raise typer.Exit(1 if failed else 0)
 
 
-def _transcribe_files(loaded, files: list[Path], batch: Optional[int], batch_seconds: Optional[float],
-                      formats: list[str], targets: dict[str, list[Path]]):
+def _transcribe_files(loaded, reads: ReadAhead, formats: list[str], targets: dict[str, list[Path]]):
     """Transcribe and write as results come; -> stdout text per file (None: written or failed), files done,
     audio seconds done, failures. Only the stdout text is kept, so memory does not grow with the outputs."""
+    files = reads.items
     printed: list[Optional[str]] = [None] * len(files)
     done, audio, failed = 0, 0.0, 0
     show_progress = len(files) > 1 and sys.stderr.isatty()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, disable=not show_progress, transient=True) as progress:
         task = progress.add_task("transcribing", total=len(files))
-        for i, transcript in loaded.transcribe_iter(files, batch, batch_seconds):
+        for i, transcript in transcribe_stream(loaded, reads):
             progress.advance(task)
             if transcript.error is not None:
                 failed += 1

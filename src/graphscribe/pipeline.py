@@ -3,7 +3,9 @@
     inputs -> lengths (file headers) -> batches, longest first (at most N files, S seconds of padded audio)
     -> a pool of reader threads: decode, mix down, resample (libsndfile and torch release the GIL)
     -> one zero-padded (B, L) buffer a batch (pinned on CUDA, so the copy to the GPU is asynchronous)
+       [`ReadAhead`: all of the above, from the moment it is made; the CLI makes it before loading the model]
     -> features, encoder (queued on the GPU) -> decoding (its own CUDA stream) -> transcripts
+       [`transcribe_stream`]
 
 The main thread keeps the GPU fed: it queues batch k+1's copy, features and encoder, then decodes batch k on a
 second stream while they run (decoding reads a few numbers back to the host as it goes, so on one stream the
@@ -18,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
@@ -132,42 +136,72 @@ class StageClock:
         return totals
 
 
-class Reader:
-    """Batches of read audio, in plan order, read by a pool of threads at most `read_ahead` batches ahead.
+class ReadAhead:
+    """Batches of read audio, in plan order, read by a pool of threads at most `read_ahead` batches ahead of the
+    batch being transcribed. Reading starts when it is made: the CLI makes one before the model loads, so the
+    first batches are read while the weights go to the GPU.
 
-    Each input is read by one reader thread; one collating thread waits for a batch's reads and copies
-    them into its padded (pinned) buffer, so the main thread only takes finished batches.
+    A feeding thread reads the inputs' lengths (file headers), plans the batches (`plan_batches`), and hands each
+    batch's inputs to the reader threads (`read`: an input -> (L,) float32 samples at the model's rate, raising
+    AudioError) and the batch to one collating thread, which copies its reads into a padded (pinned) buffer; the
+    main thread only takes finished batches. Iterate once; `close` stops the threads (iterating to the end, or
+    stopping early, closes it too).
     """
 
-    def __init__(self, model: Model, items: list, plan: list[list[int]], pool: ThreadPoolExecutor,
-                 clock: StageClock, read_ahead: int = READ_AHEAD):
-        self.model, self.items, self.plan, self.pool, self.clock = model, items, plan, pool, clock
-        self.read_ahead = read_ahead
-        self.pin = model.device.type == "cuda"
+    def __init__(self, items: list, read: Callable[[object], torch.Tensor], sample_rate: int, batch_size: int,
+                 batch_seconds: float | None, pin: bool, workers: int, clock: StageClock | None = None,
+                 read_ahead: int = READ_AHEAD):
+        self.items, self.read, self.sample_rate, self.pin = items, read, sample_rate, pin
+        self.clock = clock or StageClock(torch.device("cpu"), enabled=False)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="graphscribe-read")
+        self._collator = ThreadPoolExecutor(1, thread_name_prefix="graphscribe-collate")
+        self._batches: queue.SimpleQueue = queue.SimpleQueue()  # futures of collated batches; then None or an error
+        self._room = threading.Semaphore(read_ahead + 1)  # batches handed out but not yet taken, at most
+        self._closed = threading.Event()
+        self._feeder = threading.Thread(target=self._feed, args=(max(1, batch_size), batch_seconds),
+                                        name="graphscribe-feed", daemon=True)
+        self._feeder.start()
+
+    def _feed(self, batch_size: int, batch_seconds: float | None) -> None:
+        try:
+            seconds = list(self._pool.map(lambda item: _estimated_seconds(item, self.sample_rate), self.items))
+            for indices in plan_batches(seconds, batch_size, batch_seconds):
+                self._room.acquire()
+                if self._closed.is_set():
+                    return
+                reads = [self._pool.submit(self._read, i) for i in indices]
+                self._batches.put(self._collator.submit(self._collate, indices, reads))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
+            self._batches.put(None if self._closed.is_set() else err)
+            return
+        self._batches.put(None)
 
     def __iter__(self) -> Iterator[Batch]:
-        pending: deque[Future] = deque()
-        with ThreadPoolExecutor(1, thread_name_prefix="graphscribe-collate") as collator:
-            try:
-                for indices in self.plan:
-                    reads = [self.pool.submit(self._read, i) for i in indices]
-                    pending.append(collator.submit(self._collate, indices, reads))
-                    if len(pending) > self.read_ahead:
-                        yield self._take(pending.popleft())
-                while pending:
-                    yield self._take(pending.popleft())
-            finally:  # stopped early (an error, or the caller stopped iterating): drop what is still queued
-                for future in pending:
-                    future.cancel()
+        try:
+            while (item := self._batches.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                with self.clock.host("wait"):
+                    batch = item.result()
+                yield batch
+                self._room.release()  # the consumer wants the next batch: one more may be read
+        finally:
+            self.close()
 
-    def _take(self, future: Future) -> Batch:
-        with self.clock.host("wait"):
-            return future.result()
+    def close(self) -> None:
+        """Stop reading: reads not started are dropped; returns when the threads have ended."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._room.release()  # a feeder waiting for room wakes up and stops
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._collator.shutdown(wait=True, cancel_futures=True)
+        self._feeder.join()
 
     def _read(self, i: int) -> tuple[torch.Tensor | AudioError, float]:
         start = time.perf_counter()
         try:
-            audio = self.model.read(self.items[i])
+            audio = self.read(self.items[i])
         except AudioError as err:
             return err, time.perf_counter() - start
         return audio, time.perf_counter() - start
@@ -204,19 +238,23 @@ class _Job:
     seconds: float = 0.0  # host time spent on it
 
 
-def transcribe_stream(model: Model, items: list, batch_size: int, batch_seconds: float | None,
-                      clock: StageClock | None = None, workers: int | None = None) -> Iterator[tuple[int, Transcript]]:
-    """Yield (index, Transcript) for every input (paths or sample arrays), a batch at a time, longest first."""
+def read_ahead(model: Model, items: list, batch_size: int, batch_seconds: float | None,
+               clock: StageClock | None = None, workers: int | None = None) -> ReadAhead:
+    """A `ReadAhead` of `items` for `model` (its rate and device), reading from now on."""
+    return ReadAhead(items, model.read, model.sample_rate, batch_size, batch_seconds,
+                     pin=model.device.type == "cuda", workers=workers or default_workers(model.device), clock=clock)
+
+
+def transcribe_stream(model: Model, reads: ReadAhead, clock: StageClock | None = None) -> Iterator[tuple[int, Transcript]]:
+    """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first."""
     from .model import Transcript  # here: model.py imports this module
 
     clock = clock or StageClock(model.device, enabled=False)
-    pool = ThreadPoolExecutor(workers or default_workers(model.device), thread_name_prefix="graphscribe-read")
+    items = reads.items
     streams = _Streams(model.device)
     try:
-        seconds = list(pool.map(lambda item: _estimated_seconds(item, model.sample_rate), items))
-        plan = plan_batches(seconds, max(1, batch_size), batch_seconds)
         encoded: _Job | None = None  # queued up to its encoder, not decoded yet
-        for batch in Reader(model, items, plan, pool, clock):
+        for batch in reads:
             job = _start(model, batch, clock)  # queued on the GPU: it runs while `encoded` is decoded
             if encoded is not None:
                 yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams)
@@ -226,7 +264,7 @@ def transcribe_stream(model: Model, items: list, batch_size: int, batch_seconds:
         if encoded is not None:
             yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams)
     finally:  # also when the caller stops early: reads not started are dropped
-        pool.shutdown(wait=True, cancel_futures=True)
+        reads.close()
 
 
 class _Streams:
