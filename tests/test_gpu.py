@@ -232,12 +232,14 @@ def test_subsampling_without_cudnn_gives_cudnns_bits(monkeypatch, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_priming_runs_every_stage_on_silence_on_cuda(dtype):
-    """What `load_model` starts on CUDA while the weights load (priming.prime_model): the zero-weight one-layer copy
+def test_priming_runs_every_stage_on_silence_on_cuda(dtype, monkeypatch):
+    """What `load_model` starts on CUDA while the weights load with PRIME_MODEL on: the zero-weight one-layer copy
     transcribes silence through the fused step, one row and a batch; zero logits emit token 0 max_symbols times a
     frame (blank is the last id, duration 0)."""
+    import graphscribe.model
     from graphscribe.priming import PRIMING_SECONDS, run_silence
 
+    monkeypatch.setattr(graphscribe.model, "PRIME_MODEL", True)
     paths = [FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo"] + ([Path(os.environ["GRAPHSCRIBE_TEST_V3"])]
                                                               if os.environ.get("GRAPHSCRIBE_TEST_V3") else [])
     for path in paths:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -43,7 +44,10 @@ _ATTENTION = ("auto", "full", "local")
 # past it NeMo's users switch to local attention, and so does auto.
 FULL_ATTENTION_MAX_SECONDS = 24 * 60
 _MEMORY_HEADROOM = 0.8  # auto: full attention only while its estimate is below this share of the free memory
-PRIME_MODEL = True  # load_model runs the kernels once while the weights load, on CUDA (priming.prime_model)
+# load_model runs the kernels once while the weights load, on CUDA (priming.prime_model). Off: on the H100 the CLI's
+# transcription took 0.4-1.0 s less, but the load 3.4 s longer (bench/h100-session19/run2).
+PRIME_MODEL = False
+PRIMING_SWITCH_SECONDS: float | None = None  # the GIL's switch interval while the primer runs beside the load
 
 
 class _Preprocessor(nn.Module):
@@ -452,12 +456,18 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
         torch.empty(0, device=target)  # the CUDA context, timed on its own
     clock.lap("device_init")
     rows = size_class(prime_rows or batch_size or default_batching(target)[0])
-    primer = prime_model(cfg, tokenizer, target, target_dtype, rows) if PRIME_MODEL else None  # while weights load
-    module = empty_transducer(cfg, target_dtype)
-    clock.lap("build")
-    load_state(module, checkpoint.state_dict, checkpoint.source, device=target)
-    if target.type == "cuda":
-        torch.cuda.synchronize(target)
+    primer = prime_model(cfg, tokenizer, target, target_dtype, rows) if PRIME_MODEL else None  # beside the load
+    switch = sys.getswitchinterval()
+    if primer is not None and PRIMING_SWITCH_SECONDS:
+        sys.setswitchinterval(PRIMING_SWITCH_SECONDS)
+    try:
+        module = empty_transducer(cfg, target_dtype)
+        clock.lap("build")
+        load_state(module, checkpoint.state_dict, checkpoint.source, device=target)
+        if target.type == "cuda":
+            torch.cuda.synchronize(target)
+    finally:
+        sys.setswitchinterval(switch)
     clock.lap("place")
     options = RunOptions(device=str(target), dtype=_DTYPE_NAMES[target_dtype], graphs=graphs, batch_size=batch_size,
                          batch_seconds=batch_seconds, attention=attention, attention_window=attention_window)
