@@ -170,14 +170,8 @@ from graphscribe.cli import entry; entry()"
         [readers-4]="import graphscribe.pipeline as p; p.MAX_READERS = 4; from graphscribe.cli import main; main()"
         [switch-1ms]="import sys; sys.setswitchinterval(0.001); from graphscribe.cli import main; main()"
         [readers-16]="import graphscribe.pipeline as p; p.MAX_READERS = 16; from graphscribe.cli import main; main()"
-        [old]="import graphscribe.model as m; m.PRIME_MODEL = False; import graphscribe.cli as c; o = c.load_or_exit; \
-c.load_or_exit = lambda *a: (lambda l: (a[-2](l.cfg, l.device), l)[1])(o(*a[:-2])); c.main()"
-        [prime]="import graphscribe.model as m; m.PRIME_MODEL = True; from graphscribe.cli import main; main()"
-        [prime-switch]="import graphscribe.model as m; m.PRIME_MODEL = True; m.PRIMING_SWITCH_SECONDS = 0.0002; \
-from graphscribe.cli import main; main()"
-        [no-prime]="import graphscribe.model as m; m.PRIME_MODEL = False; from graphscribe.cli import main; main()"
-        [no-early]="import graphscribe.cli as c; o = c.load_or_exit; \
-c.load_or_exit = lambda *a: (lambda l: (a[-2](l.cfg, l.device), l)[1])(o(*a[:-2], None, a[-1])); c.main()"
+        [late-reads]="import graphscribe.cli as c; o = c.load_or_exit; \
+c.load_or_exit = lambda *a: (lambda l: (a[-1](l.cfg, l.device), l)[1])(o(*a[:-1])); c.main()"
         [no-pin]="import graphscribe.pipeline as p; p.Reader.__init__ = (lambda o: lambda self, *a, **k: (o(self, *a, **k), \
 setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import main; main()"
     )
@@ -191,18 +185,6 @@ setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import
                     -o "/tmp/ab-out" 2>&1 | grep 'loaded in')
                 echo "ab $dtype B=$batch $variant rep $rep: $line; process $(awk "BEGIN {printf \"%.2f\", $(date +%s.%N) - $t0}") s" | tee -a "$log"
             done
-        done
-    done
-}
-run_loadab() {  # load_model's phases with the model primer off, on, on with a short GIL switch interval (LOAD_DTYPE)
-    local rep variant
-    for rep in 1 2 3; do
-        for variant in "" "m.PRIME_MODEL = True" "m.PRIME_MODEL = True; m.PRIMING_SWITCH_SECONDS = 0.0002"; do
-            python3 -c "import sys, time, json; import graphscribe.model as m; $variant
-t = time.perf_counter(); model = m.load_model(sys.argv[1], dtype=sys.argv[2]); loaded = time.perf_counter() - t
-model.wait_for_priming(); primed = time.perf_counter() - t
-print('load phases [' + '$variant' + ']', json.dumps({k: round(v, 3) for k, v in model.load_seconds.items()}), \
-'primer done after %.2f s' % primed)" $ckpt ${LOAD_DTYPE:-float32} 2>&1 | tail -1 | tee -a "$log"
         done
     done
 }

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .audio import NATIVE_STDERR, find_audio_files, load_audio
 from .checkpoint import DEMO_NAME, CheckpointError
 from .config import UnsupportedModelError
-from .pipeline import BATCH_FILES, ReadAhead, default_batching, default_workers, transcribe_stream
+from .pipeline import ReadAhead, default_batching, default_workers, transcribe_stream
 from .tokenizer import TokenizerError
 from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text
 
@@ -48,12 +48,8 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def _setup_logging() -> None:
-    from .priming import PRIMER_THREAD
-
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("warning: %(message)s"))
-    # the priming thread's throwaway model meets what the real one meets, which says it once
-    handler.addFilter(lambda record: record.threadName != PRIMER_THREAD)
     root = logging.getLogger("graphscribe")
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
@@ -61,9 +57,9 @@ def _setup_logging() -> None:
 
 
 def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: Optional[int] = None,
-                 attention: str = "auto", attention_window: int = 256, on_config=None, prime_rows=None):
+                 attention: str = "auto", attention_window: int = 256, on_config=None):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is.
-    on_config, prime_rows: see `load_model`."""
+    on_config: see `load_model`."""
     from .model import load_model
     from .priming import prime
 
@@ -75,7 +71,7 @@ def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional
                           f"or a .nemo file, or set {MODEL_ENV}")
     try:
         loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch,
-                            attention=attention, attention_window=attention_window, on_config=on_config, prime_rows=prime_rows)
+                            attention=attention, attention_window=attention_window, on_config=on_config)
     except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
         if primer is not None:
             primer.join()  # not exiting while it is inside a CUDA library
@@ -207,9 +203,9 @@ def transcribe_command(
 
     try:
         with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr
-            rows = min(batch or BATCH_FILES["cuda"], len(files))  # the first batch's, where the kernels are primed
-            loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading, rows)
-            targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
+            loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading)
+            targets = ({f: output_paths(output_dir, files, inputs, "." + f) for f in formats}
+                       if output_dir is not None else {})
             start = time.perf_counter()
             printed, done, audio, failed = _transcribe_files(loaded, reads[0], formats, targets)
             elapsed = time.perf_counter() - start

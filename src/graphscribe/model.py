@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -22,13 +20,12 @@ from torch.overrides import TorchFunctionMode
 from .audio import load_audio, prepare_audio
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import ModelConfig, RunOptions, model_config_from_nemo
-from .decoding import GreedyDecoder, Hypothesis, size_class
+from .decoding import GreedyDecoder, Hypothesis
 from .encoder import FastConformer, memory_estimate
 from .features import LogMel
 from .graphs import LayerGraphs
 from .heads import Joint, PredictionNet
 from .pipeline import StageClock, default_batching, read_ahead, transcribe_stream
-from .priming import prime_model
 from .timestamps import Segment, Word, WordRules, token_spans, words_and_segments
 from .tokenizer import Tokenizer
 
@@ -44,10 +41,6 @@ _ATTENTION = ("auto", "full", "local")
 # past it NeMo's users switch to local attention, and so does auto.
 FULL_ATTENTION_MAX_SECONDS = 24 * 60
 _MEMORY_HEADROOM = 0.8  # auto: full attention only while its estimate is below this share of the free memory
-# load_model runs the kernels once while the weights load, on CUDA (priming.prime_model). Off: on the H100 the CLI's
-# transcription took 0.4-1.0 s less, but the load 3.4 s longer (bench/h100-session19/run2).
-PRIME_MODEL = False
-PRIMING_SWITCH_SECONDS: float | None = None  # the GIL's switch interval while the primer runs beside the load
 
 
 class _Preprocessor(nn.Module):
@@ -241,7 +234,6 @@ class Model:
         self.tokenizer = tokenizer
         self.decoder = self._new_decoder()
         self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
-        self._primer: threading.Thread | None = None  # `priming.prime_model`, started by load_model
         decoding = self.cfg.decoding
         self._window_stride = self.cfg.features.hop_length / self.cfg.features.sample_rate  # seconds
         self._subsampling = self.cfg.encoder.subsampling_factor
@@ -253,13 +245,6 @@ class Model:
         captures); the encoder's captured layers are kept for whenever graphs are on."""
         self.options = replace(self.options, graphs=enabled and self.device.type == "cuda")
         self.decoder = self._new_decoder()
-
-    def wait_for_priming(self) -> None:
-        """Wait for the thread that runs the kernels once while the weights load (`priming.prime_model`), if it
-        still runs: the first GPU work of every stage waits for it, so no capture overlaps its launches."""
-        if self._primer is not None:
-            self._primer.join()
-            self._primer = None
 
     def release_graphs(self) -> None:
         """Free the encoder's captured layers (their memory pool), e.g. after running out of memory."""
@@ -310,7 +295,6 @@ class Model:
 
         window: None for full attention, (left, right) frames for local attention (`attention_for` chooses).
         With graphs, a small batch's layers replay one captured layer (`graphs.LayerGraphs`): the same numbers."""
-        self.wait_for_priming()
         layers = None
         if self.options.graphs:
             if self._layer_graphs is None:  # packs the layers' weights at its first small batch (see LayerGraphs)
@@ -358,7 +342,6 @@ class Model:
         return window
 
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
-        self.wait_for_priming()
         return self.decoder.decode(encoded, lengths)
 
     def frame_seconds(self, frame: int) -> float:
@@ -426,8 +409,8 @@ def available_memory(device: torch.device) -> int:
 
 def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
                batch_size: int | None = None, batch_seconds: float | None = None, attention: str = "auto",
-               attention_window: int = 256, on_config: Callable[[ModelConfig, torch.device], None] | None = None,
-               prime_rows: int | None = None) -> Model:
+               attention_window: int = 256,
+               on_config: Callable[[ModelConfig, torch.device], None] | None = None) -> Model:
     """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
 
     batch_size, batch_seconds: `transcribe`'s defaults (None: the device's, see `Model.transcribe_iter`).
@@ -437,8 +420,7 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
     copied twice. On the CPU in float32 they stay memory-mapped (the file must not change
     while the model is in use). `model.load_seconds`: seconds per phase.
     on_config(cfg, device): called once the config is read, before the weights are placed (the CLI starts
-    reading audio there). On CUDA the kernels run once meanwhile (`priming.prime_model`), on batches of
-    `prime_rows` rows (None: batch_size, else the device's default): the size class of the batches to come.
+    reading audio there).
     """
     clock = _Clock()
     checkpoint = read_checkpoint(source)
@@ -455,24 +437,15 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
     if target.type == "cuda":
         torch.empty(0, device=target)  # the CUDA context, timed on its own
     clock.lap("device_init")
-    rows = size_class(prime_rows or batch_size or default_batching(target)[0])
-    primer = prime_model(cfg, tokenizer, target, target_dtype, rows) if PRIME_MODEL else None  # beside the load
-    switch = sys.getswitchinterval()
-    if primer is not None and PRIMING_SWITCH_SECONDS:
-        sys.setswitchinterval(PRIMING_SWITCH_SECONDS)
-    try:
-        module = empty_transducer(cfg, target_dtype)
-        clock.lap("build")
-        load_state(module, checkpoint.state_dict, checkpoint.source, device=target)
-        if target.type == "cuda":
-            torch.cuda.synchronize(target)
-    finally:
-        sys.setswitchinterval(switch)
+    module = empty_transducer(cfg, target_dtype)
+    clock.lap("build")
+    load_state(module, checkpoint.state_dict, checkpoint.source, device=target)
+    if target.type == "cuda":
+        torch.cuda.synchronize(target)
     clock.lap("place")
     options = RunOptions(device=str(target), dtype=_DTYPE_NAMES[target_dtype], graphs=graphs, batch_size=batch_size,
                          batch_seconds=batch_seconds, attention=attention, attention_window=attention_window)
     model = Model(module, tokenizer, options, checkpoint.source)
-    model._primer = primer
     clock.lap("model")
     weights = checkpoint.seconds["weights"]
     model.load_seconds = {"config_tokenizer": clock.seconds.pop("read") - weights, "weights": weights,

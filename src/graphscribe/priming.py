@@ -1,4 +1,4 @@
-"""First-use costs paid while the model loads, in threads: CUDA's libraries, Triton's cache key, every kernel.
+"""First-use costs paid while the model loads: CUDA's libraries and Triton's cache key, in a thread.
 
 A process's first transcription on CUDA pays, besides its own work, for loading cuFFT (the features'
 STFT), cuDNN (the subsampling convolutions) and cuBLAS, and for Triton hashing its own 400 MB library
@@ -6,26 +6,15 @@ to key its kernel cache: about 0.8 s on the lent H100 (bench/h100-session14/). N
 model, and none of it holds the GIL for long (dlopen, file reads and hashing release it), so the CLI
 starts `prime` before loading the checkpoint and the two overlap. Nothing here changes a result: the
 libraries are loaded once per process whichever thread loads them first.
-
-Then each kernel's first launch in a process costs more: CUDA loads its module (lazy loading), Triton loads the
-fused decode step's kernels from its disk cache. A cold first batch paid 1.3-1.4 s of such first uses on the lent
-H100 (bench/h100-session19/), three times the GPU time of the batch. `prime_model` pays them while the weights go
-to the GPU: `load_model` starts it once the config is read, and the model waits for it before its first work
-(`Model.wait_for_priming`). It runs the model's own code (features, encoder, decoding, text) on silence, with a
-one-layer copy of the model of the same shapes and zero weights (zeros: every number finite, decoding bounded).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-
-PRIMER_THREAD = "graphscribe-prime-model"
-PRIMING_SECONDS = 2.0  # of silence a row
 
 log = logging.getLogger(__name__)
 
@@ -63,44 +52,3 @@ def _prime(device: torch.device, dtype: torch.dtype) -> None:
         triton_key()  # cached for the process: the fused decode step's first launch then skips the hashing
     except (ImportError, OSError) as err:
         log.debug("priming Triton: %s", err)
-
-
-def prime_model(cfg, tokenizer, device: torch.device, dtype: torch.dtype, rows: int) -> threading.Thread | None:
-    """Start running the model's kernels once, on a batch of `rows` rows (the size class a transcription will
-    use) of silence, with a zero-weight one-layer model of `cfg`'s shapes; None off CUDA (nothing to load)."""
-    if device.type != "cuda":
-        return None
-    thread = threading.Thread(target=_prime_model, args=(cfg, tokenizer, device, dtype, rows), name=PRIMER_THREAD,
-                              daemon=True)
-    thread.start()
-    return thread
-
-
-def _prime_model(cfg, tokenizer, device: torch.device, dtype: torch.dtype, rows: int) -> None:
-    try:
-        run_silence(cfg, tokenizer, device, dtype, rows)
-    except Exception as err:  # noqa: BLE001 - priming only saves time: whatever fails here fails again where it is used
-        log.debug("priming the model's kernels: %s", err)
-
-
-def run_silence(cfg, tokenizer, device: torch.device, dtype: torch.dtype, rows: int):
-    """A zero-weight one-layer model of `cfg`'s shapes transcribes `rows` rows of silence, through the stages a
-    transcription runs (pinned audio, features, encoder, decoding, text); -> the first row's Transcript."""
-    from .config import RunOptions
-    from .model import _DTYPE_NAMES, Model, empty_transducer  # here: model.py imports this module
-
-    with torch.inference_mode():
-        module = empty_transducer(replace(cfg, encoder=replace(cfg.encoder, n_layers=1)), dtype).to_empty(device=device)
-        for tensor in [*module.parameters(), *module.buffers()]:
-            tensor.zero_()
-        model = Model(module, tokenizer, RunOptions(device=str(device), dtype=_DTYPE_NAMES[dtype], graphs=False),
-                      "<priming>")
-        samples = int(PRIMING_SECONDS * model.sample_rate)
-        pin = device.type == "cuda"
-        audio = torch.zeros(rows, samples, pin_memory=pin)
-        lengths = torch.full((rows,), samples, dtype=torch.long, pin_memory=pin)
-        encoded, frames = model.encoder_output(*model.padded_features(audio, lengths))
-        transcript = model.finish("<priming>", audio[0], model.decode(encoded, frames)[0], 0.0)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    return transcript
