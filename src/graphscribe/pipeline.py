@@ -3,7 +3,7 @@
     inputs -> lengths (file headers) -> batches, longest first (at most N files, S seconds of padded audio)
     -> a pool of reader threads: decode, mix down, resample (libsndfile and torch release the GIL)
     -> one zero-padded (B, L) buffer a batch (pinned on CUDA, so the copy to the GPU is asynchronous)
-       [`ReadAhead`: all of the above, from the moment it is made; the CLI makes it before loading the model]
+       [`ReadAhead`: all of the above, from the moment it is made; the CLI makes it while the model loads]
     -> features, encoder (queued on the GPU) -> decoding (its own CUDA stream) -> transcripts
        [`transcribe_stream`]
 
@@ -138,8 +138,8 @@ class StageClock:
 
 class ReadAhead:
     """Batches of read audio, in plan order, read by a pool of threads at most `read_ahead` batches ahead of the
-    batch being transcribed. Reading starts when it is made: the CLI makes one before the model loads, so the
-    first batches are read while the weights go to the GPU.
+    batch being transcribed. Reading starts when it is made: the CLI makes one as soon as the checkpoint's config
+    is read (`load_model`'s on_config), so the first batches are read while the weights go to the GPU.
 
     A feeding thread reads the inputs' lengths (file headers), plans the batches (`plan_batches`), and hands each
     batch's inputs to the reader threads (`read`: an input -> (L,) float32 samples at the model's rate, raising
