@@ -74,6 +74,16 @@ def prepare_audio(data, rate: int, sample_rate: int, name: str = "<array>") -> t
     return samples.contiguous()
 
 
+def read_input(item, sample_rate: int) -> torch.Tensor:
+    """A path, or samples already at `sample_rate` -> (L,) float32 mono at `sample_rate`; AudioError for bad input.
+
+    Any length from one sample on: as in NeMo, a clip shorter than one feature frame (10 ms) has no encoder
+    frames and an empty transcript, one shorter than 80 ms has one encoder frame."""
+    if isinstance(item, (str, os.PathLike)):
+        return load_audio(item, sample_rate)
+    return prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item, sample_rate, sample_rate)
+
+
 def audio_seconds(path: str | os.PathLike) -> float | None:
     """A file's length from its header (cheap), or None when it cannot be inspected (reading it says why)."""
     if not Path(path).is_file():  # a pipe would block

@@ -5,7 +5,6 @@ Exit codes: 0 every file done, 1 some failed (each named on stderr with its reas
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -19,10 +18,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .audio import NATIVE_STDERR, find_audio_files, load_audio
+from .audio import NATIVE_STDERR, find_audio_files
 from .checkpoint import DEMO_NAME, CheckpointError
 from .config import UnsupportedModelError
-from .pipeline import ReadAhead, default_batching, default_workers, transcribe_stream
+from .pipeline import ReadAhead, read_ahead, transcribe_stream
 from .tokenizer import TokenizerError
 from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text
 
@@ -195,11 +194,7 @@ def transcribe_command(
     reads: list[ReadAhead] = []
 
     def start_reading(cfg, target) -> None:  # the first batches are read while the weights load
-        default_files, default_seconds = default_batching(target)
-        rate = cfg.features.sample_rate
-        reads.append(ReadAhead(files, functools.partial(load_audio, sample_rate=rate), rate, batch or default_files,
-                               default_seconds if batch_seconds is None else batch_seconds,
-                               pin=target.type == "cuda", workers=default_workers(target)))
+        reads.append(read_ahead(files, cfg.features.sample_rate, target, batch, batch_seconds))
 
     try:
         with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr

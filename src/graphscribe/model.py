@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .audio import load_audio, prepare_audio
+from .audio import read_input
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
@@ -25,7 +25,7 @@ from .encoder import FastConformer, memory_estimate
 from .features import LogMel
 from .graphs import LayerGraphs
 from .heads import Joint, PredictionNet
-from .pipeline import StageClock, default_batching, read_ahead, transcribe_stream
+from .pipeline import StageClock, read_ahead, transcribe_stream
 from .timestamps import Segment, Word, WordRules, token_spans, words_and_segments
 from .tokenizer import Tokenizer
 
@@ -260,14 +260,8 @@ class Model:
 
     # ------------------------------------------------------------------ stages
     def read(self, item) -> torch.Tensor:
-        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError for bad input.
-
-        Any length from one sample on: as in NeMo, a clip shorter than one feature frame (10 ms) has no
-        encoder frames and an empty transcript, one shorter than 80 ms has one encoder frame."""
-        if isinstance(item, (str, os.PathLike)):
-            return load_audio(item, self.sample_rate)
-        return prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item,
-                             self.sample_rate, self.sample_rate)
+        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError (`audio.read_input`)."""
+        return read_input(item, self.sample_rate)
 
     @torch.inference_mode()
     def features(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,11 +373,11 @@ class Model:
         input yields a Transcript with `error` set and the rest goes on. Padded frames are masked, so the
         batching changes a result only through rounding. `clock` collects seconds per stage (the benchmark's).
         """
-        files, seconds = default_batching(self.device)
-        batch_size = batch_size or self.options.batch_size or files
         if batch_seconds is None:
-            batch_seconds = self.options.batch_seconds if self.options.batch_seconds is not None else seconds
-        yield from transcribe_stream(self, read_ahead(self, list(inputs), batch_size, batch_seconds, clock), clock)
+            batch_seconds = self.options.batch_seconds
+        reads = read_ahead(list(inputs), self.sample_rate, self.device, batch_size or self.options.batch_size,
+                           batch_seconds, clock, read=self.read)
+        yield from transcribe_stream(self, reads, clock)
 
     def transcribe(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None) -> list[Transcript]:
         """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order."""

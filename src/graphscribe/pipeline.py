@@ -19,6 +19,7 @@ retried one input at a time, and an input that alone does not fit gets an error.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import threading
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
-from .audio import AudioError, audio_seconds
+from .audio import AudioError, audio_seconds, read_input
 
 if TYPE_CHECKING:
     from .decoding import Hypothesis
@@ -238,11 +239,15 @@ class _Job:
     seconds: float = 0.0  # host time spent on it
 
 
-def read_ahead(model: Model, items: list, batch_size: int, batch_seconds: float | None,
-               clock: StageClock | None = None, workers: int | None = None) -> ReadAhead:
-    """A `ReadAhead` of `items` for `model` (its rate and device), reading from now on."""
-    return ReadAhead(items, model.read, model.sample_rate, batch_size, batch_seconds,
-                     pin=model.device.type == "cuda", workers=workers or default_workers(model.device), clock=clock)
+def read_ahead(items: list, sample_rate: int, device: torch.device, batch_size: int | None = None,
+               batch_seconds: float | None = None, clock: StageClock | None = None,
+               read: Callable[[object], torch.Tensor] | None = None) -> ReadAhead:
+    """A `ReadAhead` of `items` (paths or arrays) for a model at `sample_rate` on `device`, reading from now on.
+    batch_size, batch_seconds None: the device's (`default_batching`); read: `audio.read_input` at the rate."""
+    files, seconds = default_batching(device)
+    return ReadAhead(items, read or functools.partial(read_input, sample_rate=sample_rate), sample_rate,
+                     batch_size or files, seconds if batch_seconds is None else batch_seconds,
+                     pin=device.type == "cuda", workers=default_workers(device), clock=clock)
 
 
 def transcribe_stream(model: Model, reads: ReadAhead, clock: StageClock | None = None) -> Iterator[tuple[int, Transcript]]:
