@@ -54,6 +54,14 @@ def _one_row(base: Tiles) -> list[Tiles]:
             replace(one, joint_cols=128), replace(one, joint_cols=32, stages=4)]
 
 
+def _large(base: Tiles) -> list[Tiles]:
+    """Large batches (32 rows and more): the defaults, then taller tiles (a weight tile read from L2 once for 32, 64
+    or 128 batch rows instead of 16), with more warps and wider joint blocks."""
+    return [base, replace(base, rows=32), replace(base, rows=64), replace(base, rows=64, warps=8),
+            replace(base, rows=64, joint_cols=128, warps=8), replace(base, rows=64, units=16),
+            replace(base, rows=128, warps=8)]
+
+
 def _tiles(t) -> str:
     return (f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
             f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}, rows {t.rows}"
@@ -101,7 +109,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, skip, warps, windows")
+    ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, skip, warps, large, windows")
     ap.add_argument("--policies", default="last,1.0,0.7", help="skip: rounds policies (ROUND_SHARE values, or last)")
     ap.add_argument("--skips", default="0,1", help="skip: the has-work checks off (0) and on (1)")
     ap.add_argument("--tiers", default="2", help="bench tiers by index (0: 7.4 s, 1: 23 s, 2: 77 s), comma separated")
@@ -117,7 +125,7 @@ def main() -> None:
     encoded = {tier.name: model.encode([tier.audio]) for tier in tiers}
     tier = tiers[-1]  # every part but skip: the last of --tiers
     joints = {"float32": model.module.joint, "bfloat16": copy.deepcopy(model.module.joint).to(torch.bfloat16)}
-    rows, lines = [], []
+    rows, lines, bits = [], [], {}
     header = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, decode only, graphs, median of 5 (ms); "
               "tier: the clip; steps: the row's; queued: steps run, the finished row's included", "",
               "| what | tier | dtype | B | tiles | ms | steps | queued | us/step | warm-up s | same tokens |",
@@ -144,17 +152,28 @@ def main() -> None:
         ms, warm, hyps = timed(decoder, *inputs(dtype, batch))
         return ms, warm, hyps[0].steps, decoder.queued_steps, [(h.token_ids, h.frames) for h in hyps]
 
-    def alternating(dtype, batch, settings, name=None):
+    def final_state(decoder, batch):
+        """Row 0's LSTM state (h of every layer) after a decode: the bits a batch's tiles gave it."""
+        buf = decoder._buffers[size_class(batch)]
+        return decoder._fused_step.state(buf)[0][:, 0].clone()
+
+    def alternating(dtype, batch, settings, name=None, compare_bits=False):
         """(tiles, one_row[, rounds policy]) settings measured in alternating rounds, each a median of 5; a row per
-        setting. A policy: a ROUND_SHARE, or "last" (session 15's: the rate of the last round alone)."""
+        setting. A policy: a ROUND_SHARE, or "last" (session 15's: the rate of the last round alone). compare_bits:
+        whether row 0's final LSTM state has the same bits as with the first setting."""
         name = name or tier.name
         encoded, lengths = inputs(dtype, batch, name)
+        reference = None
         configs = []
         for tiles, one_row, *policy in settings:
             policy = policy[0] if policy else decoding.ROUND_SHARE
             decoder = decoder_for(dtype, tiles=tiles, one_row=one_row)
             _rounds(policy)
             _, warm, hyps = timed(decoder, encoded, lengths, reps=1)
+            if compare_bits:
+                state = final_state(decoder, batch)
+                reference = state if reference is None else reference
+                bits[id(decoder)] = torch.equal(state, reference)
             configs.append((decoder, policy, warm, [(h.token_ids, h.frames) for h in hyps], [], hyps[0].steps))
         for _ in range(args.rounds):
             for decoder, policy, _, _, times, _ in configs:
@@ -168,11 +187,14 @@ def main() -> None:
             row = dict(part="alternating", tier=name, dtype=dtype, batch=batch, tiles=asdict(used), rounds_policy=policy,
                        ms=ms, rounds=times, steps=steps, queued=decoder.queued_steps, host_reads=decoder.host_reads,
                        us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
+            if id(decoder) in bits:
+                row["state_bits_as_first"] = bits[id(decoder)]
             rows.append(row)
             lines.append(f"| alternating, rounds {policy}, {decoder.host_reads} reads | {name} | {dtype} | {batch} | "
                          f"{_tiles(used)}{'' if used.skip else ', no skip'} | {ms:.3f} ({min(times):.3f}-"
                          f"{max(times):.3f}) | {steps} | {decoder.queued_steps} | {row['us_per_step']:.1f} | "
-                         f"{warm:.1f} | {row['same']} |")
+                         f"{warm:.1f} | {row['same']}"
+                         + (f", state bits as the first: {bits[id(decoder)]}" if id(decoder) in bits else "") + " |")
             save()
 
     for dtype in args.dtypes.split(","):
@@ -201,6 +223,18 @@ def main() -> None:
         if "warps" in args.parts:  # the other classes: 4 or 8 warps a matrix program
             for batch in map(int, args.tile_batches.split(",")):
                 alternating(dtype, batch, [(base_tiles, None), (replace(base_tiles, warps=8), None)])
+        if "large" in args.parts:  # large batches: taller tiles, and whether row 0's state keeps its bits
+            for batch in map(int, args.tile_batches.split(",")):
+                alternating(dtype, batch, [(tiles, None) for tiles in _large(base_tiles)], compare_bits=True)
+            # the start state (PyTorch's LSTM, cuDNN on the GPU) of row 0 in batches of each size class
+            decoder = decoder_for(dtype)
+            start = {n: decoder.start_state(n, torch.device("cuda"), getattr(torch, dtype))[0][:, 0] for n in
+                     (2, 8, 16, 32, 64, 128)}
+            lines.append(f"| start state | | {dtype} | 2-128 | row 0's h the same bits as at 2 rows: "
+                         + ", ".join(f"{n}: {torch.equal(h, start[2])}" for n, h in start.items()) + " | | | | | | |")
+            rows.append(dict(part="start state", dtype=dtype, same_bits_as_2={n: torch.equal(h, start[2])
+                                                                              for n, h in start.items()}))
+            save()
         if "windows" in args.parts:
             for batch in map(int, args.batches.split(",")):
                 for window in map(int, args.windows.split(",")):

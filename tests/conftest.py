@@ -19,12 +19,14 @@ if not torch.cuda.is_available():
     # it has to be chosen before Triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from graphscribe.bench import speech_path  # noqa: E402  (after TRITON_INTERPRET)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 NEMO_DIR = FIXTURES / "nemo-tdt-tiny"
 NEMO_PATH = NEMO_DIR / "tdt-tiny.nemo"
 CLIPS = NEMO_DIR / "clips"
 SPEECH_CLIP = CLIPS / "librispeech_2086-149220-0033.wav"  # 7.4 s, 16 kHz mono PCM_16
-JFK_FLAC = FIXTURES / "audio" / "jfk_44k1_stereo_24bit.flac"  # 11.0 s, 44.1 kHz stereo 24-bit
+JFK_FLAC = speech_path("jfk_44k1_stereo_24bit.flac")  # 11.0 s, 44.1 kHz stereo 24-bit (shipped in the package)
 
 _REFERENCE = json.loads((NEMO_DIR / "reference.json").read_text())
 CLIP_NAMES = [clip["file"] for clip in _REFERENCE["clips"]]  # clipN in reference.npz is CLIP_NAMES[N]

@@ -48,6 +48,17 @@ def test_fused_step_gives_nemo_tokens_in_a_padded_batch(name, checkpoint, window
     assert [(h.token_ids, h.frames) for h in hyps] == [(ref[f]["token_ids"], ref[f]["timestamps"]) for f in SHORT]
 
 
+def test_tall_tiles_give_nemo_tokens():
+    """A batch of 64 rows runs in the 64-row tiles of `fused_step.TALL`: a weight tile read once for all its rows."""
+    model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")
+    names = ["quarter_second.wav", "short_2s.wav"] * 32  # short: the interpreter runs every program in turn
+    encoded, lengths = model.encode([model.read(CLIPS / f) for f in names])
+    decoder = _decoder(model, fused=True)
+    hyps = decoder.decode(encoded, lengths)
+    assert list(decoder._buffers) == [64] and decoder._fused_step.tiles_for(64).rows == 64
+    assert [(h.token_ids, h.frames) for h in hyps] == [(ref[f]["token_ids"], ref[f]["timestamps"]) for f in names]
+
+
 def test_one_row_gives_nemo_tokens():
     """A clip alone is the one-row size class, whose prediction net runs on the CUDA cores ("fma" products)."""
     model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")

@@ -47,6 +47,18 @@ def test_float32_matches_nemo_on_gpu(name, checkpoint, graphs, batch):
 
 
 @pytest.mark.parametrize("name,checkpoint", ORACLES)
+@pytest.mark.parametrize("rows", [64, 128])
+def test_tall_tiles_match_nemo_on_gpu(name, checkpoint, rows):
+    """Batches of 64 and 128 rows decode in the taller tiles of `fused_step.TALL` (the clips repeated)."""
+    clips = _reference(name)["clips"]
+    clips = [clips[i % len(clips)] for i in range(rows)]
+    model = gs.load_model(FIXTURES / name / checkpoint, device="cuda", dtype="float32")
+    got = model.transcribe([CLIPS / c["file"] for c in clips], batch_size=rows)
+    assert _result(got) == [(c["token_ids"], c["timestamps"], c["text"]) for c in clips]
+    assert model.decoder._fused_step.tiles_for(rows).rows == rows
+
+
+@pytest.mark.parametrize("name,checkpoint", ORACLES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graphs_equal_eager(name, checkpoint, dtype):
     paths = sorted(CLIPS.glob("*.wav"))

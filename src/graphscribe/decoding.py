@@ -316,11 +316,14 @@ class GreedyDecoder:
         return eager
 
     def start_state(self, n: int, device: torch.device, dtype: torch.dtype):
-        """Prediction state and projected output after the start symbol (blank), as NeMo starts."""
-        h, c = self.prediction.initial_state(n, device, self.prediction.prediction.embed.weight.dtype)
-        start = torch.full((n,), self.blank_id, device=device, dtype=torch.long)
+        """Prediction state and projected output after the start symbol (blank), as NeMo starts, for n rows.
+
+        The same for every row: computed for one row and repeated, so that a row starts from the same bits in any
+        batch (cuDNN's LSTM gave other bits from 32 rows on than at 2-16; bench/h100-session20/)."""
+        h, c = self.prediction.initial_state(1, device, self.prediction.prediction.embed.weight.dtype)
+        start = torch.full((1,), self.blank_id, device=device, dtype=torch.long)
         out, h, c = self.prediction.step(start, h, c)
-        return h, c, self.joint.project_prediction(out.to(dtype))
+        return h.expand(-1, n, -1), c.expand(-1, n, -1), self.joint.project_prediction(out.to(dtype)).expand(n, -1)
 
     @torch.inference_mode()
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:

@@ -36,8 +36,10 @@ Arithmetic: the joint's 16-bit output layer goes through tensor cores, accumulat
 Float32 weights (the joint's in float32 models, and the prediction net's always: LSTM and
 projection stay float32, as in `Transducer.to_inference`) take `Tiles.fp32` or "tf32x3":
 "ieee" (FMA, each sum in k order) or "tf32x3" (tensor cores, each product split in three TF32
-products: float32's accuracy, not its exact bits). Tile shapes do not depend on the batch, so a
-row's result does not depend on its batch, with one exception: a batch of one row (`ONE_ROW`)
+products: float32's accuracy, not its exact bits). The tiles' height (16 batch rows, 64 or 128 for
+large batches: `TALL`) does not change a row's bits (measured: its LSTM state after the 77 s tier
+is the same in all four), and every row starts from the same state (`GreedyDecoder.start_state`),
+so a row's result does not depend on its batch, with one exception: a batch of one row (`ONE_ROW`)
 computes the prediction net's products on the CUDA cores ("fma", one row per program), where a
 16-row tensor-core tile would carry 15 empty rows. The LSTM state is float32 either way.
 
@@ -91,8 +93,8 @@ class Tiles:
 
 # Chosen from the H100 sweeps in bench/h100-fused/ (tuning/: k 64 and a 4-warp advance kernel; round 2: 32
 # projection columns, the best single change at B = 1, 8 and 128 in float32). 3xTF32: 2.7x faster than IEEE FMA
-# products, the same tokens. 64-row tiles were faster at B = 128 and slower at B = 1: rows stay 16 for every batch,
-# so that a row's float32 result does not depend on its batch.
+# products, the same tokens. 64-row tiles were faster at B = 128 and slower at B = 1: 16 rows up to 32-row batches,
+# taller ones from 64 (`TALL`).
 FP32_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32="tf32x3", advance_warps=4)
 HALF_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32=None, advance_warps=4)
 # One batch row (the 1-row size class, a single clip): a tensor-core tile of 16 rows would carry 15 empty ones, and
@@ -103,6 +105,12 @@ HALF_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32=None, advanc
 # 8 warps: 77 s decoded in 9.6 instead of 12.5 ms in bfloat16, 14.5 instead of 14.9 in float32 (alternating rounds,
 # bench/h100-session15/one-row-warps/).
 ONE_ROW = dict(units=2, proj_cols=8, net="fma", net_k=128, net_warps=8, warps=8)
+# Batches of 64 rows and more, by the least size class: taller tiles, so that each weight tile is read from L2 once
+# for 64 or 128 batch rows rather than once per 16 (at 128 rows a step read its 42 MB of weights 8 times from L2).
+# The 77 s tier decoded at B=128 in 46.9 instead of 73.7 ms in float32 and 29.2 instead of 41.0 in bfloat16; at B=64
+# in 31.3 / 21.6 instead of 41.2 / 26.7; at B=32 16 rows stay the faster in float32 (bench/h100-session20/). The
+# bits do not change: a row's LSTM state after the 77 s tier is the same in 16-, 32-, 64- and 128-row tiles.
+TALL = {64: dict(rows=64), 128: dict(rows=128, warps=8)}
 
 
 @triton.jit
@@ -393,14 +401,19 @@ def _next_pow2(n: int) -> int:
 class FusedStep:
     """The step's weights laid out for the kernels, prepared once per decoder; called like `decode_step`.
 
-    `tiles`: for every size class but one row's; `one_row`: for one row (default: `tiles` with `ONE_ROW`).
-    `start(buf)` must follow every `buf.reset` (it computes W_hh h of the start state)."""
+    `tiles`: for the size classes from 2 rows up to the least of `tall`; `one_row`: for one row (default: `tiles`
+    with `ONE_ROW`); `tall`: tiles by least size class (default: `TALL` applied to the default tiles; none when
+    `tiles` is given, which then serve every class but one row's). `start(buf)` must follow every `buf.reset` (it
+    computes W_hh h of the start state)."""
 
     def __init__(self, prediction: PredictionNet, joint: Joint, dtype: torch.dtype, durations: tuple[int, ...],
-                 tiles: Tiles | None = None, one_row: Tiles | None = None):
+                 tiles: Tiles | None = None, one_row: Tiles | None = None, tall: dict[int, Tiles] | None = None):
         lstm = prediction.prediction.dec_rnn.lstm
         self.layers, self.hidden = lstm.num_layers, lstm.hidden_size
-        self.tiles = tiles or (HALF_TILES if dtype in (torch.bfloat16, torch.float16) else FP32_TILES)
+        default = HALF_TILES if dtype in (torch.bfloat16, torch.float16) else FP32_TILES
+        if tall is None:
+            tall = {} if tiles else {least: replace(default, **changes) for least, changes in TALL.items()}
+        self.tiles, self.tall = tiles or default, tall
         self.one_row = one_row or replace(self.tiles, **ONE_ROW)
         out = joint.joint_net[-1]
         self.vocab = joint.num_token_logits  # V + 1 token logits, blank last
@@ -460,7 +473,10 @@ class FusedStep:
 
     def tiles_for(self, n: int) -> Tiles:
         """The tiles of the size class of n rows."""
-        return self.one_row if n == 1 else self.tiles
+        if n == 1:
+            return self.one_row
+        taller = [least for least in self.tall if n >= least]
+        return self.tall[max(taller)] if taller else self.tiles
 
     def start(self, buf) -> None:
         """W_hh h of the state in `buf` (after `buf.reset`), which the first step reads."""
