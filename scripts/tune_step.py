@@ -125,7 +125,7 @@ def main() -> None:
     encoded = {tier.name: model.encode([tier.audio]) for tier in tiers}
     tier = tiers[-1]  # every part but skip: the last of --tiers
     joints = {"float32": model.module.joint, "bfloat16": copy.deepcopy(model.module.joint).to(torch.bfloat16)}
-    rows, lines, bits = [], [], {}
+    rows, lines = [], []
     header = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, decode only, graphs, median of 5 (ms); "
               "tier: the clip; steps: the row's; queued: steps run, the finished row's included", "",
               "| what | tier | dtype | B | tiles | ms | steps | queued | us/step | warm-up s | same tokens |",
@@ -170,31 +170,32 @@ def main() -> None:
             decoder = decoder_for(dtype, tiles=tiles, one_row=one_row)
             _rounds(policy)
             _, warm, hyps = timed(decoder, encoded, lengths, reps=1)
+            same_bits = None
             if compare_bits:
                 state = final_state(decoder, batch)
                 reference = state if reference is None else reference
-                bits[id(decoder)] = torch.equal(state, reference)
-            configs.append((decoder, policy, warm, [(h.token_ids, h.frames) for h in hyps], [], hyps[0].steps))
+                same_bits = torch.equal(state, reference)
+            configs.append((decoder, policy, warm, [(h.token_ids, h.frames) for h in hyps], [], hyps[0].steps, same_bits))
         for _ in range(args.rounds):
-            for decoder, policy, _, _, times, _ in configs:
+            for decoder, policy, _, _, times, _, _ in configs:
                 _rounds(policy)
                 times.append(timed(decoder, encoded, lengths)[0])
         _rounds(SHARE)
         base = configs[0][3]
-        for decoder, policy, warm, result, times, steps in configs:
+        for decoder, policy, warm, result, times, steps, same_bits in configs:
             used = decoder._fused_step.tiles_for(size_class(batch))
             ms = statistics.median(times)
             row = dict(part="alternating", tier=name, dtype=dtype, batch=batch, tiles=asdict(used), rounds_policy=policy,
                        ms=ms, rounds=times, steps=steps, queued=decoder.queued_steps, host_reads=decoder.host_reads,
                        us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
-            if id(decoder) in bits:
-                row["state_bits_as_first"] = bits[id(decoder)]
+            if same_bits is not None:
+                row["state_bits_as_first"] = same_bits
             rows.append(row)
             lines.append(f"| alternating, rounds {policy}, {decoder.host_reads} reads | {name} | {dtype} | {batch} | "
                          f"{_tiles(used)}{'' if used.skip else ', no skip'} | {ms:.3f} ({min(times):.3f}-"
                          f"{max(times):.3f}) | {steps} | {decoder.queued_steps} | {row['us_per_step']:.1f} | "
                          f"{warm:.1f} | {row['same']}"
-                         + (f", state bits as the first: {bits[id(decoder)]}" if id(decoder) in bits else "") + " |")
+                         + (f", state bits as the first: {same_bits}" if same_bits is not None else "") + " |")
             save()
 
     for dtype in args.dtypes.split(","):
@@ -226,15 +227,6 @@ def main() -> None:
         if "large" in args.parts:  # large batches: taller tiles, and whether row 0's state keeps its bits
             for batch in map(int, args.tile_batches.split(",")):
                 alternating(dtype, batch, [(tiles, None) for tiles in _large(base_tiles)], compare_bits=True)
-            # the start state (PyTorch's LSTM, cuDNN on the GPU) of row 0 in batches of each size class
-            decoder = decoder_for(dtype)
-            start = {n: decoder.start_state(n, torch.device("cuda"), getattr(torch, dtype))[0][:, 0] for n in
-                     (2, 8, 16, 32, 64, 128)}
-            lines.append(f"| start state | | {dtype} | 2-128 | row 0's h the same bits as at 2 rows: "
-                         + ", ".join(f"{n}: {torch.equal(h, start[2])}" for n, h in start.items()) + " | | | | | | |")
-            rows.append(dict(part="start state", dtype=dtype, same_bits_as_2={n: torch.equal(h, start[2])
-                                                                              for n, h in start.items()}))
-            save()
         if "windows" in args.parts:
             for batch in map(int, args.batches.split(",")):
                 for window in map(int, args.windows.split(",")):

@@ -21,10 +21,10 @@ def compile_kernel(kernel, pointers: dict[str, str], constexprs: dict) -> None:
 
 
 def main() -> None:
-    tall = [("*fp32", replace(fs.FP32_TILES, **changes)) for changes in fs.TALL.values()]
-    for weights, tiles in (("*fp32", fs.FP32_TILES), ("*fp32", replace(fs.FP32_TILES, fp32="ieee")), ("*bf16", fs.HALF_TILES),
-                           *tall):
-        one_row = [] if (weights, tiles) in tall else [replace(tiles, **fs.ONE_ROW)]
+    # (weights, tiles, whether the one-row class is made from them): the large batches' TALL tiles are not
+    kinds = [("*fp32", fs.FP32_TILES, True), ("*fp32", replace(fs.FP32_TILES, fp32="ieee"), True),
+             ("*bf16", fs.HALF_TILES, True), *(("*fp32", replace(fs.FP32_TILES, **c), False) for c in fs.TALL.values())]
+    for weights, tiles, with_one_row in kinds:
         mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32 or "", PDL=True)
         for tdt in (True, False):
             compile_kernel(fs._joint_kernel, dict(enc=weights, g=weights, t=I64, active="*i1", w_out=weights, b_out=F32,
@@ -37,7 +37,7 @@ def main() -> None:
                            dict(WB=8, NB=256, NBD=2, HB=1024, TDT=tdt, DURATIONS=0x0403020100, PDL=True))
         # the prediction net (float32 weights whatever the dtype): tensor-core tiles, and the one-row class's
         # CUDA-core products
-        for net in (tiles, *one_row):
+        for net in (tiles, replace(tiles, **fs.ONE_ROW)) if with_one_row else (tiles,):
             mm = dict(BM=net.net_rows, BK=net.net_k or net.k, FP32=net.net_arithmetic)
             compile_kernel(fs._lstm_kernel, dict(x=F32, w_ih=F32, bias=F32, hh=F32, h=F32, c=F32, h_out=F32, c_out=F32,
                                                  emit=I32, w_hh_below=F32, hh_below=F32), dict(mm, PDL=True, SKIP=net.net != "fma", BU=net.units))
