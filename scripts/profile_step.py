@@ -17,6 +17,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import asdict, replace
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -24,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 import graphscribe as gs
 from graphscribe.bench import tier_clips
 from graphscribe.decoding import GreedyDecoder
+from graphscribe.fused_step import FP32_TILES
 
 
 def main() -> None:
@@ -36,7 +38,14 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="append the summary as one JSON line here")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch the kernels one after another (with PDL the profiler counts a kernel's wait as its time)")
+    ap.add_argument("--one-row", default="", metavar="FIELD=VALUE,...",
+                    help="change the one-row class's tiles, e.g. warps=4,stages=4")
     args = ap.parse_args()
+    changes = {}
+    for item in filter(None, args.one_row.split(",")):
+        field, value = item.split("=")
+        kind = type(getattr(FP32_TILES, field))
+        changes[field] = bool(int(value)) if kind is bool else kind(value)
 
     model = gs.load_model(args.model, device="cuda", dtype=args.dtype)
     tier = tier_clips(model)[-1]
@@ -48,7 +57,9 @@ def main() -> None:
     def decoder(graphs: bool) -> GreedyDecoder:
         made = GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs, fused=fused)
         if fused:
-            made._step_fn(encoded.device, encoded.dtype).pdl &= not args.no_pdl
+            step = made._step_fn(encoded.device, encoded.dtype)
+            step.pdl &= not args.no_pdl
+            step.one_row = replace(step.one_row, **changes)
         return made
 
     eager = decoder(False)
@@ -82,6 +93,7 @@ def main() -> None:
     summary = {
         "tier": tier.name, "batch": args.batch, "dtype": args.dtype, "step": args.step, "steps": steps,
         "pdl": fused and eager._fused_step.pdl,
+        "tiles": asdict(eager._fused_step.tiles_for(args.batch)) if fused else None,
         "tokens": len(reference[0].token_ids), "kernels_per_step": launches / steps,
         "gpu_us_per_step": total_us / steps, "graph_ms": graph_ms, "graph_us_per_step": graph_ms * 1e3 / steps,
         "weight_mb_per_step": step_bytes / 1e6 if step_bytes else None,
@@ -89,7 +101,7 @@ def main() -> None:
         "first_decode_s": first_s, "graphs_same_as_eager": same,
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
     }
-    print(f"{tier.name}, B={args.batch}, {args.dtype}, {args.step} step{' (PDL)' if summary['pdl'] else ''}: {steps} steps, {summary['tokens']} tokens; "
+    print(f"{tier.name}, B={args.batch}, {args.dtype}, {args.step} step{' (PDL)' if summary['pdl'] else ''}{' ' + args.one_row if args.one_row else ''}: {steps} steps, {summary['tokens']} tokens; "
           f"first decode (kernel compile or cache load) {first_s:.2f} s; graphs == eager: {same}")
     print(f"kernels per step: {launches / steps:.1f}; GPU kernel time per step: {total_us / steps:.1f} us; "
           f"graph replay per step: {summary['graph_us_per_step']:.1f} us ({graph_ms:.2f} ms a decode)")
