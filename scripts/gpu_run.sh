@@ -11,7 +11,7 @@
 # abcli (A/B of host-side choices on the folder CLI), l2 (the step's weights kept in L2), encgraphs (the encoder's
 # layers replayed from one captured layer, against the eager loop), pyspy (the folder CLI's threads sampled by
 # py-spy, carried as a wheel in .whl), encprofile (the encoder's GPU time by kernel kind, float32 products
-# through cuBLAS against Triton tf32x3).
+# through cuBLAS against Triton tf32x3), timeline (when the folder CLI's summary comes, when its process ends).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -184,6 +184,30 @@ setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import
                 line=$(python3 -c "${start[$variant]}" /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" \
                     -o "/tmp/ab-out" 2>&1 | grep 'loaded in')
                 echo "ab $dtype B=$batch $variant rep $rep: $line; process $(awk "BEGIN {printf \"%.2f\", $(date +%s.%N) - $t0}") s" | tee -a "$log"
+            done
+        done
+    done
+}
+run_timeline() {  # when the folder CLI's summary comes and when its process ends, exiting as shipped and through
+    make_folder     # os._exit after flushing (TIMELINE: "dtype batch;..."; TIMELINE_REPS)
+    local dtype batch rep variant
+    declare -A start=(
+        [base]="from graphscribe.cli import main; main()"
+        [fast-exit]="import os, sys
+from graphscribe.cli import main
+try:
+    main()
+except SystemExit as done:
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(done.code if isinstance(done.code, int) else 0)"
+    )
+    echo "${TIMELINE:-float32 8;bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
+        python3 -m graphscribe.cli /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" -o /tmp/tl-out \
+            >/dev/null 2>&1  # Triton's kernel cache
+        for rep in $(seq "${TIMELINE_REPS:-3}"); do
+            for variant in base fast-exit; do
+                python3 scripts/cli_timeline.py --label "$dtype B=$batch $variant" --json "$OUT/timeline.jsonl" -- \
+                    python3 -c "${start[$variant]}" /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" \
+                    -o /tmp/tl-out 2>&1 | tee -a "$log"
             done
         done
     done
