@@ -188,8 +188,8 @@ setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import
         done
     done
 }
-run_timeline() {  # when the folder CLI's summary comes and when its process ends, exiting as shipped and through
-    make_folder     # os._exit after flushing (TIMELINE: "dtype batch;..."; TIMELINE_REPS)
+run_timeline() {  # when the folder CLI's summary comes and when its process ends: base through cli.main() and
+    make_folder     # Python's teardown, fast-exit through os._exit as `transcribe` (cli.entry) (TIMELINE, TIMELINE_REPS)
     local dtype batch rep variant
     declare -A start=(
         [base]="from graphscribe.cli import main; main()"
