@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--one-row", default="", metavar="FIELD=VALUE,...",
                     help="change the one-row class's tiles, e.g. warps=4,stages=4")
     args = ap.parse_args()
+    if args.one_row and args.batch != 1:
+        ap.error("--one-row changes the tiles of a batch of one row: use it with --batch 1")
     changes = {}
     for item in filter(None, args.one_row.split(",")):
         field, value = item.split("=")
