@@ -11,7 +11,8 @@
 # abcli (A/B of host-side choices on the folder CLI), l2 (the step's weights kept in L2), encgraphs (the encoder's
 # layers replayed from one captured layer, against the eager loop), pyspy (the folder CLI's threads sampled by
 # py-spy, carried as a wheel in .whl), encprofile (the encoder's GPU time by kernel kind, float32 products
-# through cuBLAS against Triton tf32x3), timeline (when the folder CLI's summary comes, when its process ends).
+# through cuBLAS against Triton tf32x3), timeline (when the folder CLI's summary comes, when its process ends),
+# jointbench (the one-row joint kernel alone, by variant).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -235,6 +236,9 @@ run_encgraphs() {
 run_encprofile() {  # the encoder's GPU time by kernel kind; float32 products: cuBLAS against Triton tf32x3
     step "encoder profile" 240 python3 scripts/encoder_profile.py --model $ckpt ${ENC_CONFIGS:+--configs "$ENC_CONFIGS"} \
         --json "$OUT/encoder-profile.json" --md "$OUT/encoder-profile.md"
+}
+run_jointbench() {  # the one-row joint kernel alone: valid rows, the has-work check, cold weights, k and stages
+    step "joint bench" 200 python3 scripts/joint_bench.py --json "$OUT/joint-bench.json"
 }
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
     step "tune" "${TUNE_SECONDS:-330}" python3 scripts/tune_step.py --model $ckpt --out "$OUT" ${TUNE_ARGS:-}

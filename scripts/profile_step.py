@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 import graphscribe as gs
 from graphscribe.bench import tier_clips
 from graphscribe.decoding import GreedyDecoder
-from graphscribe.fused_step import FP32_TILES
+from tune_step import tiles_changes  # scripts/, beside this one
 
 
 def main() -> None:
@@ -43,11 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.one_row and args.batch != 1:
         ap.error("--one-row changes the tiles of a batch of one row: use it with --batch 1")
-    changes = {}
-    for item in filter(None, args.one_row.split(",")):
-        field, value = item.split("=")
-        kind = type(getattr(FP32_TILES, field))
-        changes[field] = bool(int(value)) if kind is bool else kind(value)
+    changes = tiles_changes(args.one_row) if args.one_row else {}
 
     model = gs.load_model(args.model, device="cuda", dtype=args.dtype)
     tier = tier_clips(model)[-1]

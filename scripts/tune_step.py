@@ -62,6 +62,16 @@ def _large(base: Tiles) -> list[Tiles]:
             replace(base, rows=128, warps=8)]
 
 
+def tiles_changes(text: str) -> dict:
+    """"field=value,..." -> `Tiles` changes, each value of its field's type (bools as 0 or 1)."""
+    changes = {}
+    for item in text.split(","):
+        field, value = item.split("=")
+        kind = type(getattr(FP32_TILES, field))
+        changes[field] = bool(int(value)) if kind is bool else kind(value)
+    return changes
+
+
 def _tiles(t) -> str:
     return (f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
             f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}, rows {t.rows}"
@@ -109,7 +119,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, skip, warps, large, windows")
+    ap.add_argument("--parts", default="tiles,windows", help="of tiles, onerow, skip, warps, large, variants, windows")
     ap.add_argument("--policies", default="last,1.0,0.7", help="skip: rounds policies (ROUND_SHARE values, or last)")
     ap.add_argument("--skips", default="0,1", help="skip: the has-work checks off (0) and on (1)")
     ap.add_argument("--tiers", default="2", help="bench tiers by index (0: 7.4 s, 1: 23 s, 2: 77 s), comma separated")
@@ -118,7 +128,10 @@ def main() -> None:
     ap.add_argument("--tile-batches", default="1,8,128")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--rounds", type=int, default=5, help="onerow, warps: rounds over the settings, each a median of 5")
+    ap.add_argument("--variants", default="stages=4;k=32,stages=6", metavar="FIELD=VALUE,...;...",
+                    help="variants: `Tiles` changes, each set in every size class and measured against the defaults")
     args = ap.parse_args()
+    variants = [tiles_changes(v) for v in filter(None, args.variants.split(";"))]
     args.out.mkdir(parents=True, exist_ok=True)
     model = gs.load_model(args.model, device="cuda", dtype="float32")
     tiers = [tier_clips(model)[int(i)] for i in args.tiers.split(",")]
@@ -141,10 +154,14 @@ def main() -> None:
         encoded32, lengths1 = encoded[name or tier.name]
         return encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous(), lengths1.expand(batch).contiguous()
 
-    def decoder_for(dtype, window=None, tiles=None, one_row=None):
+    def decoder_for(dtype, window=None, tiles=None, one_row=None, changes=None):
+        """changes: `Tiles` fields set in every size class (e.g. {"prefetch": True})."""
         decoder = GreedyDecoder(model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, window=window, fused=True)
-        decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, getattr(torch, dtype),
-                                        model.cfg.decoding.durations, tiles, one_row)
+        step = decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, getattr(torch, dtype),
+                                               model.cfg.decoding.durations, tiles, one_row)
+        if changes:
+            step.tiles, step.one_row = replace(step.tiles, **changes), replace(step.one_row, **changes)
+            step.tall = {least: replace(t, **changes) for least, t in step.tall.items()}
         return decoder
 
     def run(dtype, batch, window=None, tiles=None, one_row=None):
@@ -158,16 +175,17 @@ def main() -> None:
         return decoder._fused_step.state(buf)[0][:, 0].clone()
 
     def alternating(dtype, batch, settings, name=None, compare_bits=False):
-        """(tiles, one_row[, rounds policy]) settings measured in alternating rounds, each a median of 5; a row per
-        setting. A policy: a ROUND_SHARE, or "last" (session 15's: the rate of the last round alone). compare_bits:
-        whether row 0's final LSTM state has the same bits as with the first setting."""
+        """(tiles, one_row[, rounds policy[, changes]]) settings measured in alternating rounds, each a median of 5;
+        a row per setting. A policy: a ROUND_SHARE, or "last" (session 15's: the rate of the last round alone); None:
+        the default. changes: as `decoder_for`'s. compare_bits: whether row 0's final LSTM state has the same bits
+        as with the first setting."""
         name = name or tier.name
         encoded, lengths = inputs(dtype, batch, name)
         reference = None
         configs = []
-        for tiles, one_row, *policy in settings:
-            policy = policy[0] if policy else decoding.ROUND_SHARE
-            decoder = decoder_for(dtype, tiles=tiles, one_row=one_row)
+        for tiles, one_row, *rest in settings:
+            policy = rest[0] if rest and rest[0] is not None else decoding.ROUND_SHARE
+            decoder = decoder_for(dtype, tiles=tiles, one_row=one_row, changes=rest[1] if len(rest) > 1 else None)
             _rounds(policy)
             _, warm, hyps = timed(decoder, encoded, lengths, reps=1)
             same_bits = None
@@ -227,6 +245,10 @@ def main() -> None:
         if "large" in args.parts:  # large batches: taller tiles, and whether row 0's state keeps its bits
             for batch in map(int, args.tile_batches.split(",")):
                 alternating(dtype, batch, [(tiles, None) for tiles in _large(base_tiles)], compare_bits=True)
+        if "variants" in args.parts:  # --variants against the defaults, in every size class
+            for batch in map(int, args.tile_batches.split(",")):
+                for t in tiers:
+                    alternating(dtype, batch, [(None, None, None, v) for v in [{}, *variants]], t.name)
         if "windows" in args.parts:
             for batch in map(int, args.batches.split(",")):
                 for window in map(int, args.windows.split(",")):
