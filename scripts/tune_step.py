@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -130,8 +132,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="onerow, warps: rounds over the settings, each a median of 5")
     ap.add_argument("--variants", default="stages=4;k=32,stages=6", metavar="FIELD=VALUE,...;...",
                     help="variants: `Tiles` changes, each set in every size class and measured against the defaults")
+    ap.add_argument("--baseline-step", type=Path, default=None, metavar="FUSED_STEP_PY",
+                    help="variants: another version's src/graphscribe/fused_step.py (e.g. from `git show`), measured "
+                         "first in the same rounds")
     args = ap.parse_args()
     variants = [tiles_changes(v) for v in filter(None, args.variants.split(";"))]
+    baseline = None
+    if args.baseline_step:  # another version's fused_step.py, as a module of the package (its relative imports)
+        spec = importlib.util.spec_from_file_location("graphscribe.fused_step_baseline", args.baseline_step)
+        baseline = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (dataclasses look it up)
+        spec.loader.exec_module(baseline)
     args.out.mkdir(parents=True, exist_ok=True)
     model = gs.load_model(args.model, device="cuda", dtype="float32")
     tiers = [tier_clips(model)[int(i)] for i in args.tiers.split(",")]
@@ -154,11 +164,11 @@ def main() -> None:
         encoded32, lengths1 = encoded[name or tier.name]
         return encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous(), lengths1.expand(batch).contiguous()
 
-    def decoder_for(dtype, window=None, tiles=None, one_row=None, changes=None):
-        """changes: `Tiles` fields set in every size class (e.g. {"prefetch": True})."""
+    def decoder_for(dtype, window=None, tiles=None, one_row=None, changes=None, step_class=FusedStep):
+        """changes: `Tiles` fields set in every size class (e.g. {"stages": 4}); step_class: the baseline's FusedStep."""
         decoder = GreedyDecoder(model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, window=window, fused=True)
-        step = decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, getattr(torch, dtype),
-                                               model.cfg.decoding.durations, tiles, one_row)
+        step = decoder._fused_step = step_class(decoder.prediction, decoder.joint, getattr(torch, dtype),
+                                                model.cfg.decoding.durations, tiles, one_row)
         if changes:
             step.tiles, step.one_row = replace(step.tiles, **changes), replace(step.one_row, **changes)
             step.tall = {least: replace(t, **changes) for least, t in step.tall.items()}
@@ -175,17 +185,18 @@ def main() -> None:
         return decoder._fused_step.state(buf)[0][:, 0].clone()
 
     def alternating(dtype, batch, settings, name=None, compare_bits=False):
-        """(tiles, one_row[, rounds policy[, changes]]) settings measured in alternating rounds, each a median of 5;
-        a row per setting. A policy: a ROUND_SHARE, or "last" (session 15's: the rate of the last round alone); None:
-        the default. changes: as `decoder_for`'s. compare_bits: whether row 0's final LSTM state has the same bits
-        as with the first setting."""
+        """(tiles, one_row[, rounds policy[, changes[, step class]]]) settings measured in alternating rounds, each a
+        median of 5; a row per setting. A policy: a ROUND_SHARE, or "last" (session 15's: the rate of the last round
+        alone); None: the default. changes, step class: as `decoder_for`'s. compare_bits: whether row 0's final LSTM
+        state has the same bits as with the first setting."""
         name = name or tier.name
         encoded, lengths = inputs(dtype, batch, name)
         reference = None
         configs = []
         for tiles, one_row, *rest in settings:
             policy = rest[0] if rest and rest[0] is not None else decoding.ROUND_SHARE
-            decoder = decoder_for(dtype, tiles=tiles, one_row=one_row, changes=rest[1] if len(rest) > 1 else None)
+            decoder = decoder_for(dtype, tiles=tiles, one_row=one_row, changes=rest[1] if len(rest) > 1 else None,
+                                  step_class=rest[2] if len(rest) > 2 else FusedStep)
             _rounds(policy)
             _, warm, hyps = timed(decoder, encoded, lengths, reps=1)
             same_bits = None
@@ -203,13 +214,14 @@ def main() -> None:
         for decoder, policy, warm, result, times, steps, same_bits in configs:
             used = decoder._fused_step.tiles_for(size_class(batch))
             ms = statistics.median(times)
-            row = dict(part="alternating", tier=name, dtype=dtype, batch=batch, tiles=asdict(used), rounds_policy=policy,
+            which = "baseline" if type(decoder._fused_step) is not FusedStep else "this tree"
+            row = dict(part="alternating", step=which, tier=name, dtype=dtype, batch=batch, tiles=asdict(used), rounds_policy=policy,
                        ms=ms, rounds=times, steps=steps, queued=decoder.queued_steps, host_reads=decoder.host_reads,
                        us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
             if same_bits is not None:
                 row["state_bits_as_first"] = same_bits
             rows.append(row)
-            lines.append(f"| alternating, rounds {policy}, {decoder.host_reads} reads | {name} | {dtype} | {batch} | "
+            lines.append(f"| {which}, alternating, rounds {policy}, {decoder.host_reads} reads | {name} | {dtype} | {batch} | "
                          f"{_tiles(used)}{'' if used.skip else ', no skip'} | {ms:.3f} ({min(times):.3f}-"
                          f"{max(times):.3f}) | {steps} | {decoder.queued_steps} | {row['us_per_step']:.1f} | "
                          f"{warm:.1f} | {row['same']}"
@@ -245,10 +257,11 @@ def main() -> None:
         if "large" in args.parts:  # large batches: taller tiles, and whether row 0's state keeps its bits
             for batch in map(int, args.tile_batches.split(",")):
                 alternating(dtype, batch, [(tiles, None) for tiles in _large(base_tiles)], compare_bits=True)
-        if "variants" in args.parts:  # --variants against the defaults, in every size class
+        if "variants" in args.parts:  # --variants against the defaults, in every size class; the baseline first
+            first = [(None, None, None, {}, baseline.FusedStep)] if baseline else []
             for batch in map(int, args.tile_batches.split(",")):
                 for t in tiers:
-                    alternating(dtype, batch, [(None, None, None, v) for v in [{}, *variants]], t.name)
+                    alternating(dtype, batch, first + [(None, None, None, v) for v in [{}, *variants]], t.name)
         if "windows" in args.parts:
             for batch in map(int, args.batches.split(",")):
                 for window in map(int, args.windows.split(",")):
