@@ -43,7 +43,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.one_row and args.batch != 1:
         ap.error("--one-row changes the tiles of a batch of one row: use it with --batch 1")
-    changes = tiles_changes(args.one_row) if args.one_row else {}
+    try:
+        changes = tiles_changes(args.one_row) if args.one_row else {}
+    except ValueError as err:
+        ap.error(f"--one-row {err}")
 
     model = gs.load_model(args.model, device="cuda", dtype=args.dtype)
     tier = tier_clips(model)[-1]

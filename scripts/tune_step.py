@@ -20,7 +20,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import torch
@@ -65,10 +65,12 @@ def _large(base: Tiles) -> list[Tiles]:
 
 
 def tiles_changes(text: str) -> dict:
-    """"field=value,..." -> `Tiles` changes, each value of its field's type (bools as 0 or 1)."""
+    """"field=value,..." -> `Tiles` changes, each value of its field's type (bools as 0 or 1); ValueError if not."""
     changes = {}
     for item in text.split(","):
-        field, value = item.split("=")
+        field, _, value = item.partition("=")
+        if field not in {f.name for f in fields(Tiles)} or not value:
+            raise ValueError(f"{item!r}: want FIELD=VALUE, FIELD one of {', '.join(f.name for f in fields(Tiles))}")
         kind = type(getattr(FP32_TILES, field))
         changes[field] = bool(int(value)) if kind is bool else kind(value)
     return changes
@@ -136,7 +138,10 @@ def main() -> None:
                     help="variants: another version's src/graphscribe/fused_step.py (e.g. from `git show`), measured "
                          "first in the same rounds")
     args = ap.parse_args()
-    variants = [tiles_changes(v) for v in filter(None, args.variants.split(";"))]
+    try:
+        variants = [tiles_changes(v) for v in filter(None, args.variants.split(";"))]
+    except ValueError as err:
+        ap.error(f"--variants {err}")
     baseline = None
     if args.baseline_step:  # another version's fused_step.py, as a module of the package (its relative imports)
         spec = importlib.util.spec_from_file_location("graphscribe.fused_step_baseline", args.baseline_step)
