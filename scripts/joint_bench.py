@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from dataclasses import replace
 
 import torch
 import triton
 
+from gemv_bench import graph_time  # scripts/, beside this one
 from graphscribe.fused_step import FP32_TILES, HALF_TILES, ONE_ROW, _joint_kernel, _next_pow2
 
 O, J, V1, T = 8198, 640, 8193, 1024  # outputs (V + 1 tokens, 5 durations), joint hidden, token logits, frames
@@ -56,33 +56,11 @@ def run(dtype: torch.dtype, tiles, window: int, cold: bool, calls: int, reps: in
             BM=tiles.rows, BC=tiles.joint_cols, BK=tiles.k, FP32=tiles.fp32 or "", TDT=True, NBD=nbd,
             num_warps=tiles.warps, num_stages=tiles.stages, PDL=0, SKIP=tiles.skip)
 
-    def body():
-        for _ in range(calls):
-            if cold:
-                flush.fill_(1)
-            call()
-
-    for _ in range(2):
-        body()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    flush_only = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(flush_only):
-        for _ in range(calls):
-            flush.fill_(1)
-    times = []
-    for graph_ in (graph, flush_only) if cold else (graph,):
-        spans = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph_.replay()
-            end.record()
-            torch.cuda.synchronize()
-            spans.append(start.elapsed_time(end) * 1e3 / calls)
-        times.append(statistics.median(spans))
-    return times[0] - (times[1] if cold else 0.0)  # cold: the flushes' own time taken out
+    if not cold:
+        return graph_time(call, calls, reps) * 1e6
+    flush_only = lambda: flush.fill_(1)  # noqa: E731
+    with_flush = graph_time(lambda: (flush_only(), call()), calls, reps)
+    return (with_flush - graph_time(flush_only, calls, reps)) * 1e6  # the flushes' own time taken out
 
 
 def main() -> None:
