@@ -5,9 +5,10 @@
 
 Triton's compiler and the ptxas/nvdisasm it ships run without a GPU. Prints the kernel's registers and the
 instruction mix of its k loop (the one backward branch), a chunk of `Tiles.k` columns of the reduction, and then
-how far the "tf32x3" split of `fused_step._mac` is from the float64 product against tl.dot's own split (cvt.rna
-for both parts) and a float32 product, emulated in NumPy on the joint's shapes (each product and sum exact, so
-that only the split's error shows).
+how far two "tf32x3" splits are from the float64 product, emulated in NumPy on the joint's shapes (each product and
+sum exact, so that only the split's error shows): tl.dot's own (cvt.rna for both parts, as `fused_step._mac` uses)
+and the one of bench/h100-session23/run3/tf32x3-split.patch (high parts rounded, low parts read by the tensor cores
+by truncation), beside a float32 product.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def split_errors(seed: int = 0) -> dict[str, float]:
     x = np.maximum(rng.standard_normal((8, 640)).astype(np.float32), 0)
     w = (rng.standard_normal((4096, 640)) * 0.05).astype(np.float32)
 
-    def rna(a):  # to TF32, to nearest, ties away from zero (cvt.rna.tf32; fused_step._tf32_high)
+    def rna(a):  # to TF32, to nearest, ties away from zero (cvt.rna.tf32)
         return ((a.view(np.int32).astype(np.int64) + 0x1000) & ~0x1FFF).astype(np.int32).view(np.float32)
 
     def truncated(a):  # what the tensor cores read of a float32 operand
@@ -87,7 +88,7 @@ def split_errors(seed: int = 0) -> dict[str, float]:
         return a.astype(np.float64) @ b.astype(np.float64).T
 
     exact, (xh, wh) = mm(x, w), (rna(x), rna(w))
-    ways = {"fused_step._mac tf32x3": mm(truncated(x - xh), wh) + mm(xh, truncated(w - wh)) + mm(xh, wh),
+    ways = {"the patch's tf32x3": mm(truncated(x - xh), wh) + mm(xh, truncated(w - wh)) + mm(xh, wh),
             "tl.dot tf32x3": mm(rna(x - xh), wh) + mm(xh, rna(w - wh)) + mm(xh, wh),
             "float32 (NumPy)": (x @ w.T).astype(np.float64), "one TF32 product": mm(truncated(x), truncated(w))}
     scale = np.abs(exact).max()

@@ -114,27 +114,10 @@ TALL = {64: dict(rows=64), 128: dict(rows=128, warps=8)}
 
 
 @triton.jit
-def _tf32_high(x):
-    """float32 x rounded to TF32's 10 mantissa bits (to nearest, ties away from zero, as cvt.rna.tf32; finite x)."""
-    return ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _mac(acc, x, w, FP32: tl.constexpr):
-    """acc (M, C) += x (M, K) @ w (C, K)^T, accumulating in float32; FP32: "ieee", "tf32x3" or "" (16-bit w).
-
-    "tf32x3": x = xh + xl, w = wh + wl with xh, wh TF32 (exactly: xl, wl are float32 differences), then
-    xl wh + xh wl + xh wh in three TF32 products, where the tensor cores read xl and wl to TF32 by truncation. What
-    tl.dot's "tf32x3" computes, less the instructions of its own split: on sm_90 each of its cvt.rna.tf32 is several
-    integer instructions, and it also masks NaN, which finite weights and activations do not make (the one-row
-    joint's loop: 321 instead of 429 instructions a chunk; float64 check of the split: bench/h100-session23/)."""
+    """acc (M, C) += x (M, K) @ w (C, K)^T, accumulating in float32; FP32: "ieee", "tf32x3" or "" (16-bit w)."""
     if FP32 == "":
         acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
-    elif FP32 == "tf32x3":
-        xh, wh = _tf32_high(x), _tf32_high(w)
-        acc = tl.dot(x - xh, tl.trans(wh), acc, input_precision="tf32")
-        acc = tl.dot(xh, tl.trans(w - wh), acc, input_precision="tf32")
-        acc = tl.dot(xh, tl.trans(wh), acc, input_precision="tf32")
     else:
         acc = tl.dot(x, tl.trans(w), acc, input_precision=FP32)
     return acc
