@@ -8,6 +8,8 @@ real speech, rows 3% shorter each as a folder's batches are), under torch.profil
 kind (matrix products, attention, softmax, layer norm, convolutions, element-wise, copies, other), the matrix
 products' FLOPs (the profiler's count for aten::mm/addmm/bmm) and the rate they ran at.
 
+Also the same by aten op and input shapes (the op whose kernels they are), and the subsampling alone.
+
 Part 2 (gemm): the encoder's float32 linear layers' shapes (x (M, K) times W (N, K)^T) at the M of each config:
 cuBLAS with float32 products (TF32 off, as graphscribe and NeMo run float32) against a Triton kernel whose
 products are split in three TF32 products ("tf32x3", float32's accuracy on tensor cores, as the decode step's);
@@ -69,10 +71,16 @@ def profile_config(model, speech, dtype: str, batch: int, seconds: float, reps: 
         torch.cuda.synchronize()
         forward_ms = start.elapsed_time(end) / reps
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=acts, with_flops=True) as prof:
+        with torch.profiler.profile(activities=acts, with_flops=True, record_shapes=True) as prof:
             for _ in range(reps):
                 run()
             torch.cuda.synchronize()
+        start.record()
+        for _ in range(reps):
+            model.module.encoder.pre_encode(features.transpose(1, 2), frames)
+        end.record()
+        torch.cuda.synchronize()
+        subsampling_ms = start.elapsed_time(end) / reps
     by_kind: dict[str, float] = defaultdict(float)
     by_kernel: dict[str, list] = defaultdict(lambda: [0.0, 0])
     flops = 0
@@ -88,11 +96,17 @@ def profile_config(model, speech, dtype: str, batch: int, seconds: float, reps: 
     kernel_ms = sum(by_kind.values()) / 1e3
     gemm_ms = by_kind.get("matrix products", 0.0) / 1e3
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:15]
+    ops = [{"op": a.key, "shapes": str(a.input_shapes)[:160], "ms": a.self_device_time_total / reps / 1e3,
+            "calls": a.count // reps}
+           for a in prof.key_averages(group_by_input_shape=True) if a.self_device_time_total > 0]
+    ops = sorted(ops, key=lambda o: -o["ms"])[:30]
     return {"dtype": dtype, "batch": batch, "seconds": seconds, "encoder_frames": int(out.shape[1]),
             "rows_x_frames": int(out.shape[0] * out.shape[1]), "forward_ms": forward_ms, "kernel_ms": kernel_ms,
             "by_kind_ms": {k: v / 1e3 for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "gemm_tflop": flops / 1e12, "gemm_tflops_rate": flops / 1e12 / (gemm_ms / 1e3) if gemm_ms else None,
-            "top_kernels": [{"name": n[:120], "ms": v[0] / 1e3, "calls": v[1] // reps} for n, v in top]}
+            "subsampling_ms": subsampling_ms,
+            "top_kernels": [{"name": n[:120], "ms": v[0] / 1e3, "calls": v[1] // reps} for n, v in top],
+            "top_ops": ops}
 
 
 @triton.jit
@@ -241,9 +255,11 @@ def main() -> int:
             profiles.append(p)
             if dtype == "float32":
                 m_values.append(p["rows_x_frames"])
-            print(json.dumps({k: v for k, v in p.items() if k != "top_kernels"}), flush=True)
+            print(json.dumps({k: v for k, v in p.items() if k not in ("top_kernels", "top_ops")}), flush=True)
             for kernel in p["top_kernels"]:
                 print(f"    {kernel['ms']:8.3f} ms  {kernel['calls']:4d}x  {kernel['name']}")
+            for op in p["top_ops"]:  # self GPU time of the aten op that launched the kernels, by input shapes
+                print(f"    {op['ms']:8.3f} ms  {op['calls']:4d}x  {op['op']}  {op['shapes']}")
         del model
         torch.cuda.empty_cache()
     gemms = [] if args.no_gemm or not m_values else gemm_rows(m_values, d_model, expansion)

@@ -12,7 +12,8 @@
 # layers replayed from one captured layer, against the eager loop), pyspy (the folder CLI's threads sampled by
 # py-spy, carried as a wheel in .whl), encprofile (the encoder's GPU time by kernel kind, float32 products
 # through cuBLAS against Triton tf32x3), timeline (when the folder CLI's summary comes, when its process ends),
-# jointbench (the one-row joint kernel alone, by variant).
+# jointbench (the one-row joint kernel alone, by variant), encab (another version's encoder against src/: float32
+# bits, bfloat16 distance, GPU time), enckernels (the encoder's fused kernels alone, by tile configuration).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -234,8 +235,27 @@ run_encgraphs() {
     step "encoder layer graphs" 200 python3 scripts/encoder_graphs.py --model $ckpt --json "$OUT/encoder-graphs.json"
 }
 run_encprofile() {  # the encoder's GPU time by kernel kind; float32 products: cuBLAS against Triton tf32x3
-    step "encoder profile" 240 python3 scripts/encoder_profile.py --model $ckpt ${ENC_CONFIGS:+--configs "$ENC_CONFIGS"} \
+    step "encoder profile" 240 python3 scripts/encoder_profile.py --model $ckpt ${ENC_CONFIGS:+--configs "$ENC_CONFIGS"} ${ENC_ARGS:-} \
         --json "$OUT/encoder-profile.json" --md "$OUT/encoder-profile.md"
+}
+run_encab() {  # another version's encoder (BASELINE_SRC: a folder holding its graphscribe package) against src/:
+    local base=${BASELINE_SRC:-baseline}  # float32 bits, bfloat16 distance, GPU time (ENC_ROUNDS alternating rounds)
+    step "encoder outputs, $base" 150 env PYTHONPATH=/tmp/site:$PWD/$base python3 scripts/encoder_ab.py save \
+        --model $ckpt --out /tmp/enc-base.pt
+    step "encoder outputs, src" 150 python3 scripts/encoder_ab.py save --model $ckpt --out /tmp/enc-src.pt
+    step "encoder outputs compared (a: $base, b: src)" 60 python3 scripts/encoder_ab.py compare /tmp/enc-base.pt \
+        /tmp/enc-src.pt
+    for round in $(seq 1 "${ENC_ROUNDS:-1}"); do
+        step "encoder profile, $base, round $round" 240 env PYTHONPATH=/tmp/site:$PWD/$base python3 \
+            scripts/encoder_profile.py --model $ckpt ${ENC_CONFIGS:+--configs "$ENC_CONFIGS"} --no-gemm \
+            --json "$OUT/encoder-profile-base-$round.json" --md "$OUT/encoder-profile-base-$round.md"
+        step "encoder profile, src, round $round" 240 python3 scripts/encoder_profile.py --model $ckpt \
+            ${ENC_CONFIGS:+--configs "$ENC_CONFIGS"} --no-gemm --json "$OUT/encoder-profile-src-$round.json" \
+            --md "$OUT/encoder-profile-src-$round.md"
+    done
+}
+run_enckernels() {  # the encoder's fused 16-bit kernels alone, by tile configuration (bfloat16, B=128 x 10 s)
+    step "encoder kernels" 120 python3 scripts/encoder_kernels_bench.py --json "$OUT/encoder-kernels.json"
 }
 run_jointbench() {  # the one-row joint kernel alone: valid rows, the has-work check, cold weights, k and stages
     step "joint bench" 200 python3 scripts/joint_bench.py --json "$OUT/joint-bench.json"

@@ -1,5 +1,6 @@
-"""Compile the fused decode step's kernels for a Hopper GPU (sm_90) without one: Triton's compiler and ptxas
-run on the CPU. Run by tests/test_fused_step.py in a process of its own (without the interpreter)."""
+"""Compile the fused decode step's kernels and the encoder's fused 16-bit kernels for a Hopper GPU (sm_90) without
+one: Triton's compiler and ptxas run on the CPU. Run by tests/test_fused_step.py in a process of its own (without
+the interpreter), which catches what the interpreter lets through (a global that is not a constexpr, say)."""
 
 import inspect
 from dataclasses import replace
@@ -8,13 +9,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from graphscribe import encoder_kernels as ek
 from graphscribe import fused_step as fs
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
 
 
 def compile_kernel(kernel, pointers: dict[str, str], constexprs: dict) -> None:
-    """Scalars are i32 unless named; every parameter not in `constexprs` is a pointer in `pointers` or a scalar."""
+    """Scalars are i32 unless named; every parameter not in `constexprs` is a pointer in `pointers` or a scalar
+    (named in `pointers` with its type, e.g. "fp32", if it is not an i32)."""
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32")
                  for name in inspect.signature(kernel.fn).parameters}
     triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
@@ -45,6 +48,15 @@ def main() -> None:
                                                     hh_top=F32), dict(mm, PDL=True, SKIP=net.net != "fma", BC=net.proj_cols,
                                                                       BQ=4 * net.units))
             compile_kernel(fs._hh_kernel, dict(h=F32, w_hh=F32, hh=F32), dict(mm, BQ=4 * net.units))
+    for half in ("*bf16", "*fp16"):  # the encoder's kernels (16-bit activations and weights)
+        compile_kernel(ek._glu_depthwise_kernel, dict(h_ptr=half, valid_ptr="*i1", w_ptr=half, conv_bias_ptr=half,
+                                                      bn_w_ptr=half, bn_b_ptr=half, mean_ptr=half, var_ptr=half,
+                                                      out_ptr=half, eps="fp32"),
+                       dict(K=9, HAS_BIAS=True, BLOCK_T=32, BLOCK_C=64))
+        compile_kernel(ek._first_conv_kernel, dict(x_ptr=half, len0_ptr=I64, len1_ptr=I64, w_ptr=half, bias_ptr=half,
+                                                   out_ptr=half), dict(BLOCK_P=64, BLOCK_C=64))
+        compile_kernel(ek._position_bias_kernel, dict(raw_ptr=half, valid_ptr="*i1", out_ptr=half, scale="fp32"),
+                       dict(BLOCK_I=16, BLOCK_J=256))
     print("compiled")
 
 

@@ -7,6 +7,8 @@ so a clip's output depends on its batch only through the rounding of products ov
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,6 +20,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import EncoderConfig, ModelConfig
 from .features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
+
+log = logging.getLogger(__name__)
 
 _KERNEL, _STRIDE, _PAD = 3, 2, 1  # subsampling convolutions
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
@@ -102,16 +106,35 @@ class Subsampling(nn.Module):
                               for i in range(0, x.shape[0], rows)])
 
     def _conv_stack(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        for layer in self.conv:
+        """Padded frames are zero wherever a layer reads across frames: before the first convolution, and each
+        ReLU (which every depthwise convolution follows) masks as it goes (`_relu_masked`), the last one the
+        output. A pointwise convolution or a ReLU reads no other frame, so a mask before them would change no
+        valid frame: the same numbers as masking before every layer, in fewer passes over the largest tensors."""
+        layers = list(self.conv)
+        kernels = None if x.dtype == torch.float32 else _kernels_for(x)
+        if kernels is not None:  # 16-bit on CUDA: the first convolution, its ReLU and mask in one pass
+            halved = _halved(lengths)
+            x = kernels.first_conv(x, lengths, halved, layers[0])
+            layers, lengths = layers[2:], halved
+        else:
             x = _mask_time(x, lengths)
+        for layer in layers:
+            if isinstance(layer, nn.ReLU):
+                x = _relu_masked(x, lengths)
+                continue
             x = layer(x)
-            if isinstance(layer, nn.Conv2d) and layer.stride != (1, 1):
-                lengths = torch.div(lengths + 2 * _PAD - _KERNEL, _STRIDE, rounding_mode="floor") + 1
-        return _mask_time(x, lengths)  # (B, C, T', F')
+            if layer.stride != (1, 1):
+                lengths = _halved(lengths)
+        return x  # (B, C, T', F')
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
         b, c, t, f = x.shape
         return self.out(x.transpose(1, 2).reshape(b, t, c * f))  # (B, T', D)
+
+
+def _halved(lengths: torch.Tensor) -> torch.Tensor:
+    """Frames after one stride-2 convolution, (L + 2 - 3) // 2 + 1, rounding down also below zero (time chunks)."""
+    return torch.div(lengths + 2 * _PAD - _KERNEL, _STRIDE, rounding_mode="floor") + 1
 
 
 def _conv_bytes_per_frame(batch: int, channels: int, factor: int, n_mels: int, itemsize: int) -> int:
@@ -122,6 +145,13 @@ def _conv_bytes_per_frame(batch: int, channels: int, factor: int, n_mels: int, i
 def _mask_time(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     valid = torch.arange(x.shape[2], device=x.device)[None, :] < lengths[:, None]  # (B, T)
     return x * valid[:, None, :, None].to(x.dtype)
+
+
+def _relu_masked(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """`_mask_time(relu(x))` in one pass over (B, C, T, F): clamped to [0, inf) on frames, [0, 0] on padding."""
+    valid = torch.arange(x.shape[2], device=x.device)[None, :] < lengths[:, None]  # (B, T)
+    top = torch.where(valid, torch.inf, 0.0).to(x.dtype)[:, None, :, None]
+    return torch.clamp(x, min=top.new_zeros(()), max=top)
 
 
 def sinusoids(positions: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -239,23 +269,42 @@ def full_attention(q_u, q_v, k, v, p, valid, padding: Padding | None = None) -> 
     out = torch.empty_like(q_u)
     for start in range(0, t, rows):
         end = min(t, start + rows)
-        n = end - start
         # query i, key j has position i - j, row (t - 1) - (i - j) of p: this group needs rows t - end ... 2t - 2 - start
-        raw = torch.matmul(q_v[:, :, start:end], p[:, t - end: 2 * t - 1 - start].transpose(-2, -1))  # (B, H, n, t + n - 1)
-        shifted = raw.as_strided((b, h, n, t), (h * n * raw.shape[-1], n * raw.shape[-1], raw.shape[-1] - 1, 1),
-                                 raw.storage_offset() + n - 1)  # row r, key j -> column j + n - 1 - r
+        p_rows = p[:, t - end: 2 * t - 1 - start]  # (H, t + n - 1, d_k)
         if exact:
-            scores = (torch.matmul(q_u[:, :, start:end], k.transpose(-2, -1)) + shifted) / math.sqrt(d_k)
+            raw = torch.matmul(q_v[:, :, start:end], p_rows.transpose(-2, -1))  # (B, H, n, t + n - 1)
+            scores = (torch.matmul(q_u[:, :, start:end], k.transpose(-2, -1)) + _shifted(raw, t)) / math.sqrt(d_k)
             masked = keys_masked | ~valid[:, None, start:end, None]  # (B, 1, n, T)
             attn = torch.softmax(scores.masked_fill(masked, _MASKED_SCORE), dim=-1).masked_fill(masked, 0.0)
             out[:, :, start:end] = torch.matmul(attn, v)
             continue
-        bias = q_u.new_empty(b, h, n, width)[..., :t]  # rows aligned for the fused kernels
-        torch.mul(shifted, scale, out=bias)
-        del raw, shifted
-        bias.masked_fill_(keys_masked, _MASKED_SCORE)
+        bias = _position_bias(q_v[:, :, start:end], p_rows, valid, scale, width)
         out[:, :, start:end] = _attend(q_u[:, :, start:end], k, v, bias, scale)
     return out
+
+
+def _shifted(raw: torch.Tensor, t: int) -> torch.Tensor:
+    """(B, H, n, t + n - 1) contiguous position term of n query rows -> (B, H, n, t) view, row r's key j at
+    column j + n - 1 - r."""
+    b, h, n, cols = raw.shape
+    return raw.as_strided((b, h, n, t), (h * n * cols, n * cols, cols - 1, 1), raw.storage_offset() + n - 1)
+
+
+def _position_bias(q_v: torch.Tensor, p_rows: torch.Tensor, valid: torch.Tensor, scale: float,
+                   width: int) -> torch.Tensor:
+    """16-bit full attention's additive bias for n query rows: the shifted position term times `scale`, padded
+    keys at -10000. q_v (B, H, n, d_k), p_rows (H, t + n - 1, d_k), valid (B, t) -> (B, H, n, t), a view of rows
+    `width` long (aligned for the fused attention kernels)."""
+    b, h, n, d_k = q_v.shape
+    t = valid.shape[1]
+    kernels = _kernels_for(q_v)
+    if kernels is not None:  # one product per head (no broadcast copy of the positions), then one fused pass
+        raw = torch.bmm(q_v.transpose(0, 1).reshape(h, b * n, d_k), p_rows.transpose(-2, -1))  # (H, B n, t + n - 1)
+        return kernels.position_bias(raw.view(h, b, n, t + n - 1), valid, scale, width)
+    raw = torch.matmul(q_v, p_rows.transpose(-2, -1))  # (B, H, n, t + n - 1)
+    bias = q_v.new_empty(b, h, n, width)[..., :t]
+    torch.mul(_shifted(raw, t), scale, out=bias)
+    return bias.masked_fill_(~valid[:, None, None, :], _MASKED_SCORE)
 
 
 def local_attention(q_u, q_v, k, v, p, valid, window: tuple[int, int]) -> torch.Tensor:
@@ -332,6 +381,22 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tenso
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
+def _kernels_for(x: torch.Tensor):
+    """`encoder_kernels` for 16-bit activations on CUDA; None elsewhere (float32 keeps NeMo's own operations, the
+    CPU has no Triton) or if Triton is missing, which is said once."""
+    return _encoder_kernels() if x.is_cuda else None
+
+
+@functools.cache
+def _encoder_kernels():
+    try:
+        from . import encoder_kernels
+    except ImportError as err:
+        log.warning("fused encoder kernels unavailable (%s); using PyTorch's operations", err)
+        return None
+    return encoder_kernels
+
+
 def _aligned(n: int) -> int:
     """Row length for an attention bias: a multiple of 16 elements, as the fused SDPA kernels want."""
     return -(-n // 16) * 16
@@ -362,6 +427,11 @@ class ConvModule(nn.Module):
         self.pointwise_conv2 = nn.Conv1d(d_model, d_model, 1, bias=bias)
 
     def forward(self, x: torch.Tensor, padding: Padding) -> torch.Tensor:
+        kernels = None if x.dtype == torch.float32 else _kernels_for(x)
+        if kernels is not None:  # (B, T, D) throughout: the pointwise convolutions as linear layers, no transposes
+            x = F.linear(x, self.pointwise_conv1.weight[..., 0], self.pointwise_conv1.bias)  # (B, T, 2D)
+            x = kernels.glu_depthwise(x, padding.valid, self.depthwise_conv, self.batch_norm)
+            return F.linear(x, self.pointwise_conv2.weight[..., 0], self.pointwise_conv2.bias)
         x = F.glu(self.pointwise_conv1(x.transpose(1, 2)), dim=1)  # (B, D, T)
         x = x.masked_fill(padding.pad, 0.0)
         x = F.silu(self.batch_norm(self.depthwise_conv(x)))
@@ -383,10 +453,11 @@ class ConformerLayer(nn.Module):
         self.norm_out = nn.LayerNorm(d)
 
     def forward(self, x, pos_emb, padding: Padding, window):
-        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        # x + 0.5 * y as one add: halving is exact, so the sum rounds as NeMo's does
+        x = torch.add(x, self.feed_forward1(self.norm_feed_forward1(x)), alpha=0.5)
         x = x + self.self_attn(self.norm_self_att(x), pos_emb, padding, window)
         x = x + self.conv(self.norm_conv(x), padding)
-        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        x = torch.add(x, self.feed_forward2(self.norm_feed_forward2(x)), alpha=0.5)
         return self.norm_out(x)
 
 

@@ -1,0 +1,126 @@
+"""The encoder's fused 16-bit kernels (`encoder_kernels`) against the PyTorch formulation and NeMo's encoder.
+
+On a GPU the kernels run compiled; without CUDA through Triton's CPU interpreter (conftest sets
+TRITON_INTERPRET), and the model-level test routes the CPU to them (the encoder takes them for 16-bit
+activations on CUDA only). References are computed on the CPU in float32. tests/test_gpu.py runs the
+kernels inside the whole model (graphs against eager, NeMo's tokens).
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import graphscribe as gs
+import graphscribe.encoder as encoder
+from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
+
+kernels = pytest.importorskip("graphscribe.encoder_kernels")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _on_device(*modules):
+    return [copy.deepcopy(m).to(DEVICE) for m in modules]
+
+
+def _conv_module_reference(h, valid, conv, norm):
+    """The conv module between its pointwise convolutions as NeMo writes it, in float32: (B, T, 2C) -> (B, T, C)."""
+    x = F.glu(h.float().transpose(1, 2), dim=1).masked_fill(~valid[:, None, :], 0.0)
+    conv, norm = conv.float(), norm.float()
+    return F.silu(norm(conv(x))).transpose(1, 2)
+
+
+@pytest.mark.parametrize("channels,kernel,bias", [(40, 9, True), (160, 9, False), (24, 31, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_glu_depthwise_matches_pytorch(channels, kernel, bias, dtype):
+    gen = torch.Generator().manual_seed(channels + kernel)
+    b, t = 3, 37
+    h = torch.randn(b, t, 2 * channels, generator=gen)
+    valid = torch.arange(t)[None, :] < torch.tensor([37, 20, 1])[:, None]
+    conv = torch.nn.Conv1d(channels, channels, kernel, padding=(kernel - 1) // 2, groups=channels, bias=bias)
+    norm = torch.nn.BatchNorm1d(channels).eval()
+    with torch.no_grad():
+        for p in [*conv.parameters(), norm.weight, norm.bias, norm.running_mean]:
+            p.copy_(torch.randn(p.shape, generator=gen))
+        norm.running_var.copy_(torch.rand(channels, generator=gen) + 0.5)
+    h, conv, norm = h.to(dtype), conv.to(dtype), norm.to(dtype)
+    with torch.inference_mode():
+        want = _conv_module_reference(h, valid, conv, norm)
+        got = kernels.glu_depthwise(h.to(DEVICE), valid.to(DEVICE), *_on_device(conv, norm)).cpu()
+    assert got.dtype == dtype and got.shape == (b, t, channels)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bfloat16: one rounding of the output
+    assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_position_bias_matches_pytorch(monkeypatch, dtype):
+    """Groups of query rows (forced small) and a padded batch: the fused bias equals the PyTorch one."""
+    gen = torch.Generator().manual_seed(1)
+    b, h, t, d_k = 3, 2, 29, 8
+    q_v = torch.randn(b, h, t, d_k, generator=gen).to(dtype)
+    p = torch.randn(h, 2 * t - 1, d_k, generator=gen).to(dtype)
+    valid = torch.arange(t)[None, :] < torch.tensor([29, 11, 3])[:, None]
+    scale, width = 0.35, encoder._aligned(t)
+    for start, end in [(0, t), (0, 7), (7, 16), (16, t)]:
+        p_rows = p[:, t - end: 2 * t - 1 - start]
+        want = encoder._position_bias(q_v[:, :, start:end], p_rows, valid, scale, width)  # CPU: PyTorch
+        monkeypatch.setattr(encoder, "_kernels_for", lambda x: kernels)
+        got = encoder._position_bias(q_v[:, :, start:end].to(DEVICE), p_rows.to(DEVICE), valid.to(DEVICE), scale,
+                                     width)
+        monkeypatch.undo()
+        assert got.stride(2) == width
+        got = got.cpu()
+        assert got.shape == want.shape == (b, h, end - start, t)
+        assert torch.equal(got == encoder._MASKED_SCORE, want == encoder._MASKED_SCORE)
+        assert torch.equal(got == encoder._MASKED_SCORE, (~valid[:, None, None, :]).expand_as(got))
+        tol = 1e-6 if dtype == torch.float32 else 1e-2
+        assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_fused_bfloat16_encoder_is_near_nemo(monkeypatch, reference_arrays):
+    """The NeMo-made tiny checkpoint in bfloat16 through the fused kernels: its encoder output is as near NeMo's
+    float32 output (reference.npz) as the PyTorch formulation's in bfloat16, on a batch of two padded clips (a
+    short one: the interpreter is slow)."""
+    model = gs.load_model(NEMO_PATH, device=DEVICE, graphs=False, dtype="bfloat16")
+    name = "short_2s.wav"
+    index = CLIP_NAMES.index(name)
+    clip = reference_clip(name)
+    audio = model.read(CLIPS / name)
+    features, lengths = model.features([audio, audio[: audio.numel() // 2]])
+    nemo = reference_arrays[f"clip{index}_encoder"].T  # (frames, D)
+
+    def error(fused: bool) -> float:
+        monkeypatch.setattr(encoder, "_kernels_for", lambda x: kernels if fused else None)
+        with torch.inference_mode():
+            encoded, _ = model.module.encoder(features.to(torch.bfloat16), lengths)
+        ours = encoded[0, : clip["encoder_frames"]].float().cpu().numpy()
+        return float(np.linalg.norm(ours - nemo) / np.linalg.norm(nemo))
+
+    unfused, fused = error(False), error(True)
+    assert unfused < 0.05  # bfloat16's own distance from float32
+    assert fused < 1.5 * unfused
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_first_conv_matches_pytorch(dtype):
+    """The subsampling's first convolution with its ReLU and mask against PyTorch's: odd sizes, a row shorter than
+    the batch, a row with no frames (a time chunk past its end) and a negative length; the features' layout."""
+    gen = torch.Generator().manual_seed(3)
+    b, t, f, c = 4, 45, 19, 12
+    first = torch.nn.Conv2d(1, c, 3, 2, 1)
+    with torch.no_grad():
+        for p in first.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    x = torch.randn(b, f, t, generator=gen).to(dtype).transpose(1, 2)[:, None]  # (B, 1, T, F), time contiguous
+    lengths = torch.tensor([45, 30, 0, -7])
+    halved = encoder._halved(lengths)
+    first = first.to(dtype)
+    with torch.inference_mode():
+        want = encoder._relu_masked(copy.deepcopy(first).float()(encoder._mask_time(x.float(), lengths)), halved)
+        got = kernels.first_conv(x.to(DEVICE), lengths.to(DEVICE), halved.to(DEVICE), *_on_device(first)).cpu()
+    assert got.dtype == dtype and got.shape == want.shape == (b, c, 23, 10)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
+    assert not got[2].any() and not got[3].any() and not got[1, :, 15:].any()
