@@ -13,34 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
+from encoder_profile import time_ms  # scripts/ is on the path when run as a script
 from graphscribe import encoder_kernels as ek
 from graphscribe.encoder import _aligned, _halved
 
 
-def time_ms(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def sweep(name: str, call, configs: list[dict]) -> list[dict]:
-    rows, first = [], None
+    rows, first = [], call(**configs[0])
     for config in configs:
-        out = call(**config)
-        same = True if first is None else torch.equal(out, first)
-        first = out if first is None else first
+        same = torch.equal(call(**config), first)
         row = {"kernel": name, **config, "ms": time_ms(lambda: call(**config)), "same_bits": same}
         rows.append(row)
         print(json.dumps(row), flush=True)

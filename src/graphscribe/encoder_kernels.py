@@ -16,7 +16,7 @@ Each kernel here computes, in one pass, what `encoder.py` computes in several:
 
 Arithmetic in float32 inside each kernel, one rounding to the model dtype at the end; the tile sizes change no
 bit of it (defaults from `scripts/encoder_kernels_bench.py`, bench/h100-session24). Tested against the
-PyTorch formulation on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
+PyTorch formulation, compiled on a GPU and on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-_MASKED_SCORE = tl.constexpr(-10000.0)  # NeMo's fill value for masked attention scores (as encoder.py)
+from .encoder import _MASKED_SCORE as _NEMO_MASKED_SCORE
+
+_MASKED_SCORE = tl.constexpr(_NEMO_MASKED_SCORE)  # a kernel reads a module global only as a constexpr
 
 
 @triton.jit
