@@ -13,7 +13,8 @@
 # py-spy, carried as a wheel in .whl), encprofile (the encoder's GPU time by kernel kind, float32 products
 # through cuBLAS against Triton tf32x3), timeline (when the folder CLI's summary comes, when its process ends),
 # jointbench (the one-row joint kernel alone, by variant), encab (another version's encoder against src/: float32
-# bits, bfloat16 distance, GPU time), enckernels (the encoder's fused kernels alone, by tile configuration).
+# bits, bfloat16 distance, GPU time), enckernels (the encoder's fused kernels alone, by tile configuration),
+# decodeab (another version's decode against src/: time outside the steps, by phase).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -259,6 +260,18 @@ run_enckernels() {  # the encoder's fused 16-bit kernels alone, by tile configur
 }
 run_jointbench() {  # the one-row joint kernel alone: valid rows, the has-work check, cold weights, k and stages
     step "joint bench" 200 python3 scripts/joint_bench.py --json "$OUT/joint-bench.json"
+}
+run_decodeab() {  # another version (BASELINE_SRC, as encab) against src/: a decode's time outside its steps,
+    local base=${BASELINE_SRC:-baseline}  # DECODE_ROUNDS alternating rounds; DECODE_ARGS: more decode_overhead.py
+    # options; DECODE_OPS=1: src's host time by PyTorch operation too
+    for round in $(seq 1 "${DECODE_ROUNDS:-2}"); do
+        step "decode overhead, $base, round $round" 200 env PYTHONPATH=/tmp/site:$PWD/$base python3 \
+            scripts/decode_overhead.py --model $ckpt --label "$base-$round" --json "$OUT/decode-overhead.jsonl" \
+            --md "$OUT/decode-overhead-base-$round.md" ${DECODE_ARGS:-}
+        step "decode overhead, src, round $round" 200 python3 scripts/decode_overhead.py --model $ckpt \
+            --label "src-$round" --json "$OUT/decode-overhead.jsonl" --md "$OUT/decode-overhead-src-$round.md" \
+            ${DECODE_OPS:+--ops "$OUT/decode-ops-src-$round.md"} ${DECODE_ARGS:-}
+    done
 }
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit
     step "tune" "${TUNE_SECONDS:-330}" python3 scripts/tune_step.py --model $ckpt --out "$OUT" ${TUNE_ARGS:-}

@@ -31,14 +31,14 @@ def decoders(model, encoded, lengths):
     from graphscribe.decoding import GreedyDecoder
 
     reads = []
-    original = decoding.progress
+    original = vars(decoding.Progress)["read"]  # the classmethod
 
-    def logged(buf):
-        value = original(buf)
-        reads.append(value + (buf.max_tokens,))
+    def logged(buf, b):
+        value = original.__func__(decoding.Progress, buf, b)
+        reads.append((value.remaining, value.emitted, buf.max_tokens))
         return value
 
-    decoding.progress = logged
+    decoding.Progress.read = staticmethod(logged)
     try:
         from graphscribe.fused_step import FusedStep
 
@@ -56,7 +56,7 @@ def decoders(model, encoded, lengths):
             print(f"    reads (frames to go, tokens, slots): {reads[:6]} ... {reads[-4:]} ({len(reads)} reads)",
                   flush=True)
     finally:
-        decoding.progress = original
+        decoding.Progress.read = original
 
 
 def main() -> None:

@@ -81,7 +81,8 @@ def test_fused_state_follows_the_pytorch_step():
         step = decoder._step_fn(encoded.device, encoded.dtype)
         assert (step is decode_step) != fused
         buf = decoder._buffers_for(1, encoded.shape[1], encoded.device, encoded.dtype)
-        buf.reset(decoder.joint.project_encoder(encoded), lengths, decoder.start_state(1, encoded.device, encoded.dtype))
+        buf.load(decoder.joint.project_encoder(encoded), lengths)
+        buf.restart(decoder.start_state(1, encoded.device, encoded.dtype))
         if fused:
             step.start(buf)
         buffers[fused] = (decoder, step, buf)

@@ -142,6 +142,7 @@ def test_partial_batch_replays_the_graph_of_its_size_class():
     first = dict(model.decoder._captured)
     got = model.transcribe(paths[:3], batch_size=3)  # 3 rows run in the 4-row graph, the spare row empty
     assert list(first) == [4] and model.decoder._captured == first
+    assert list(model.decoder._restarts) == [4]  # the restart graph too: its static lengths hold the spare row's 0
     assert [t.token_ids for t in got] == [c["token_ids"] for c in ref["clips"][:3]]
 
 

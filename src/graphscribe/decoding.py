@@ -71,17 +71,18 @@ class DecodeBuffers:
         self.max_skip = max(max(durations), 1)  # frames a blank moves on at most
         self.positions = torch.arange(window + self.max_skip, **ints)  # (W + max_skip,) window positions and beyond
         self.enc = torch.zeros(n, max_frames, j, device=device, dtype=dtype)  # (N, T, J) projected encoder
-        self.lengths = torch.zeros(n, **ints)
-        self.t = torch.zeros(n, **ints)  # current frame
+        # lengths, current frame, tokens emitted so far, steps taken while active: rows of one tensor, which a host
+        # read copies whole (`Progress`); an even number of columns keeps each row 16-byte aligned, as the kernels
+        # are compiled for
+        self.counters = torch.zeros(4, n + n % 2, **ints)  # (4, N or N + 1)
+        self.lengths, self.t, self.count, self.row_steps = (row[:n] for row in self.counters)
         self.active = torch.zeros(n, device=device, dtype=torch.bool)
         self.h = torch.zeros(layers, n, hidden, device=device, dtype=state_dtype)  # (L, N, H)
         self.c = torch.zeros(layers, n, hidden, device=device, dtype=state_dtype)
         self.g = torch.zeros(n, j, device=device, dtype=dtype)  # (N, J) projected prediction output
         self.last_frame = torch.zeros(n, **ints)  # frame of the last emitted token
         self.run = torch.zeros(n, **ints)  # tokens emitted in a row on last_frame
-        self.count = torch.zeros(n, **ints)  # tokens emitted so far
         self.records = torch.zeros(n, self.max_tokens, 3, device=device, dtype=torch.int32)  # [token, frame, duration]
-        self.row_steps = torch.zeros(n, **ints)  # steps taken while the row was active
         self.scratch: dict | None = None  # the fused step's, made on its first call
         self.parity = 0  # which of the fused step's two state buffers holds the state (0: h and c above)
 
@@ -92,13 +93,16 @@ class DecodeBuffers:
         grown[:, : self.max_tokens].copy_(self.records)
         self.records, self.max_tokens = grown, grown.shape[1]
 
-    def reset(self, enc_projected: torch.Tensor, lengths: torch.Tensor, start: tuple[torch.Tensor, ...]) -> None:
-        """Load a batch: enc_projected (B, T, J), lengths (B,) for the first B <= N rows (the others stay
-        empty), start = (h0, c0, g0) after the start symbol, for all N rows."""
+    def load(self, enc_projected: torch.Tensor, lengths: torch.Tensor) -> None:
+        """A batch's input: enc_projected (B, T, J), lengths (B,) for the first B <= N rows (the others stay empty)."""
         b, t = enc_projected.shape[:2]
         self.enc[:b, :t].copy_(enc_projected)
         self.lengths.zero_()
         self.lengths[:b].copy_(lengths)
+
+    def restart(self, start: tuple[torch.Tensor, ...]) -> None:
+        """Every row back to its first frame and start = (h0, c0, g0), the state after the start symbol (N rows);
+        in-place writes only (captured as a graph by `GreedyDecoder`)."""
         self.t.zero_()
         torch.gt(self.lengths, 0, out=self.active)
         h0, c0, g0 = start
@@ -166,15 +170,24 @@ def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, bla
     torch.lt(buf.t, buf.lengths, out=buf.active)
 
 
-def progress(buf: DecodeBuffers) -> tuple[int, int]:
-    """(frames still to go for the furthest-behind row, most tokens recorded in a row): one host read."""
-    remaining, emitted = torch.stack([(buf.lengths - buf.t).clamp(min=0).max(), buf.count.max()]).tolist()
-    return remaining, emitted
+@dataclass
+class Progress:
+    """The buffers' counters as one host read found them (a copy, no kernel), for the first b rows."""
+
+    remaining: int  # frames still to go for the furthest-behind row
+    emitted: int  # most tokens recorded in a row
+    counts: list[int]  # tokens recorded, by row
+    steps: int  # most steps a row took while active
+
+    @classmethod
+    def read(cls, buf: DecodeBuffers, b: int) -> "Progress":
+        lengths, t, count, steps = (row[:b] for row in buf.counters.tolist())
+        return cls(max(max(x - y for x, y in zip(lengths, t)), 0), max(count), count, max(steps))
 
 
 def round_steps(buf: DecodeBuffers, remaining: int, first: int, queued: int) -> int:
-    """Steps to queue before the next host read, for `remaining` frames still to go (`first` at the first read,
-    `queued` steps queued since).
+    """Steps to queue before the next host read, for `remaining` frames still to go (`first` before the first
+    step: the batch's frames, `queued` steps queued since).
 
     At least the lower bound (a step moves a row at most W + max_skip + 1 frames); after a first round, ROUND_SHARE
     of what the rate so far predicts, at most one a frame. A row's rate changes along a clip (a run of blanks goes
@@ -231,6 +244,8 @@ class GreedyDecoder:
         self._fused_step = None  # FusedStep, made for the first CUDA batch
         self._buffers: dict[int, DecodeBuffers] = {}  # by batch size class N
         self._captured: dict = {}  # CapturedSteps by batch size class N, for the buffers above; they share a pool
+        self._restarts: dict = {}  # by batch size class N: `buf.restart` and the fused step's `start` as one graph
+        self._start: dict = {}  # by (device, dtype): the state after the start symbol, for one row (`start_state`)
         self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
         self.compile_seconds = 0.0  # spent preparing and compiling the fused step (first use; Triton caches on disk)
         self.host_reads = 0  # rounds of the last decode: each one host read (a wait for the GPU)
@@ -253,15 +268,15 @@ class GreedyDecoder:
                 return decode_step
         return self._fused_step
 
-    def _check_fused(self, buf: DecodeBuffers, step, restore) -> object:
-        """The step to use on these buffers, which it leaves restored: the fused step, checked by one call on its
-        first buffers (it compiles its kernels), or the PyTorch step if that fails."""
+    def _check_fused(self, buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...]) -> object:
+        """The step to use on these buffers (whose state it leaves spent): the fused step, checked by one call on
+        its first buffers (it compiles its kernels), or the PyTorch step if that fails."""
         if step is decode_step or buf.scratch is not None:
-            restore(step)
             return step
-        start = time.perf_counter()
+        begin = time.perf_counter()
         try:
-            restore(step)
+            buf.restart(start)
+            step.start(buf)
             step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
             if buf.t.is_cuda:
                 torch.cuda.synchronize(buf.t.device)
@@ -270,8 +285,7 @@ class GreedyDecoder:
             log.warning("fused decode step failed (%s); using the PyTorch step", str(err).splitlines()[0])
             self.fused = False
             step = decode_step
-        self.compile_seconds += time.perf_counter() - start
-        restore(step)
+        self.compile_seconds += time.perf_counter() - begin
         return step
 
     def _buffers_for(self, n: int, frames: int, device: torch.device, dtype: torch.dtype) -> DecodeBuffers:
@@ -281,7 +295,41 @@ class GreedyDecoder:
                                 self.cfg.durations, self.cfg.max_symbols, device, dtype)
             self._buffers[n] = buf
             self._captured.pop(n, None)
+            self._restarts.pop(n, None)
         return buf
+
+    def _restarter(self, buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...]):
+        """A callable that puts every row of `buf` back to its start (`buf.restart`, then the fused step's
+        `start`): a graph replay with graphs (a dozen small launches in one), eager calls otherwise."""
+        def eager() -> None:
+            buf.restart(start)
+            if step is not decode_step:
+                step.start(buf)
+
+        if not (self.graphs and buf.enc.is_cuda):
+            return eager
+        graph = self._restarts.get(buf.n)
+        if graph is None:
+            begin = time.perf_counter()
+            eager()  # once before the capture: the start kernel is loaded, and capturing runs nothing
+            try:
+                from .graphs import capture, pool_of
+
+                graph = torch.cuda.CUDAGraph()
+                capture(graph, eager, pool_of(list(self._captured.values())))
+                torch.cuda.synchronize(buf.enc.device)
+            except RuntimeError as err:  # capture is an optimisation: restart eagerly rather than fail
+                log.warning("CUDA graph capture failed (%s); decoding eagerly", str(err).splitlines()[0])
+                self.graphs = False
+                return eager
+            self.capture_seconds += time.perf_counter() - begin
+            self._restarts[buf.n] = graph
+
+        def replay() -> None:
+            graph.replay()
+            buf.parity = 0  # as `restart` sets it on the host
+
+        return replay
 
     def _runner(self, buf: DecodeBuffers, step, restore, warm_up: bool = True):
         """A callable that runs STEPS_PER_CHECK steps: a graph replay, or eager calls of the same step.
@@ -318,12 +366,17 @@ class GreedyDecoder:
     def start_state(self, n: int, device: torch.device, dtype: torch.dtype):
         """Prediction state and projected output after the start symbol (blank), as NeMo starts, for n rows.
 
-        The same for every row: computed for one row and repeated, so that a row starts from the same bits in any
-        batch (cuDNN's LSTM gave other bits from 32 rows on than at 2-16; bench/h100-session20/)."""
-        h, c = self.prediction.initial_state(1, device, self.prediction.prediction.embed.weight.dtype)
-        start = torch.full((1,), self.blank_id, device=device, dtype=torch.long)
-        out, h, c = self.prediction.step(start, h, c)
-        return h.expand(-1, n, -1), c.expand(-1, n, -1), self.joint.project_prediction(out.to(dtype)).expand(n, -1)
+        The same for every row and every batch: computed once for one row and repeated, so that a row starts from
+        the same bits in any batch (cuDNN's LSTM gave other bits from 32 rows on than at 2-16; bench/h100-session20/),
+        and a decode does not pay for it again. Views of the kept tensors: a captured restart reads them."""
+        one = self._start.get((device, dtype))
+        if one is None:
+            h, c = self.prediction.initial_state(1, device, self.prediction.prediction.embed.weight.dtype)
+            start = torch.full((1,), self.blank_id, device=device, dtype=torch.long)
+            out, h, c = self.prediction.step(start, h, c)
+            one = self._start[(device, dtype)] = (h, c, self.joint.project_prediction(out.to(dtype)))
+        h, c, g = one
+        return h.expand(-1, n, -1), c.expand(-1, n, -1), g.expand(n, -1)
 
     @torch.inference_mode()
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
@@ -335,37 +388,32 @@ class GreedyDecoder:
         n = b if step is decode_step and device.type != "cuda" else size_class(b)  # graphs are kept per class
         buf = self._buffers_for(n, frames, device, enc_projected.dtype)
         start = self.start_state(n, device, enc_projected.dtype)
-
-        def restore(step) -> None:
-            buf.reset(enc_projected, lengths.to(device), start)
-            if step is not decode_step:
-                step.start(buf)  # the fused step's W_hh h of the start state
-
-        step = self._check_fused(buf, step, restore)
-        run = self._runner(buf, step, lambda: restore(step))
-        first = None
+        buf.load(enc_projected, lengths.to(device))
+        step = self._check_fused(buf, step, start)
+        restart = self._restarter(buf, step, start)
+        restart()
+        run = self._runner(buf, step, restart)
+        # Before any step no row has more than `frames` to go and none has a token: the first round needs no read.
+        done = Progress(frames, 0, [0] * b, 0)
         self.host_reads = self.queued_steps = 0
-        while True:
-            remaining, emitted = progress(buf)  # the one host read per round
-            self.host_reads += 1
-            if remaining == 0:
-                break
-            first = remaining if first is None else first
-            steps = math.ceil(round_steps(buf, remaining, first, self.queued_steps) / STEPS_PER_CHECK) * STEPS_PER_CHECK
+        while done.remaining > 0:
+            steps = round_steps(buf, done.remaining, frames, self.queued_steps)
+            steps = math.ceil(steps / STEPS_PER_CHECK) * STEPS_PER_CHECK
             self.queued_steps += steps
-            if emitted + steps >= buf.max_tokens:  # a row could fill its token slots in this round
-                buf.grow_records(emitted + steps + 1)
+            if done.emitted + steps >= buf.max_tokens:  # a row could fill its token slots in this round
+                buf.grow_records(done.emitted + steps + 1)
                 self._captured.pop(buf.n, None)
-                run = self._runner(buf, step, lambda: restore(step), warm_up=False)
+                run = self._runner(buf, step, restart, warm_up=False)
             for _ in range(steps // STEPS_PER_CHECK):
                 run()
-        return _collect(buf, b, emitted)
+            done = Progress.read(buf, b)  # the one host read per round
+            self.host_reads += 1
+        return _collect(buf, done)
 
 
-def _collect(buf: DecodeBuffers, b: int, width: int) -> list[Hypothesis]:
-    """The first b rows' records (at most `width` a row) as hypotheses: one host read."""
-    packed = torch.cat([buf.count[:b, None].to(buf.records.dtype), buf.row_steps[:b, None].to(buf.records.dtype),
-                        buf.records[:b, :width].reshape(b, 3 * width)], dim=1).cpu().numpy()  # (B, 2 + 3 width)
-    counts, steps, records = packed[:, 0], int(packed[:, 1].max(initial=0)), packed[:, 2:].reshape(b, width, 3)
-    return [Hypothesis(*(records[i, :count, field].tolist() for field in range(3)), steps)
-            for i, count in enumerate(counts.tolist())]
+def _collect(buf: DecodeBuffers, done: Progress) -> list[Hypothesis]:
+    """The records of the rows the last host read counted, as hypotheses: one more host read."""
+    b, width = len(done.counts), done.emitted
+    records = buf.records[:b, :width].cpu().numpy()  # (B, width, 3)
+    return [Hypothesis(*(records[i, :count, field].tolist() for field in range(3)), done.steps)
+            for i, count in enumerate(done.counts)]

@@ -403,7 +403,7 @@ class FusedStep:
 
     `tiles`: for the size classes from 2 rows up to the least of `tall`; `one_row`: for one row (default: `tiles`
     with `ONE_ROW`); `tall`: tiles by least size class (default: `TALL` applied to the default tiles; none when
-    `tiles` is given, which then serve every class but one row's). `start(buf)` must follow every `buf.reset` (it
+    `tiles` is given, which then serve every class but one row's). `start(buf)` must follow every `buf.restart` (it
     computes W_hh h of the start state)."""
 
     def __init__(self, prediction: PredictionNet, joint: Joint, dtype: torch.dtype, durations: tuple[int, ...],
@@ -479,7 +479,7 @@ class FusedStep:
         return self.tall[max(taller)] if taller else self.tiles
 
     def start(self, buf) -> None:
-        """W_hh h of the state in `buf` (after `buf.reset`), which the first step reads."""
+        """W_hh h of the state in `buf` (after `buf.restart`), which the first step reads."""
         s, tiles = self._scratch(buf), self.tiles_for(buf.n)
         h = s["states"][buf.parity][0]
         gate_blocks = triton.cdiv(self.hidden, tiles.units)
