@@ -77,15 +77,17 @@ run_coldstart() {  # COLDSTART_CACHED=1: only the runs with a bytecode cache
     step "cold start, bytecode cached" 200 python3 scripts/cold_start.py --model $ckpt --reps 3 \
         --pycache-prefix /tmp/pycache --json "$OUT/cold_start-pycache.json"
 }
+folder=/tmp/folder${FOLDER_FILES:+-$FOLDER_FILES}  # FOLDER_FILES: another number of files than 512
 make_folder() {
-    [ -d /tmp/folder ] || step "folder" 120 python3 scripts/make_folder.py /tmp/folder --files 512 --seed 0
+    [ -d $folder ] || step "folder" 300 python3 scripts/make_folder.py $folder --files ${FOLDER_FILES:-512} --seed 0
 }
 run_folder() {  # our CLI and API against NeMo's transcribe() on 512 files (FOLDER_DTYPES: float32 at 8 and 32, bfloat16 at 128)
     make_folder
     for dtype in ${FOLDER_DTYPES:-float32 bfloat16}; do
         local sizes=8,32 limit=330
         [ "$dtype" = bfloat16 ] && sizes=128 limit=240
-        step "folder $dtype" $limit python3 scripts/compare_folder.py --folder /tmp/folder --model $ckpt \
+        limit=${FOLDER_LIMIT:-$limit}  # seconds for one dtype
+        step "folder $dtype" $limit python3 scripts/compare_folder.py --folder $folder --model $ckpt \
             --nemo-path /tmp/nemo-site --batch-sizes $sizes --dtypes $dtype --out "$OUT/folder-$dtype"
     done
 }
@@ -94,7 +96,7 @@ run_throughput() {  # seconds per stage, graphs on and off (THROUGHPUT_DTYPES: b
     for dtype in ${THROUGHPUT_DTYPES:-bfloat16 float32}; do
         local sizes=${THROUGHPUT_SIZES:-8,32}
         [ "$dtype" = bfloat16 ] && sizes=128
-        step "throughput $dtype" 200 python3 -m graphscribe.cli bench --folder /tmp/folder --model $ckpt \
+        step "throughput $dtype" 200 python3 -m graphscribe.cli bench --folder $folder --model $ckpt \
             --dtype $dtype --batch-sizes $sizes --json "$OUT/throughput-$dtype.json"
     done
 }
@@ -127,7 +129,7 @@ run_profilecli() {  # where the CLI's time goes, one process each: cProfile of t
     make_folder
     local dtype batch
     echo "${PROFILE_RUNS:-bfloat16 128;float32 8}" | tr ';' '\n' | while read -r dtype batch; do
-        step "CLI $dtype B=$batch (unprofiled; fills Triton's cache)" 120 python3 -m graphscribe.cli /tmp/folder \
+        step "CLI $dtype B=$batch (unprofiled; fills Triton's cache)" 120 python3 -m graphscribe.cli $folder \
             --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/profile-out-$dtype-$batch"
         # main(), not the command's entry(): that one leaves by os._exit, before cProfile could write its file
         step "cprofile CLI $dtype B=$batch" 120 python3 -c "import cProfile, sys; from graphscribe.cli import main
@@ -135,7 +137,7 @@ profile = cProfile.Profile(); profile.enable()
 try: main(sys.argv[2:])
 except SystemExit: pass
 profile.disable(); profile.dump_stats(sys.argv[1])" "$OUT/cli-$dtype-$batch.prof" \
-            /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/profile-out-$dtype-$batch"
+            $folder --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/profile-out-$dtype-$batch"
         python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('cumulative').print_stats(45); \
 s.sort_stats('tottime').print_stats(30)" "$OUT/cli-$dtype-$batch.prof" > "$OUT/cli-$dtype-$batch.txt" 2>&1
     done
@@ -155,7 +157,7 @@ run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch
     make_folder
     local dtype batch
     echo "${TRACES:-bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
-        step "trace $dtype B=$batch" 150 python3 scripts/trace_pipeline.py --model $ckpt --folder /tmp/folder \
+        step "trace $dtype B=$batch" 150 python3 scripts/trace_pipeline.py --model $ckpt --folder $folder \
             --dtype $dtype --batch "$batch" --out "$OUT/trace-$dtype-$batch${TRACE_COLD:+-cold}" ${TRACE_COLD:+--cold}
     done
 }
@@ -173,18 +175,25 @@ from graphscribe.cli import entry; entry()"
         [readers-4]="import graphscribe.pipeline as p; p.MAX_READERS = 4; from graphscribe.cli import main; main()"
         [switch-1ms]="import sys; sys.setswitchinterval(0.001); from graphscribe.cli import main; main()"
         [readers-16]="import graphscribe.pipeline as p; p.MAX_READERS = 16; from graphscribe.cli import main; main()"
+        [json]="import sys; sys.argv += ['-f', 'json']; from graphscribe.cli import entry; entry()"
+        [with-timings]="import graphscribe.cli as c, graphscribe.pipeline as p; o = p.transcribe_stream; \
+c.transcribe_stream = lambda m, r, clock=None, timings=True: o(m, r, clock, True); c.entry()"
+        [layers-all]="import graphscribe.graphs as g; g.LayerGraphs.MAX_FRAMES = {4: 768, 2: 1 << 30}; \
+from graphscribe.cli import entry; entry()"
+        [layers-all-json]="import sys, graphscribe.graphs as g; g.LayerGraphs.MAX_FRAMES = {4: 768, 2: 1 << 30}; \
+sys.argv += ['-f', 'json']; from graphscribe.cli import entry; entry()"
         [late-reads]="import graphscribe.cli as c; o = c.load_or_exit; \
 c.load_or_exit = lambda *a: (lambda l: (a[-1](l.cfg, l.device), l)[1])(o(*a[:-1])); c.main()"
         [no-pin]="import graphscribe.pipeline as p; p.Reader.__init__ = (lambda o: lambda self, *a, **k: (o(self, *a, **k), \
 setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import main; main()"
     )
     echo "${ABCLI:-bfloat16 128;float32 32}" | tr ';' '\n' | while read -r dtype batch; do
-        python3 -m graphscribe.cli /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" -o /tmp/ab-out \
+        python3 -m graphscribe.cli $folder --model $ckpt --dtype $dtype --batch "$batch" -o /tmp/ab-out \
             >/dev/null 2>&1  # Triton's kernel cache
         for rep in $(seq "${AB_REPS:-3}"); do
             for variant in ${AB_VARIANTS:-base no-cudnn-sdpa readers-16 no-pin}; do
                 local t0=$(date +%s.%N) line
-                line=$(python3 -c "${start[$variant]}" /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" \
+                line=$(python3 -c "${start[$variant]}" $folder --model $ckpt --dtype $dtype --batch "$batch" \
                     -o "/tmp/ab-out" 2>&1 | grep 'loaded in')
                 echo "ab $dtype B=$batch $variant rep $rep: $line; process $(awk "BEGIN {printf \"%.2f\", $(date +%s.%N) - $t0}") s" | tee -a "$log"
             done
@@ -204,12 +213,12 @@ except SystemExit as done:
     sys.stdout.flush(); sys.stderr.flush(); os._exit(done.code if isinstance(done.code, int) else 0)"
     )
     echo "${TIMELINE:-float32 8;bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
-        python3 -m graphscribe.cli /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" -o /tmp/tl-out \
+        python3 -m graphscribe.cli $folder --model $ckpt --dtype $dtype --batch "$batch" -o /tmp/tl-out \
             >/dev/null 2>&1  # Triton's kernel cache
         for rep in $(seq "${TIMELINE_REPS:-3}"); do
             for variant in base fast-exit; do
                 python3 scripts/cli_timeline.py --label "$dtype B=$batch $variant" --json "$OUT/timeline.jsonl" -- \
-                    python3 -c "${start[$variant]}" /tmp/folder --model $ckpt --dtype $dtype --batch "$batch" \
+                    python3 -c "${start[$variant]}" $folder --model $ckpt --dtype $dtype --batch "$batch" \
                     -o /tmp/tl-out 2>&1 | tee -a "$log"
             done
         done
@@ -222,14 +231,20 @@ run_pyspy() {  # where the CLI's threads spend the folder job, idle time include
     make_folder
     local dtype batch
     echo "${PYSPY_RUNS:-float32 8;bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
-        step "CLI $dtype B=$batch (fills Triton's cache)" 120 python3 -m graphscribe.cli /tmp/folder \
+        step "CLI $dtype B=$batch (fills Triton's cache)" 120 python3 -m graphscribe.cli $folder \
             --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/pyspy-out-$dtype-$batch"
         step "py-spy CLI $dtype B=$batch" 120 /tmp/site/bin/py-spy record --idle --threads --nonblocking --rate 250 \
-            --format speedscope -o "/tmp/pyspy-$dtype-$batch.json" -- python3 -m graphscribe.cli /tmp/folder \
+            --format speedscope -o "/tmp/pyspy-$dtype-$batch.json" -- python3 -m graphscribe.cli $folder \
             --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/pyspy-out-$dtype-$batch"
         python3 scripts/pyspy_timeline.py "/tmp/pyspy-$dtype-$batch.json" --md "$OUT/timeline-$dtype-$batch.md" \
             >/dev/null 2>>"$log"
         gzip -c "/tmp/pyspy-$dtype-$batch.json" >"$OUT/pyspy-$dtype-$batch.json.gz"
+        [ -n "${PYSPY_GIL:-}" ] || continue  # PYSPY_GIL=1: again, sampling only the thread that holds the GIL
+        step "py-spy --gil CLI $dtype B=$batch" 120 /tmp/site/bin/py-spy record --gil --threads --nonblocking \
+            --rate 250 --format speedscope -o "/tmp/pyspy-gil-$dtype-$batch.json" -- python3 -m graphscribe.cli \
+            $folder --model $ckpt --dtype $dtype --batch "$batch" -o "/tmp/pyspy-out-$dtype-$batch"
+        python3 scripts/pyspy_timeline.py "/tmp/pyspy-gil-$dtype-$batch.json" \
+            --md "$OUT/timeline-gil-$dtype-$batch.md" >/dev/null 2>>"$log"
     done
 }
 run_encgraphs() {

@@ -54,6 +54,15 @@ def timeline(profile: dict, frames: list[dict], min_s: float) -> list[tuple[floa
     return [tuple(s) for s in merged]
 
 
+def totals(profile: dict, frames: list[dict]) -> list[tuple[str, float]]:
+    """(label, seconds) of a thread's samples, most first."""
+    out: dict[str, float] = {}
+    for sample, weight in zip(profile["samples"], profile["weights"]):
+        label = _label([frames[i] for i in sample])
+        out[label] = out.get(label, 0.0) + weight
+    return sorted(out.items(), key=lambda kv: -kv[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("profile", type=Path, help="py-spy --format speedscope output (.json or .json.gz)")
@@ -85,6 +94,10 @@ def main() -> None:
         lines += ["", f"Reader threads ({len(readers)}): threads reading on average, per {args.bucket_ms:g} ms "
                       "(from the start of each thread's profile)", "", "| from s | reading |", "| --- | --- |"]
         lines += [f"| {k * bucket:.2f} | {v / bucket:.1f} |" for k, v in sorted(counts.items())]
+    lines += ["", "Every thread's samples by label (with --gil: while it held the GIL), most first", ""]
+    for p in data["profiles"]:
+        lines += [f"- {p.get('name', '?')}: {sum(p['weights']):.2f} s: " + "; ".join(
+            f"{label} {seconds:.2f}" for label, seconds in totals(p, frames)[:8])]
     text = "\n".join(lines) + "\n"
     if args.md:
         args.md.write_text(text)

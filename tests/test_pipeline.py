@@ -143,6 +143,16 @@ def test_batching_does_not_change_results(model):
         assert [t.token_ids for t in got] == expected, (batch, seconds)
 
 
+def test_without_timings_the_text_and_token_ids_are_nemos(model):
+    """timings=False (what the CLI asks for txt output) keeps NeMo's text and token ids, and leaves the times out."""
+    paths = [CLIPS / name for name in CLIP_NAMES]
+    got = model.transcribe(paths, batch_size=3, timings=False)
+    assert [(t.text, t.token_ids) for t in got] == [(reference_clip(n)["text"], reference_clip(n)["token_ids"])
+                                                    for n in CLIP_NAMES]
+    assert all(t.tokens == t.words == t.segments == [] for t in got)
+    assert any(t.token_ids for t in got)
+
+
 def test_stage_clock_counts_every_stage_on_the_cpu(model):
     clock = StageClock(model.device)
     got = list(model.transcribe_iter([CLIPS / name for name in CLIP_NAMES], batch_size=3, clock=clock))

@@ -293,7 +293,7 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    for i, transcript in model.transcribe_iter(files, batch, batch_seconds, clock=clock):
+    for i, transcript in model.transcribe_iter(files, batch, batch_seconds, clock=clock, timings=False):  # txt, as the CLI
         if transcript.error is not None:
             failed += 1
             continue

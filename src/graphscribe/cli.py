@@ -234,7 +234,9 @@ def _transcribe_files(loaded, reads: ReadAhead, formats: list[str], targets: dic
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, disable=not show_progress, transient=True) as progress:
         task = progress.add_task("transcribing", total=len(files))
-        for i, transcript in transcribe_stream(loaded, reads):
+        # txt needs the text alone: the token, word and segment times are left out (host work a file)
+        timings = any(f != "txt" for f in formats)
+        for i, transcript in transcribe_stream(loaded, reads, timings=timings):
             progress.advance(task)
             if transcript.error is not None:
                 failed += 1

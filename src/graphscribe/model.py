@@ -342,7 +342,12 @@ class Model:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
         return frame * self._window_stride * self._subsampling
 
-    def finish(self, source: str, audio: torch.Tensor, hyp: Hypothesis, seconds: float) -> Transcript:
+    def finish(self, source: str, audio: torch.Tensor, hyp: Hypothesis, seconds: float,
+               timings: bool = True) -> Transcript:
+        """A hypothesis as a Transcript; `timings=False`: text and token ids only (no tokens, words, segments)."""
+        if not timings:
+            return Transcript(source=source, text=self.tokenizer.decode(hyp.token_ids), token_ids=list(hyp.token_ids),
+                              audio_seconds=audio.numel() / self.sample_rate, seconds=seconds)
         tdt = self.cfg.decoding.is_tdt
         pieces = [self.tokenizer.piece(i) for i in hyp.token_ids]
         spans = token_spans(hyp.frames, hyp.durations, tdt)
@@ -364,7 +369,7 @@ class Model:
         return [self.finish(s, a, h, seconds) for s, a, h in zip(sources, audios, hyps)]
 
     def transcribe_iter(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None,
-                        clock: StageClock | None = None):
+                        clock: StageClock | None = None, timings: bool = True):
         """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
         Batches hold at most `batch_size` inputs and `batch_seconds` of padded audio (inputs x the longest
@@ -372,18 +377,21 @@ class Model:
         (`pipeline.default_batching`). Files are read by threads a few batches ahead (pipeline.py). A bad
         input yields a Transcript with `error` set and the rest goes on. Padded frames are masked, so the
         batching changes a result only through rounding. `clock` collects seconds per stage (the benchmark's).
+        `timings=False` leaves out the token, word and segment times (text and token ids only: less host work).
         """
         if batch_seconds is None:
             batch_seconds = self.options.batch_seconds
         reads = read_ahead(list(inputs), self.sample_rate, self.device, batch_size or self.options.batch_size,
                            batch_seconds, clock, read=self.read)
-        yield from transcribe_stream(self, reads, clock)
+        yield from transcribe_stream(self, reads, clock, timings)
 
-    def transcribe(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None) -> list[Transcript]:
-        """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order."""
+    def transcribe(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None,
+                   timings: bool = True) -> list[Transcript]:
+        """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order (`timings`: as
+        `transcribe_iter`)."""
         items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         results: list[Transcript | None] = [None] * len(items)
-        for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds):
+        for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds, timings=timings):
             results[i] = transcript
         return results  # type: ignore[return-value]
 

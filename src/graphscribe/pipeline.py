@@ -250,8 +250,10 @@ def read_ahead(items: list, sample_rate: int, device: torch.device, batch_size: 
                      pin=device.type == "cuda", workers=default_workers(device), clock=clock)
 
 
-def transcribe_stream(model: Model, reads: ReadAhead, clock: StageClock | None = None) -> Iterator[tuple[int, Transcript]]:
-    """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first."""
+def transcribe_stream(model: Model, reads: ReadAhead, clock: StageClock | None = None,
+                      timings: bool = True) -> Iterator[tuple[int, Transcript]]:
+    """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
+    leaves out the token, word and segment times (text and token ids only: less host work a file)."""
     from .model import Transcript  # here: model.py imports this module
 
     clock = clock or StageClock(model.device, enabled=False)
@@ -262,12 +264,12 @@ def transcribe_stream(model: Model, reads: ReadAhead, clock: StageClock | None =
         for batch in reads:
             job = _start(model, batch, clock)  # queued on the GPU: it runs while `encoded` is decoded
             if encoded is not None:
-                yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams)
+                yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams, timings)
             for i, error in batch.failed:
                 yield i, Transcript(source=_name(items[i]), error=error)
             encoded = job
         if encoded is not None:
-            yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams)
+            yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams, timings)
     finally:  # also when the caller stops early: reads not started are dropped
         reads.close()
 
@@ -334,17 +336,18 @@ def _decode(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> _J
     return job
 
 
-def _finish(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> Iterator[tuple[int, Transcript]]:
+def _finish(model: Model, job: _Job, clock: StageClock, streams: _Streams,
+            timings: bool) -> Iterator[tuple[int, Transcript]]:
     """A decoded job's transcripts; one that ran out of memory is redone one input at a time."""
     batch = job.batch
     if job.out_of_memory:
-        yield from (_alone(model, batch.row(r), clock, streams) for r in range(len(batch.indices)))
+        yield from (_alone(model, batch.row(r), clock, streams, timings) for r in range(len(batch.indices)))
         return
     if job.hyps is None:
         return
     start = time.perf_counter()
     with clock.host("text"):
-        transcripts = [model.finish(source, batch.audio[r, : int(batch.lengths[r])], hyp, 0.0)
+        transcripts = [model.finish(source, batch.audio[r, : int(batch.lengths[r])], hyp, 0.0, timings)
                        for r, (source, hyp) in enumerate(zip(batch.sources, job.hyps))]
     seconds = (job.seconds + time.perf_counter() - start) / len(transcripts)  # its batch's host time, shared
     for transcript in transcripts:
@@ -352,13 +355,13 @@ def _finish(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> It
     yield from zip(batch.indices, transcripts)
 
 
-def _alone(model: Model, batch: Batch, clock: StageClock, streams: _Streams) -> tuple[int, Transcript]:
+def _alone(model: Model, batch: Batch, clock: StageClock, streams: _Streams, timings: bool) -> tuple[int, Transcript]:
     """One input, start to end; an error if it does not fit in memory either."""
     from .model import Transcript  # here: model.py imports this module
 
     job = _decode(model, _start(model, batch, clock), clock, streams)
     if not job.out_of_memory:
-        [result] = _finish(model, job, clock, streams)
+        [result] = _finish(model, job, clock, streams, timings)
         return result
     minutes = int(batch.lengths[0]) / model.sample_rate / 60
     source = batch.sources[0]
