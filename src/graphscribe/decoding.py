@@ -23,6 +23,7 @@ step in four Triton kernels, tested against `decode_step`, which stays the CPU p
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -275,8 +276,7 @@ class GreedyDecoder:
             return step
         begin = time.perf_counter()
         try:
-            buf.restart(start)
-            step.start(buf)
+            _restart_eagerly(buf, step, start)
             step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
             if buf.t.is_cuda:
                 torch.cuda.synchronize(buf.t.device)
@@ -301,11 +301,7 @@ class GreedyDecoder:
     def _restarter(self, buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...]):
         """A callable that puts every row of `buf` back to its start (`buf.restart`, then the fused step's
         `start`): a graph replay with graphs (a dozen small launches in one), eager calls otherwise."""
-        def eager() -> None:
-            buf.restart(start)
-            if step is not decode_step:
-                step.start(buf)
-
+        eager = functools.partial(_restart_eagerly, buf, step, start)
         if not (self.graphs and buf.enc.is_cuda):
             return eager
         graph = self._restarts.get(buf.n)
@@ -409,6 +405,13 @@ class GreedyDecoder:
             done = Progress.read(buf, b)  # the one host read per round
             self.host_reads += 1
         return _collect(buf, done)
+
+
+def _restart_eagerly(buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...]) -> None:
+    """`buf.restart`, then the fused step's W_hh h of the start state (which its first step reads)."""
+    buf.restart(start)
+    if step is not decode_step:
+        step.start(buf)
 
 
 def _collect(buf: DecodeBuffers, done: Progress) -> list[Hypothesis]:
