@@ -101,7 +101,7 @@ def stages(model, clip: Path) -> dict:
     lap("decode")
     seconds.update(decode_compile=model.decoder.compile_seconds - compile_s,
                    decode_capture=model.decoder.capture_seconds - capture_s)
-    model.finish(str(clip), audio, hyp, 0.0)
+    model.finish(str(clip), audio.numel(), hyp, 0.0)
     lap("text")
     return seconds
 

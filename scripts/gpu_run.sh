@@ -14,7 +14,8 @@
 # through cuBLAS against Triton tf32x3), timeline (when the folder CLI's summary comes, when its process ends),
 # jointbench (the one-row joint kernel alone, by variant), encab (another version's encoder against src/: float32
 # bits, bfloat16 distance, GPU time), enckernels (the encoder's fused kernels alone, by tile configuration),
-# decodeab (another version's decode against src/: time outside the steps, by phase).
+# decodeab (another version's decode against src/: time outside the steps, by phase), api (the in-memory API on
+# the folder, graphs on and off).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -182,6 +183,11 @@ c.transcribe_stream = lambda m, r, clock=None, timings=True: o(m, r, clock, True
 from graphscribe.cli import entry; entry()"
         [layers-all-json]="import sys, graphscribe.graphs as g; g.LayerGraphs.MAX_FRAMES = {4: 768, 2: 1 << 30}; \
 sys.argv += ['-f', 'json']; from graphscribe.cli import entry; entry()"
+        [baseline]="import sys; sys.path.insert(0, '${BASELINE_SRC:-baseline}'); from graphscribe.cli import entry; entry()"
+        [pad-0.64]="import graphscribe.pipeline as p; p.PAD_SECONDS = 0.64; from graphscribe.cli import entry; entry()"
+        [pad-1.28]="import graphscribe.pipeline as p; p.PAD_SECONDS = 1.28; from graphscribe.cli import entry; entry()"
+        [pad-1.28-layers]="import graphscribe.pipeline as p, graphscribe.graphs as g; p.PAD_SECONDS = 1.28; \
+g.LayerGraphs.MAX_FRAMES = {4: 4096, 2: 6144}; from graphscribe.cli import entry; entry()"
         [late-reads]="import graphscribe.cli as c; o = c.load_or_exit; \
 c.load_or_exit = lambda *a: (lambda l: (a[-1](l.cfg, l.device), l)[1])(o(*a[:-1])); c.main()"
         [no-pin]="import graphscribe.pipeline as p; p.Reader.__init__ = (lambda o: lambda self, *a, **k: (o(self, *a, **k), \
@@ -198,6 +204,14 @@ setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import
                 echo "ab $dtype B=$batch $variant rep $rep: $line; process $(awk "BEGIN {printf \"%.2f\", $(date +%s.%N) - $t0}") s" | tee -a "$log"
             done
         done
+    done
+}
+run_api() {  # the in-memory API on the folder, graphs on and off, in this run (API_CONFIGS: "dtype batch;...")
+    make_folder
+    local dtype batch
+    echo "${API_CONFIGS:-bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
+        step "api $dtype B=$batch" 300 python3 scripts/compare_folder.py --folder $folder --model $ckpt --parts api \
+            --batch-sizes "$batch" --dtypes "$dtype" --out "$OUT/api-$dtype-$batch"
     done
 }
 run_timeline() {  # when the folder CLI's summary comes and when its process ends: base through cli.main() and

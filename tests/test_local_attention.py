@@ -249,6 +249,25 @@ def test_chunked_features_are_the_same(model):
         assert torch.allclose(chunked, whole, atol=1e-5), chunk
 
 
+def test_fixed_shape_stretches_are_the_same(model):
+    """CUDA's STFT stretches of fixed sizes (the last one computed past the end of the batch and cut) give the
+    features of one pass: same frames, same values to float32 rounding, padding frames still 0."""
+    audios = [model.read(CLIPS / name) for name in ("librispeech_2086-149220-0033.wav", "short_2s.wav")]
+    lengths = torch.tensor([a.numel() for a in audios])
+    batch = torch.zeros(2, int(lengths.max()))
+    for i, a in enumerate(audios):
+        batch[i, : a.numel()] = a
+    featurizer = model.module.preprocessor.featurizer
+    whole, frames = featurizer(batch, lengths, fixed_shapes=False)
+    assert whole.shape[-1] > 512  # more than one stretch, the last one cut
+    for chunk in (None, 100, 333):
+        fixed, fixed_frames = featurizer(batch, lengths, chunk, fixed_shapes=True)
+        assert torch.equal(fixed_frames, frames)
+        assert fixed.shape == whole.shape
+        assert torch.allclose(fixed, whole, atol=1e-5), chunk
+        assert not fixed[1, :, int(frames[1]):].any()
+
+
 def test_chunks_are_sized_per_row_so_a_batch_does_not_change_a_clip(model, monkeypatch):
     """Chunked and one-pass products round differently in float32, so the chunking of a clip must not depend on
     its batch: memory budgets that one clip fits in but 32 do not leave the clip's bits as they are alone."""

@@ -105,6 +105,23 @@ def test_reading_starts_before_the_first_batch_is_asked_for(short_folder):
     assert sorted(taken) == list(range(len(short_folder))) and len(started) == len(short_folder)
 
 
+def test_recycled_buffers_hold_later_batches_whole(short_folder):
+    """A batch handed back (`recycle`) lends its buffer to a batch read later: a handful of buffers serve the whole
+    folder, and every batch's rows are still its own inputs' samples, zero-padded."""
+    reads = ReadAhead(short_folder, lambda item: load_audio(item, 16000), 16000, 2, 0, pin=False, workers=2)
+    storages, batches = {}, 0  # kept alive: a buffer freed, not reused, cannot come back at the same address
+    for batch in reads:
+        storages[batch.storage.data_ptr()] = batch.storage
+        for row, i in enumerate(batch.indices):
+            audio = load_audio(short_folder[i], 16000)
+            assert int(batch.lengths[row]) == audio.numel()
+            assert torch.equal(batch.audio[row, : audio.numel()], audio)
+            assert not batch.audio[row, audio.numel():].any()
+        reads.recycle(batch)
+        batches += 1
+    assert batches == -(-len(short_folder) // 2) and len(storages) <= READ_AHEAD + 3 < batches
+
+
 def test_closing_before_reading_ends_stops_every_thread(short_folder):
     reads = ReadAhead(short_folder, lambda item: load_audio(item, 16000), 16000, 2, 0, pin=False, workers=2)
     reads.close()

@@ -19,6 +19,12 @@ def feature_lengths(num_samples: torch.Tensor, hop_length: int) -> torch.Tensor:
 
 
 CHUNK_SAMPLES = 2**22  # samples of each row turned into features at once (about 4 min of 16 kHz audio)
+# On CUDA the STFT runs on stretches of fixed sizes: cuFFT makes a plan for every new number of transforms (6-25 ms
+# of the host's time at batch 8-128, bench/h100-session26), so a batch of a new length paid one; stretches of
+# FIXED_FRAMES frames, the last one rounded up to a power of two (at least MIN_FIXED_FRAMES), need a handful
+# of plans per batch size.
+FIXED_FRAMES = 512
+MIN_FIXED_FRAMES = 64
 _NORM_CHUNK_FRAMES = 2**15  # frames normalised at once
 
 
@@ -27,7 +33,8 @@ class LogMel(nn.Module):
 
     Hours of audio are done a stretch of frames at a time (each STFT frame needs only its own
     samples), so the only full-length tensors are the input and the (B, n_mels, T) output; the
-    normalisation accumulates its per-channel sums over the stretches, in place.
+    normalisation accumulates its per-channel sums over the stretches, in place. With `fixed_shapes` (the
+    default on CUDA) the stretches have fixed sizes (`FIXED_FRAMES`), the last one computed past the end and cut.
     """
 
     def __init__(self, cfg: FeatureConfig):
@@ -38,18 +45,22 @@ class LogMel(nn.Module):
 
     @torch.autocast("cuda", enabled=False)
     @torch.autocast("cpu", enabled=False)
-    def forward(self, audio: torch.Tensor, num_samples: torch.Tensor,
-                chunk_frames: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, audio: torch.Tensor, num_samples: torch.Tensor, chunk_frames: int | None = None,
+                fixed_shapes: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         audio = audio.float()  # (B, L)
         frames = feature_lengths(num_samples, cfg.hop_length)  # (B,)
         total = audio.shape[1] // cfg.hop_length + 1  # STFT frames with center=True
+        fixed_shapes = audio.is_cuda if fixed_shapes is None else fixed_shapes
         # per row, not per batch: a clip's chunks (so its float32 rounding) must not depend on its batch
-        chunk_frames = chunk_frames or max(1, CHUNK_SAMPLES // cfg.hop_length)
+        chunk_frames = chunk_frames or (FIXED_FRAMES if fixed_shapes else max(1, CHUNK_SAMPLES // cfg.hop_length))
         features = audio.new_empty(audio.shape[0], cfg.n_mels, total)
         for start in range(0, total, chunk_frames):
             end = min(total, start + chunk_frames)
-            features[:, :, start:end] = self._log_mel(audio, num_samples, start, end)
+            size = end - start
+            if fixed_shapes and size < chunk_frames:  # the last stretch: a power of two, cut
+                size = min(chunk_frames, max(MIN_FIXED_FRAMES, 1 << (size - 1).bit_length()))
+            features[:, :, start:end] = self._log_mel(audio, num_samples, start, start + size)[..., : end - start]
         _normalize_per_feature(features, frames, cfg.std_guard)
         return features, frames
 

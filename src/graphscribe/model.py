@@ -342,12 +342,13 @@ class Model:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
         return frame * self._window_stride * self._subsampling
 
-    def finish(self, source: str, audio: torch.Tensor, hyp: Hypothesis, seconds: float,
+    def finish(self, source: str, samples: int, hyp: Hypothesis, seconds: float,
                timings: bool = True) -> Transcript:
-        """A hypothesis as a Transcript; `timings=False`: text and token ids only (no tokens, words, segments)."""
+        """A hypothesis of `samples` samples of audio as a Transcript; `timings=False`: text and token ids only
+        (no tokens, words, segments)."""
         if not timings:
             return Transcript(source=source, text=self.tokenizer.decode(hyp.token_ids), token_ids=list(hyp.token_ids),
-                              audio_seconds=audio.numel() / self.sample_rate, seconds=seconds)
+                              audio_seconds=samples / self.sample_rate, seconds=seconds)
         tdt = self.cfg.decoding.is_tdt
         pieces = [self.tokenizer.piece(i) for i in hyp.token_ids]
         spans = token_spans(hyp.frames, hyp.durations, tdt)
@@ -357,7 +358,7 @@ class Model:
                                              self.frame_seconds)
         return Transcript(source=source, text=self.tokenizer.decode(hyp.token_ids), token_ids=list(hyp.token_ids),
                           tokens=tokens, words=words, segments=segments,
-                          audio_seconds=audio.numel() / self.sample_rate, seconds=seconds)
+                          audio_seconds=samples / self.sample_rate, seconds=seconds)
 
     # ------------------------------------------------------------------ API
     def transcribe_audio(self, sources: list[str], audios: list[torch.Tensor]) -> list[Transcript]:
@@ -366,7 +367,7 @@ class Model:
         encoded, lengths = self.encode(audios, sources)
         hyps = self.decode(encoded, lengths)
         seconds = (time.perf_counter() - start) / len(audios)
-        return [self.finish(s, a, h, seconds) for s, a, h in zip(sources, audios, hyps)]
+        return [self.finish(s, a.numel(), h, seconds) for s, a, h in zip(sources, audios, hyps)]
 
     def transcribe_iter(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None,
                         clock: StageClock | None = None, timings: bool = True):

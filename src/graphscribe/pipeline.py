@@ -48,6 +48,13 @@ BATCH_FILES = {"cuda": 64, "cpu": 8}  # default files per batch by device type
 # float32 (measured on the CPU; the first subsampling convolution's output is the largest tensor), so 40 s per GiB
 # of GPU memory uses about a quarter of it (3200 s, ~22 GB, on an 80 GB H100).
 SECONDS_PER_GIB = 40.0
+# On CUDA a batch's padded length is rounded up to a multiple of PAD_SECONDS (0: not rounded; 1.28 s is 16 encoder
+# frames), so batches of nearby lengths share one shape, and one clip at a time in a long-lived process reuses
+# shapes too: cuDNN makes a plan, the encoder's layer graphs a capture, per new shape. Padded frames are masked,
+# so they change a result only through rounding. On the folder job the CLI went from 5.73-5.94 to 5.42-5.58 s
+# (bfloat16, batch 128, 4096 files), float32 at batch 8 from 3.53-3.57 to 3.19-3.33 s with the layer graphs'
+# float32 limit raised to match (bench/h100-session26 run 2).
+PAD_SECONDS = 1.28
 CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
 
 
@@ -84,6 +91,7 @@ class Batch:
     audio: torch.Tensor  # (B, L) float32, zero-padded; pinned when the model is on CUDA
     lengths: torch.Tensor  # (B,) int64 samples
     failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of unreadable inputs
+    storage: torch.Tensor | None = None  # the (pinned) host buffer `audio` is a view of (`ReadAhead.recycle`)
 
     def row(self, r: int) -> "Batch":
         n = int(self.lengths[r])
@@ -151,13 +159,14 @@ class ReadAhead:
 
     def __init__(self, items: list, read: Callable[[object], torch.Tensor], sample_rate: int, batch_size: int,
                  batch_seconds: float | None, pin: bool, workers: int, clock: StageClock | None = None,
-                 read_ahead: int = READ_AHEAD):
-        self.items, self.read, self.sample_rate, self.pin = items, read, sample_rate, pin
+                 read_ahead: int = READ_AHEAD, pad_to: int = 0):
+        self.items, self.read, self.sample_rate, self.pin, self.pad_to = items, read, sample_rate, pin, pad_to
         self.clock = clock or StageClock(torch.device("cpu"), enabled=False)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="graphscribe-read")
         self._collator = ThreadPoolExecutor(1, thread_name_prefix="graphscribe-collate")
         self._batches: queue.SimpleQueue = queue.SimpleQueue()  # futures of collated batches; then None or an error
         self._room = threading.Semaphore(read_ahead + 1)  # batches handed out but not yet taken, at most
+        self._buffers = _HostBuffers(keep=read_ahead + 3, pin=pin)
         self._closed = threading.Event()
         self._feeder = threading.Thread(target=self._feed, args=(max(1, batch_size), batch_seconds),
                                         name="graphscribe-feed", daemon=True)
@@ -189,6 +198,12 @@ class ReadAhead:
         finally:
             self.close()
 
+    def recycle(self, batch: Batch) -> None:
+        """`batch` is done with (its copy to the GPU too): its buffer holds a later batch."""
+        if batch.storage is not None:
+            self._buffers.give(batch.storage)
+            batch.storage = None
+
     def close(self) -> None:
         """Stop reading: reads not started are dropped; returns when the threads have ended."""
         if self._closed.is_set():
@@ -218,12 +233,41 @@ class ReadAhead:
                 ok.append((i, audio))
         lengths = torch.tensor([a.numel() for _, a in ok], dtype=torch.long)  # (B,)
         width = max((a.numel() for _, a in ok), default=0)
-        padded = torch.empty(len(ok), width, pin_memory=self.pin)  # (B, L)
-        for row, (_, audio) in enumerate(ok):
+        if self.pad_to:
+            width = -(-width // self.pad_to) * self.pad_to
+        storage = self._buffers.take(len(ok) * width)
+        padded = storage[: len(ok) * width].view(len(ok), width)
+        for row, (_, audio) in enumerate(ok):  # (B, L)
             padded[row, : audio.numel()].copy_(audio)
             padded[row, audio.numel():].zero_()
         return Batch([i for i, _ in ok], [_name(self.items[i]) for i, _ in ok], padded,
-                     lengths.pin_memory() if self.pin else lengths, failed)
+                     lengths.pin_memory() if self.pin else lengths, failed, storage)
+
+
+class _HostBuffers:
+    """Host buffers for the batches' audio, reused batch after batch (pinned ones when the model is on CUDA):
+    pinning new memory (cudaHostAlloc) took 5-30 ms a batch and holds up the main thread's CUDA calls meanwhile
+    (bench/h100-session26), and PyTorch's pinned-memory cache keeps blocks by power-of-two size, so batches
+    shrinking longest-first asked it for new ones. At most `keep` free buffers are kept (the largest)."""
+
+    def __init__(self, keep: int, pin: bool):
+        self.keep, self.pin = keep, pin
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> torch.Tensor:
+        """A flat float32 pinned buffer of at least n elements: the smallest free one that fits, or a new one."""
+        with self._lock:
+            fits = [k for k, b in enumerate(self._free) if b.numel() >= n]  # largest first: the last one is smallest
+            if fits:
+                return self._free.pop(fits[-1])
+        return torch.empty(max(n, 1), pin_memory=self.pin)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        with self._lock:
+            self._free.append(buffer)
+            self._free.sort(key=torch.Tensor.numel, reverse=True)
+            del self._free[self.keep:]
 
 
 @dataclass
@@ -247,7 +291,8 @@ def read_ahead(items: list, sample_rate: int, device: torch.device, batch_size: 
     files, seconds = default_batching(device)
     return ReadAhead(items, read or functools.partial(read_input, sample_rate=sample_rate), sample_rate,
                      batch_size or files, seconds if batch_seconds is None else batch_seconds,
-                     pin=device.type == "cuda", workers=default_workers(device), clock=clock)
+                     pin=device.type == "cuda", workers=default_workers(device), clock=clock,
+                     pad_to=round(PAD_SECONDS * sample_rate) if device.type == "cuda" else 0)
 
 
 def transcribe_stream(model: Model, reads: ReadAhead, clock: StageClock | None = None,
@@ -265,6 +310,7 @@ def transcribe_stream(model: Model, reads: ReadAhead, clock: StageClock | None =
             job = _start(model, batch, clock)  # queued on the GPU: it runs while `encoded` is decoded
             if encoded is not None:
                 yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams, timings)
+                reads.recycle(encoded.batch)  # decoded, so copied to the GPU long ago
             for i, error in batch.failed:
                 yield i, Transcript(source=_name(items[i]), error=error)
             encoded = job
@@ -347,8 +393,8 @@ def _finish(model: Model, job: _Job, clock: StageClock, streams: _Streams,
         return
     start = time.perf_counter()
     with clock.host("text"):
-        transcripts = [model.finish(source, batch.audio[r, : int(batch.lengths[r])], hyp, 0.0, timings)
-                       for r, (source, hyp) in enumerate(zip(batch.sources, job.hyps))]
+        transcripts = [model.finish(source, int(n), hyp, 0.0, timings)
+                       for n, source, hyp in zip(batch.lengths.tolist(), batch.sources, job.hyps)]
     seconds = (job.seconds + time.perf_counter() - start) / len(transcripts)  # its batch's host time, shared
     for transcript in transcripts:
         transcript.seconds = seconds
