@@ -14,7 +14,7 @@ import torch
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 from graphscribe.bench import make_folder
 from graphscribe.audio import load_audio
-from graphscribe.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches
+from graphscribe.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches, read_ahead
 
 
 def test_plan_is_longest_first_in_batches_of_n():
@@ -120,6 +120,27 @@ def test_recycled_buffers_hold_later_batches_whole(short_folder):
         reads.recycle(batch)
         batches += 1
     assert batches == -(-len(short_folder) // 2) and len(storages) <= READ_AHEAD + 3 < batches
+
+
+def test_padded_lengths_round_up_to_shared_shapes(short_folder):
+    """With `pad_to`, a batch's width is the next multiple of it (batches of nearby lengths share a shape), and the
+    rows past their own samples are zeros; `read_ahead` pads only on CUDA in 16 bits (float32 keeps NeMo's shapes)."""
+    pad_to = 16000
+    reads = ReadAhead(short_folder, lambda item: load_audio(item, 16000), 16000, 3, 0, pin=False, workers=2,
+                      pad_to=pad_to)
+    widths = []
+    for batch in reads:
+        longest = int(batch.lengths.max())
+        widths.append(batch.audio.shape[1])
+        assert batch.audio.shape[1] % pad_to == 0 and longest <= batch.audio.shape[1] < longest + pad_to
+        for row in range(len(batch.indices)):
+            assert not batch.audio[row, int(batch.lengths[row]):].any()
+        reads.recycle(batch)
+    assert len(set(widths)) < len(widths)  # shapes shared
+    for dtype in (None, torch.bfloat16):  # the CPU has no plans to share
+        on_cpu = read_ahead(short_folder[:1], 16000, torch.device("cpu"), dtype=dtype)
+        on_cpu.close()
+        assert on_cpu.pad_to == 0
 
 
 def test_closing_before_reading_ends_stops_every_thread(short_folder):

@@ -194,7 +194,10 @@ def transcribe_command(
     reads: list[ReadAhead] = []
 
     def start_reading(cfg, target) -> None:  # the first batches are read while the weights load
-        reads.append(read_ahead(files, cfg.features.sample_rate, target, batch, batch_seconds))
+        from .model import resolve_dtype  # imported by now: load_model calls this
+
+        reads.append(read_ahead(files, cfg.features.sample_rate, target, batch, batch_seconds,
+                                dtype=resolve_dtype(dtype, target) if target.type == "cuda" else None))
 
     try:
         with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr

@@ -104,9 +104,7 @@ class LayerGraphs:
     input, outside the pool.
     """
 
-    # batch x encoder frames, by bytes per element: 16-bit products are ~4x faster. float32 up to 4096 since the
-    # pipeline rounds batch shapes up (`pipeline.PAD_SECONDS`): at batch 8 (up to 41 s) replays pay (session 26)
-    MAX_FRAMES = {4: 4096, 2: 6144}
+    MAX_FRAMES = {4: 768, 2: 6144}  # batch x encoder frames, by bytes per element: 16-bit products are ~4x faster
     KEEP = 4  # captured shapes kept, most recently used
 
     def __init__(self, layers: nn.ModuleList):

@@ -383,7 +383,7 @@ class Model:
         if batch_seconds is None:
             batch_seconds = self.options.batch_seconds
         reads = read_ahead(list(inputs), self.sample_rate, self.device, batch_size or self.options.batch_size,
-                           batch_seconds, clock, read=self.read)
+                           batch_seconds, clock, read=self.read, dtype=self.dtype)
         yield from transcribe_stream(self, reads, clock, timings)
 
     def transcribe(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None,

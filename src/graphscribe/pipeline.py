@@ -48,12 +48,12 @@ BATCH_FILES = {"cuda": 64, "cpu": 8}  # default files per batch by device type
 # float32 (measured on the CPU; the first subsampling convolution's output is the largest tensor), so 40 s per GiB
 # of GPU memory uses about a quarter of it (3200 s, ~22 GB, on an 80 GB H100).
 SECONDS_PER_GIB = 40.0
-# On CUDA a batch's padded length is rounded up to a multiple of PAD_SECONDS (0: not rounded; 1.28 s is 16 encoder
-# frames), so batches of nearby lengths share one shape, and one clip at a time in a long-lived process reuses
-# shapes too: cuDNN makes a plan, the encoder's layer graphs a capture, per new shape. Padded frames are masked,
-# so they change a result only through rounding. On the folder job the CLI went from 5.73-5.94 to 5.42-5.58 s
-# (bfloat16, batch 128, 4096 files), float32 at batch 8 from 3.53-3.57 to 3.19-3.33 s with the layer graphs'
-# float32 limit raised to match (bench/h100-session26 run 2).
+# On CUDA, in 16 bits, a batch's padded length is rounded up to a multiple of PAD_SECONDS (1.28 s is 16 encoder
+# frames), so batches of nearby lengths share one shape (cuDNN makes a plan, the encoder's layer graphs a capture,
+# per new shape), and one clip at a time in a long-lived process reuses shapes too. Padded frames are masked, so
+# they change a result only through rounding: not in float32, whose results are NeMo's own products on NeMo's
+# shapes (the GPU tests' tiny model then gave other tokens than NeMo). The CLI in bfloat16 at batch 128 went from
+# 5.73-5.94 to 5.42-5.58 s on 4096 files (bench/h100-session26 run 2).
 PAD_SECONDS = 1.28
 CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
 
@@ -285,14 +285,16 @@ class _Job:
 
 def read_ahead(items: list, sample_rate: int, device: torch.device, batch_size: int | None = None,
                batch_seconds: float | None = None, clock: StageClock | None = None,
-               read: Callable[[object], torch.Tensor] | None = None) -> ReadAhead:
-    """A `ReadAhead` of `items` (paths or arrays) for a model at `sample_rate` on `device`, reading from now on.
-    batch_size, batch_seconds None: the device's (`default_batching`); read: `audio.read_input` at the rate."""
+               read: Callable[[object], torch.Tensor] | None = None, dtype: torch.dtype | None = None) -> ReadAhead:
+    """A `ReadAhead` of `items` (paths or arrays) for a model at `sample_rate` on `device` in `dtype`, reading from
+    now on. batch_size, batch_seconds None: the device's (`default_batching`); read: `audio.read_input` at the
+    rate; batch shapes rounded up to PAD_SECONDS on CUDA in 16 bits (dtype None: float32)."""
+    pad = device.type == "cuda" and dtype is not None and dtype.itemsize == 2
     files, seconds = default_batching(device)
     return ReadAhead(items, read or functools.partial(read_input, sample_rate=sample_rate), sample_rate,
                      batch_size or files, seconds if batch_seconds is None else batch_seconds,
                      pin=device.type == "cuda", workers=default_workers(device), clock=clock,
-                     pad_to=round(PAD_SECONDS * sample_rate) if device.type == "cuda" else 0)
+                     pad_to=round(PAD_SECONDS * sample_rate) if pad else 0)
 
 
 def transcribe_stream(model: Model, reads: ReadAhead, clock: StageClock | None = None,
