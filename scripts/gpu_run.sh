@@ -189,7 +189,7 @@ sys.argv += ['-f', 'json']; from graphscribe.cli import entry; entry()"
         [pad-1.28-layers]="import graphscribe.pipeline as p, graphscribe.graphs as g; p.PAD_SECONDS = 1.28; \
 g.LayerGraphs.MAX_FRAMES = {4: 4096, 2: 6144}; from graphscribe.cli import entry; entry()"
         [late-reads]="import graphscribe.cli as c; o = c.load_or_exit; \
-c.load_or_exit = lambda *a: (lambda l: (a[-1](l.cfg, l.device), l)[1])(o(*a[:-1])); c.main()"
+c.load_or_exit = lambda *a: (lambda l: (a[-1](l.cfg, l.device, l.dtype), l)[1])(o(*a[:-1])); c.main()"
         [no-pin]="import graphscribe.pipeline as p; p.Reader.__init__ = (lambda o: lambda self, *a, **k: (o(self, *a, **k), \
 setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import main; main()"
     )

@@ -235,12 +235,18 @@ def test_chunked_subsampling_is_the_same(model):
             assert torch.allclose(chunked, whole, atol=1e-5, rtol=1e-5), chunk
 
 
-def test_chunked_features_are_the_same(model):
+def _two_clips(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """7.4 s and 2 s of speech as a zero-padded (2, L) batch and its (2,) lengths."""
     audios = [model.read(CLIPS / name) for name in ("librispeech_2086-149220-0033.wav", "short_2s.wav")]
     lengths = torch.tensor([a.numel() for a in audios])
     batch = torch.zeros(2, int(lengths.max()))
     for i, a in enumerate(audios):
         batch[i, : a.numel()] = a
+    return batch, lengths
+
+
+def test_chunked_features_are_the_same(model):
+    batch, lengths = _two_clips(model)
     featurizer = model.module.preprocessor.featurizer
     whole, frames = featurizer(batch, lengths)
     for chunk in (1, 50, 333):
@@ -252,11 +258,7 @@ def test_chunked_features_are_the_same(model):
 def test_fixed_shape_stretches_are_the_same(model):
     """CUDA's STFT stretches of fixed sizes (the last one computed past the end of the batch and cut) give the
     features of one pass: same frames, same values to float32 rounding, padding frames still 0."""
-    audios = [model.read(CLIPS / name) for name in ("librispeech_2086-149220-0033.wav", "short_2s.wav")]
-    lengths = torch.tensor([a.numel() for a in audios])
-    batch = torch.zeros(2, int(lengths.max()))
-    for i, a in enumerate(audios):
-        batch[i, : a.numel()] = a
+    batch, lengths = _two_clips(model)
     featurizer = model.module.preprocessor.featurizer
     whole, frames = featurizer(batch, lengths, fixed_shapes=False)
     assert whole.shape[-1] > 512  # more than one stretch, the last one cut

@@ -193,11 +193,8 @@ def transcribe_command(
     formats = parse_formats(fmt, output_dir, len(files))
     reads: list[ReadAhead] = []
 
-    def start_reading(cfg, target) -> None:  # the first batches are read while the weights load
-        from .model import resolve_dtype  # imported by now: load_model calls this
-
-        reads.append(read_ahead(files, cfg.features.sample_rate, target, batch, batch_seconds,
-                                dtype=resolve_dtype(dtype, target) if target.type == "cuda" else None))
+    def start_reading(cfg, target, target_dtype) -> None:  # the first batches are read while the weights load
+        reads.append(read_ahead(files, cfg.features.sample_rate, target, batch, batch_seconds, dtype=target_dtype))
 
     try:
         with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr

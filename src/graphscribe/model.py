@@ -413,7 +413,7 @@ def available_memory(device: torch.device) -> int:
 def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
                batch_size: int | None = None, batch_seconds: float | None = None, attention: str = "auto",
                attention_window: int = 256,
-               on_config: Callable[[ModelConfig, torch.device], None] | None = None) -> Model:
+               on_config: Callable[[ModelConfig, torch.device, torch.dtype], None] | None = None) -> Model:
     """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
 
     batch_size, batch_seconds: `transcribe`'s defaults (None: the device's, see `Model.transcribe_iter`).
@@ -422,8 +422,8 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
     dtype, into a module built on the meta device: nothing is initialised and nothing is
     copied twice. On the CPU in float32 they stay memory-mapped (the file must not change
     while the model is in use). `model.load_seconds`: seconds per phase.
-    on_config(cfg, device): called once the config is read, before the weights are placed (the CLI starts
-    reading audio there).
+    on_config(cfg, device, dtype): called once the config is read, before the weights are placed (the CLI
+    starts reading audio there).
     """
     clock = _Clock()
     checkpoint = read_checkpoint(source)
@@ -436,7 +436,7 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
     target = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target)
     if on_config is not None:
-        on_config(cfg, target)
+        on_config(cfg, target, target_dtype)
     if target.type == "cuda":
         torch.empty(0, device=target)  # the CUDA context, timed on its own
     clock.lap("device_init")

@@ -256,7 +256,7 @@ class _HostBuffers:
         self._lock = threading.Lock()
 
     def take(self, n: int) -> torch.Tensor:
-        """A flat float32 pinned buffer of at least n elements: the smallest free one that fits, or a new one."""
+        """A flat float32 buffer of at least n elements: the smallest free one that fits, or a new one."""
         with self._lock:
             fits = [k for k, b in enumerate(self._free) if b.numel() >= n]  # largest first: the last one is smallest
             if fits:
