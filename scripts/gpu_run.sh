@@ -15,7 +15,7 @@
 # jointbench (the one-row joint kernel alone, by variant), encab (another version's encoder against src/: float32
 # bits, bfloat16 distance, GPU time), enckernels (the encoder's fused kernels alone, by tile configuration),
 # decodeab (another version's decode against src/: time outside the steps, by phase), api (the in-memory API on
-# the folder, graphs on and off).
+# the folder, graphs on and off), firstuses (what a process's first folder pass pays over its second, by stage).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -82,14 +82,16 @@ folder=/tmp/folder${FOLDER_FILES:+-$FOLDER_FILES}  # FOLDER_FILES: another numbe
 make_folder() {
     [ -d $folder ] || step "folder" 300 python3 scripts/make_folder.py $folder --files ${FOLDER_FILES:-512} --seed 0
 }
-run_folder() {  # our CLI and API against NeMo's transcribe() on 512 files (FOLDER_DTYPES: float32 at 8 and 32, bfloat16 at 128)
+run_folder() {  # our CLI and API against NeMo's transcribe() on 512 files (FOLDER_DTYPES: float32 at 8 and 32, bfloat16
+               # at 128; FOLDER_GRAPHS: our modes in turn, default on,off)
     make_folder
     for dtype in ${FOLDER_DTYPES:-float32 bfloat16}; do
         local sizes=8,32 limit=330
         [ "$dtype" = bfloat16 ] && sizes=128 limit=240
         limit=${FOLDER_LIMIT:-$limit}  # seconds for one dtype
         step "folder $dtype" $limit python3 scripts/compare_folder.py --folder $folder --model $ckpt \
-            --nemo-path /tmp/nemo-site --batch-sizes $sizes --dtypes $dtype --out "$OUT/folder-$dtype"
+            --nemo-path /tmp/nemo-site --batch-sizes $sizes --dtypes $dtype --graphs "${FOLDER_GRAPHS:-on,off}" \
+            --out "$OUT/folder-$dtype"
     done
 }
 run_throughput() {  # seconds per stage, graphs on and off (THROUGHPUT_DTYPES: bfloat16 at 128, float32 at
@@ -154,12 +156,24 @@ run_newshapes() {  # a new batch shape's cost per stage, and the remedies (NEW_S
     step "new shapes" 420 python3 scripts/new_shapes.py --model $ckpt --configs "${NEW_SHAPES:-bfloat16 128;float32 8}" \
         ${NEW_SHAPE_VARIANTS:+--variants $NEW_SHAPE_VARIANTS} --json "$OUT/new_shapes.json" --md "$OUT/new_shapes.md"
 }
-run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch;..."; TRACE_COLD=1: the first pass)
-    make_folder
+run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch;..."; TRACE_COLD=1: the first pass,
+    make_folder  # after one CLI run has filled Triton's cache; TRACE_COLD=empty: on the cache as it is)
     local dtype batch
     echo "${TRACES:-bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
+        [ "${TRACE_COLD:-}" = 1 ] && python3 -m graphscribe.cli $folder --model $ckpt --dtype $dtype --batch "$batch" \
+            -o /tmp/trace-out >/dev/null 2>&1  # Triton's kernel cache
         step "trace $dtype B=$batch" 150 python3 scripts/trace_pipeline.py --model $ckpt --folder $folder \
             --dtype $dtype --batch "$batch" --out "$OUT/trace-$dtype-$batch${TRACE_COLD:+-cold}" ${TRACE_COLD:+--cold}
+    done
+}
+run_firstuses() {  # what the first pass pays over a second in one process, by stage and batch (FIRST_USES:
+    make_folder      # "dtype batch;..."; FIRST_USES_ARGS: more first_uses.py options, e.g. --cprofile 1)
+    local dtype batch
+    echo "${FIRST_USES:-float32 8;float32 32;bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
+        python3 -m graphscribe.cli $folder --model $ckpt --dtype $dtype --batch "$batch" -o /tmp/fu-out \
+            >/dev/null 2>&1  # Triton's kernel cache
+        step "first uses $dtype B=$batch" 150 python3 scripts/first_uses.py --model $ckpt --folder $folder \
+            --dtype $dtype --batch "$batch" --json "$OUT/first_uses.jsonl" ${FIRST_USES_ARGS:-}
     done
 }
 run_abcli() {  # A/B of host-side choices on the folder CLI, alternating (ABCLI: "dtype batch;..."; AB_REPS)
@@ -206,12 +220,13 @@ setattr(self, 'pin', False))[0])(p.Reader.__init__); from graphscribe.cli import
         done
     done
 }
-run_api() {  # the in-memory API on the folder, graphs on and off, in this run (API_CONFIGS: "dtype batch;...")
+run_api() {  # the in-memory API on the folder, graphs on and off, in this run (API_CONFIGS: "dtype batch;...";
+            # API_GRAPHS: the modes in turn, default on,off)
     make_folder
     local dtype batch
     echo "${API_CONFIGS:-bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
         step "api $dtype B=$batch" 300 python3 scripts/compare_folder.py --folder $folder --model $ckpt --parts api \
-            --batch-sizes "$batch" --dtypes "$dtype" --out "$OUT/api-$dtype-$batch"
+            --batch-sizes "$batch" --dtypes "$dtype" --graphs "${API_GRAPHS:-on,off}" --out "$OUT/api-$dtype-$batch"
     done
 }
 run_timeline() {  # when the folder CLI's summary comes and when its process ends: base through cli.main() and
