@@ -111,7 +111,7 @@ class Subsampling(nn.Module):
         output. A pointwise convolution or a ReLU reads no other frame, so a mask before them would change no
         valid frame: the same numbers as masking before every layer, in fewer passes over the largest tensors."""
         layers = list(self.conv)
-        kernels = None if x.dtype == torch.float32 else _kernels_for(x)
+        kernels = _kernels_for(x)
         if kernels is not None:  # 16-bit on CUDA: the first convolution, its ReLU and mask in one pass
             halved = _halved(lengths)
             x = kernels.first_conv(x, lengths, halved, layers[0])
@@ -384,7 +384,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tenso
 def _kernels_for(x: torch.Tensor):
     """`encoder_kernels` for 16-bit activations on CUDA; None elsewhere (float32 keeps NeMo's own operations, the
     CPU has no Triton) or if Triton is missing, which is said once."""
-    return _encoder_kernels() if x.is_cuda else None
+    return _encoder_kernels() if x.is_cuda and x.dtype != torch.float32 else None
 
 
 @functools.cache
@@ -427,7 +427,7 @@ class ConvModule(nn.Module):
         self.pointwise_conv2 = nn.Conv1d(d_model, d_model, 1, bias=bias)
 
     def forward(self, x: torch.Tensor, padding: Padding) -> torch.Tensor:
-        kernels = None if x.dtype == torch.float32 else _kernels_for(x)
+        kernels = _kernels_for(x)
         if kernels is not None:  # (B, T, D) throughout: the pointwise convolutions as linear layers, no transposes
             x = F.linear(x, self.pointwise_conv1.weight[..., 0], self.pointwise_conv1.bias)  # (B, T, 2D)
             x = kernels.glu_depthwise(x, padding.valid, self.depthwise_conv, self.batch_norm)

@@ -346,9 +346,10 @@ class Model:
                timings: bool = True) -> Transcript:
         """A hypothesis of `samples` samples of audio as a Transcript; `timings=False`: text and token ids only
         (no tokens, words, segments)."""
+        common = dict(source=source, text=self.tokenizer.decode(hyp.token_ids), token_ids=list(hyp.token_ids),
+                      audio_seconds=samples / self.sample_rate, seconds=seconds)
         if not timings:
-            return Transcript(source=source, text=self.tokenizer.decode(hyp.token_ids), token_ids=list(hyp.token_ids),
-                              audio_seconds=samples / self.sample_rate, seconds=seconds)
+            return Transcript(**common)
         tdt = self.cfg.decoding.is_tdt
         pieces = [self.tokenizer.piece(i) for i in hyp.token_ids]
         spans = token_spans(hyp.frames, hyp.durations, tdt)
@@ -356,9 +357,7 @@ class Model:
                   for i, p, (s, e) in zip(hyp.token_ids, pieces, spans)]
         words, segments = words_and_segments(pieces, spans, self.tokenizer.decode_pieces, self.word_rules, tdt,
                                              self.frame_seconds)
-        return Transcript(source=source, text=self.tokenizer.decode(hyp.token_ids), token_ids=list(hyp.token_ids),
-                          tokens=tokens, words=words, segments=segments,
-                          audio_seconds=samples / self.sample_rate, seconds=seconds)
+        return Transcript(**common, tokens=tokens, words=words, segments=segments)
 
     # ------------------------------------------------------------------ API
     def transcribe_audio(self, sources: list[str], audios: list[torch.Tensor]) -> list[Transcript]:
