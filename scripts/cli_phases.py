@@ -19,7 +19,6 @@ def mark(what: str) -> None:
 
 
 mark("script started")
-import torch  # noqa: E402
 
 mark("torch imported")
 import graphscribe.cli as cli  # noqa: E402

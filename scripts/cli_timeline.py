@@ -33,8 +33,19 @@ def main() -> None:
     print(f"{args.label} {end:7.2f} s  exit {process.returncode}: {end - last:.2f} s after the last line")
     if args.json:
         with open(args.json, "a") as f:
-            f.write(json.dumps(dict(label=args.label, command=command, lines=lines, exit_s=end,
-                                    after_last_line_s=end - last, returncode=process.returncode)) + "\n")
+            f.write(
+                json.dumps(
+                    dict(
+                        label=args.label,
+                        command=command,
+                        lines=lines,
+                        exit_s=end,
+                        after_last_line_s=end - last,
+                        returncode=process.returncode,
+                    )
+                )
+                + "\n"
+            )
 
 
 if __name__ == "__main__":

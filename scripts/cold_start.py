@@ -58,9 +58,14 @@ def child(args) -> None:
     report.update(import_s=time.perf_counter() - start, imported_s=since())
     start = time.perf_counter()
     model = graphscribe.load_model(args.model, device=args.device, dtype=args.dtype)
-    report.update(load_s=time.perf_counter() - start, loaded_s=since(), device=str(model.device),
-                  dtype=str(model.dtype), graphs=model.options.graphs,
-                  load_phases=getattr(model, "load_seconds", None))  # None: a version without phases
+    report.update(
+        load_s=time.perf_counter() - start,
+        loaded_s=since(),
+        device=str(model.device),
+        dtype=str(model.dtype),
+        graphs=model.options.graphs,
+        load_phases=getattr(model, "load_seconds", None),
+    )  # None: a version without phases
     for name in ("first", "second"):
         if args.stages:
             report[f"{name}_stages"] = stages(model, args.clip)
@@ -99,16 +104,31 @@ def stages(model, clip: Path) -> dict:
     compile_s, capture_s = model.decoder.compile_seconds, model.decoder.capture_seconds
     [hyp] = model.decode(encoded, lengths)
     lap("decode")
-    seconds.update(decode_compile=model.decoder.compile_seconds - compile_s,
-                   decode_capture=model.decoder.capture_seconds - capture_s)
+    seconds.update(
+        decode_compile=model.decoder.compile_seconds - compile_s,
+        decode_capture=model.decoder.capture_seconds - capture_s,
+    )
     model.finish(str(clip), audio.numel(), hyp, 0.0)
     lap("text")
     return seconds
 
 
 def run_child(args, script: Path, stages: bool = False) -> dict:
-    cmd = [sys.executable, str(script), "--child", "--spawned", repr(time.time()), "--model", args.model,
-           "--clip", str(args.clip), "--device", args.device, "--dtype", args.dtype] + (["--stages"] if stages else [])
+    cmd = [
+        sys.executable,
+        str(script),
+        "--child",
+        "--spawned",
+        repr(time.time()),
+        "--model",
+        args.model,
+        "--clip",
+        str(args.clip),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+    ] + (["--stages"] if stages else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-3:]}")
@@ -122,8 +142,17 @@ UNPRIMED = "import graphscribe.priming as p; p.prime = lambda *a: None; from gra
 def run_cli(args, env=None, primed: bool = True) -> dict:
     """Spawn the CLI; seconds to its first stdout line (the transcript) and to its exit."""
     start_cli = ["-m", "graphscribe.cli"] if primed else ["-c", UNPRIMED]
-    cmd = [sys.executable, *start_cli, str(args.clip), "--model", args.model, "--device", args.device,
-           "--dtype", args.dtype]
+    cmd = [
+        sys.executable,
+        *start_cli,
+        str(args.clip),
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+    ]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     first_line = proc.stdout.readline()
@@ -134,8 +163,13 @@ def run_cli(args, env=None, primed: bool = True) -> dict:
         proc.kill()
         raise
     total = time.perf_counter() - start
-    return dict(first_transcript_s=first, exit_s=total, returncode=proc.returncode, transcript=first_line.strip()[:200],
-                stderr=stderr.strip().splitlines()[-3:])
+    return dict(
+        first_transcript_s=first,
+        exit_s=total,
+        returncode=proc.returncode,
+        transcript=first_line.strip()[:200],
+        stderr=stderr.strip().splitlines()[-3:],
+    )
 
 
 def bytecode_caches(prefix: Path | None) -> dict:
@@ -150,9 +184,12 @@ def bytecode_caches(prefix: Path | None) -> dict:
     import torch
 
     site = Path(torch.__file__).parent
-    return dict(pycache_prefix=os.environ.get("PYTHONPYCACHEPREFIX"),
-                dont_write_bytecode_env=os.environ.get("PYTHONDONTWRITEBYTECODE"),
-                torch_has_pyc=any(site.glob("__pycache__/*.pyc")), torch_dir_writable=os.access(site, os.W_OK))
+    return dict(
+        pycache_prefix=os.environ.get("PYTHONPYCACHEPREFIX"),
+        dont_write_bytecode_env=os.environ.get("PYTHONDONTWRITEBYTECODE"),
+        torch_has_pyc=any(site.glob("__pycache__/*.pyc")),
+        torch_dir_writable=os.access(site, os.W_OK),
+    )
 
 
 def warm_page_cache(path: Path) -> dict:
@@ -187,16 +224,38 @@ def main() -> int:
         ap.error("--json is required")
     args.model = str(Path(args.model).resolve())
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    report: dict = dict(model=args.model, clip=str(args.clip), device=args.device, dtype=args.dtype, reps=args.reps,
-                        python=platform.python_version(), cpus=os.cpu_count(), errors=[],
-                        bytecode=bytecode_caches(args.pycache_prefix))
+    report: dict = dict(
+        model=args.model,
+        clip=str(args.clip),
+        device=args.device,
+        dtype=args.dtype,
+        reps=args.reps,
+        python=platform.python_version(),
+        cpus=os.cpu_count(),
+        errors=[],
+        bytecode=bytecode_caches(args.pycache_prefix),
+    )
 
     def save() -> None:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 
     if args.pycache_prefix is not None:  # one CLI run fills the bytecode cache
-        subprocess.run([sys.executable, "-m", "graphscribe.cli", str(args.clip), "--model", args.model, "--device",
-                        args.device, "--dtype", args.dtype], capture_output=True, timeout=args.timeout)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "graphscribe.cli",
+                str(args.clip),
+                "--model",
+                args.model,
+                "--device",
+                args.device,
+                "--dtype",
+                args.dtype,
+            ],
+            capture_output=True,
+            timeout=args.timeout,
+        )
     log(f"bytecode: {report['bytecode']}")
     report["page_cache"] = warm_page_cache(Path(args.model))
     cache = report["page_cache"]
@@ -223,21 +282,25 @@ def main() -> int:
             continue
         report["load"].append(run)
         phases = run.get("load_phases") or {}
-        log(f"load run {rep}: import {run['import_s']:.2f} s, load {run['load_s']:.2f} s "
+        log(
+            f"load run {rep}: import {run['import_s']:.2f} s, load {run['load_s']:.2f} s "
             f"({', '.join(f'{k} {v:.2f}' for k, v in phases.items())}), "
             f"first transcribe {run['first_transcribe_s']:.2f} s, "
             f"second {run['second_transcribe_s']:.2f} s; spawn to first transcript {run['first_transcript_s']:.2f} s "
-            f"on {run['device']} {run['dtype']}")
+            f"on {run['device']} {run['dtype']}"
+        )
         save()
     if report["load"]:
         runs = report["load"]
         keys = sorted({k for r in runs for k in (r.get("load_phases") or {})})
         report["load_summary"] = dict(
             {f"phase_{k}": spread([r["load_phases"][k] for r in runs if r.get("load_phases")]) for k in keys},
-            load_s=spread([r["load_s"] for r in runs]), import_s=spread([r["import_s"] for r in runs]),
+            load_s=spread([r["load_s"] for r in runs]),
+            import_s=spread([r["import_s"] for r in runs]),
             first_transcribe_s=spread([r["first_transcribe_s"] for r in runs]),
             second_transcribe_s=spread([r["second_transcribe_s"] for r in runs]),
-            spawn_to_first_transcript_s=spread([r["first_transcript_s"] for r in runs]))
+            spawn_to_first_transcript_s=spread([r["first_transcript_s"] for r in runs]),
+        )
         save()
     try:
         staged = run_child(args, Path(__file__).resolve(), stages=True)
@@ -265,13 +328,17 @@ def main() -> int:
                 report["errors"].append(f"cli run {rep} ({variant}): {type(err).__name__}: {err}")
                 continue
             runs[variant].append(run)
-            log(f"cli run {rep} ({variant}): first transcript after {run['first_transcript_s']:.2f} s, exit after "
-                f"{run['exit_s']:.2f} s (exit {run['returncode']}): {run['transcript'][:60]!r}")
+            log(
+                f"cli run {rep} ({variant}): first transcript after {run['first_transcript_s']:.2f} s, exit after "
+                f"{run['exit_s']:.2f} s (exit {run['returncode']}): {run['transcript'][:60]!r}"
+            )
     report["cli"], report["cli_unprimed"] = runs["primed"], runs["unprimed"]
     for variant, key in (("primed", "cli_summary"), ("unprimed", "cli_unprimed_summary")):
         if runs[variant]:
-            report[key] = dict(first_transcript_s=spread([r["first_transcript_s"] for r in runs[variant]]),
-                               exit_s=spread([r["exit_s"] for r in runs[variant]]))
+            report[key] = dict(
+                first_transcript_s=spread([r["first_transcript_s"] for r in runs[variant]]),
+                exit_s=spread([r["exit_s"] for r in runs[variant]]),
+            )
     save()
     log(f"wrote {args.json}")
     return 0

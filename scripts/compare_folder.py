@@ -78,15 +78,38 @@ class Results:
 
 def run_cli(args, paths: list[str], batch: int, dtype: str, graphs: bool, outputs: Path, timeout: float) -> dict:
     """One CLI process over `paths` (a folder or files); wall time, summary line and token ids per file."""
-    cmd = [sys.executable, "-m", "graphscribe.cli", *paths, "--model", args.model, "--batch", str(batch),
-           "--dtype", dtype, "--graphs" if graphs else "--no-graphs", "--format", "json", "-o", str(outputs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "graphscribe.cli",
+        *paths,
+        "--model",
+        args.model,
+        "--batch",
+        str(batch),
+        "--dtype",
+        dtype,
+        "--graphs" if graphs else "--no-graphs",
+        "--format",
+        "json",
+        "-o",
+        str(outputs),
+    ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - start
     stderr_lines = proc.stderr.strip().splitlines()
     summary = next((line for line in reversed(stderr_lines) if SUMMARY.search(line)), None)
-    row = dict(dtype=dtype, batch_size=batch, graphs=graphs, returncode=proc.returncode, process_s=wall,
-               summary=summary, stderr_tail=stderr_lines[-5:], token_ids=read_cli_outputs(outputs))
+    row = dict(
+        dtype=dtype,
+        batch_size=batch,
+        graphs=graphs,
+        returncode=proc.returncode,
+        process_s=wall,
+        summary=summary,
+        stderr_tail=stderr_lines[-5:],
+        token_ids=read_cli_outputs(outputs),
+    )
     if summary:
         done, total, _, audio, seconds = SUMMARY.search(summary).groups()
         row.update(files_done=int(done), audio_s=float(audio), transcribe_s=float(seconds))
@@ -123,13 +146,16 @@ def part_cli(args, folder: Path, files: list[str], seconds: dict[str, float], re
                     with tempfile.TemporaryDirectory() as tmp:
                         row = run_cli(args, [str(folder)], batch, dtype, graphs, Path(tmp), args.timeout)
                 except Exception as err:  # noqa: BLE001 - a hung or broken run must not stop the others
-                    results.add("cli", dict(dtype=dtype, batch_size=batch, graphs=graphs,
-                                            error=f"{type(err).__name__}: {err}"))
+                    results.add(
+                        "cli", dict(dtype=dtype, batch_size=batch, graphs=graphs, error=f"{type(err).__name__}: {err}")
+                    )
                     log(f"{what} failed: {err}")
                     continue
                 results.add("cli", row)
-                log(f"{what}: process {row['process_s']:.1f} s, exit {row['returncode']}, {len(row['token_ids'])} "
-                    f"outputs; {row['summary']}")
+                log(
+                    f"{what}: process {row['process_s']:.1f} s, exit {row['returncode']}, {len(row['token_ids'])} "
+                    f"outputs; {row['summary']}"
+                )
 
 
 # ---------------------------------------------------------------------------- our Python API
@@ -160,12 +186,22 @@ def part_api(args, files: list[str], seconds: dict[str, float], results: Results
                     try:
                         row = time_api(model, arrays, names, order, batch)
                     except Exception as err:  # noqa: BLE001 - one failing size must not lose the others
-                        results.add("api", dict(dtype=dtype, batch_size=batch, graphs=graphs,
-                                                error=f"{type(err).__name__}: {err}"))
+                        results.add(
+                            "api",
+                            dict(dtype=dtype, batch_size=batch, graphs=graphs, error=f"{type(err).__name__}: {err}"),
+                        )
                         log(f"{what} failed: {traceback.format_exc()}")
                         continue
-                    row.update(dtype=dtype, batch_size=batch, graphs=graphs, graphs_used=model.options.graphs,
-                               audio_s=audio, load_s=load_s, rtfx=audio / row["wall_s"], device=str(model.device))
+                    row.update(
+                        dtype=dtype,
+                        batch_size=batch,
+                        graphs=graphs,
+                        graphs_used=model.options.graphs,
+                        audio_s=audio,
+                        load_s=load_s,
+                        rtfx=audio / row["wall_s"],
+                        device=str(model.device),
+                    )
                     results.add("api", row)
                     log(f"{what}: {row['wall_s']:.2f} s, RTFx {row['rtfx']:.1f} (warm-up {row['warmup_s']:.2f} s)")
         except Exception as err:  # noqa: BLE001 - e.g. the model does not load: NeMo still runs
@@ -210,8 +246,12 @@ def time_api(model, arrays, files, order, batch) -> dict:
     sync()
     wall = time.perf_counter() - start
     errors = [f"{f}: {t.error}" for f, t in zip(files, transcripts) if t.error]
-    return dict(warmup_s=warmup_s, wall_s=wall, errors=errors[:10],
-                token_ids={f: t.token_ids for f, t in zip(files, transcripts) if t.error is None})
+    return dict(
+        warmup_s=warmup_s,
+        wall_s=wall,
+        errors=errors[:10],
+        token_ids={f: t.token_ids for f, t in zip(files, transcripts) if t.error is None},
+    )
 
 
 # ---------------------------------------------------------------------------- NeMo
@@ -219,9 +259,22 @@ def time_api(model, arrays, files, order, batch) -> dict:
 
 def part_nemo(args, list_file: Path, results: Results) -> None:
     nemo_json = args.out / "nemo_folder.json"
-    cmd = [args.nemo_python, str(Path(__file__).with_name("nemo_folder.py")), "--model", args.model,
-           "--files-from", str(list_file), "--batch-sizes", ",".join(map(str, args.sizes)),
-           "--dtype", ",".join(args.dtypes), "--num-workers", str(args.num_workers), "--json", str(nemo_json)]
+    cmd = [
+        args.nemo_python,
+        str(Path(__file__).with_name("nemo_folder.py")),
+        "--model",
+        args.model,
+        "--files-from",
+        str(list_file),
+        "--batch-sizes",
+        ",".join(map(str, args.sizes)),
+        "--dtype",
+        ",".join(args.dtypes),
+        "--num-workers",
+        str(args.num_workers),
+        "--json",
+        str(nemo_json),
+    ]
     env = dict(os.environ, PYTHONPATH=args.nemo_path, PYTHONUNBUFFERED="1")
     log(f"nemo: {' '.join(cmd)}")
     start = time.perf_counter()
@@ -245,8 +298,10 @@ def part_nemo(args, list_file: Path, results: Results) -> None:
         log(f"nemo failed: {traceback.format_exc()}")
     results.data["nemo_s"] = time.perf_counter() - start
     results.save()
-    log(f"nemo: exit {results.data.get('nemo_returncode')} after {results.data['nemo_s']:.0f} s; log in "
-        f"{args.out / 'nemo_folder.log'}")
+    log(
+        f"nemo: exit {results.data.get('nemo_returncode')} after {results.data['nemo_s']:.0f} s; log in "
+        f"{args.out / 'nemo_folder.log'}"
+    )
 
 
 # ---------------------------------------------------------------------------- table
@@ -254,15 +309,18 @@ def part_nemo(args, list_file: Path, results: Results) -> None:
 
 def table(results: dict, nemo: dict) -> str:
     nemo_runs = {(r["dtype"], r["batch_size"]): r for r in nemo.get("runs", []) if "error" not in r}
-    lines = [f"{results.get('files')} files, {results.get('audio_s', 0):.0f} s of audio; model {results.get('model')}; "
-             f"NeMo {nemo.get('nemo_version', '-')} on {nemo.get('device', '-')} (transcribe(), num_workers "
-             f"{nemo.get('num_workers', '-')}, CUDA-graph decoder {'on' if nemo.get('cuda_graph_decoder') else 'off'})",
-             "",
-             "RTFx = audio seconds / wall seconds. CLI: transcription time from its summary line (the whole process, "
-             "start-up and loading included, in brackets); API: `transcribe(arrays)` after a warm-up; NeMo: "
-             "`transcribe(paths)` after a warm-up.", "",
-             "| dtype | B | ours | RTFx ours | RTFx NeMo | ours / NeMo | same token ids as NeMo |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"{results.get('files')} files, {results.get('audio_s', 0):.0f} s of audio; model {results.get('model')}; "
+        f"NeMo {nemo.get('nemo_version', '-')} on {nemo.get('device', '-')} (transcribe(), num_workers "
+        f"{nemo.get('num_workers', '-')}, CUDA-graph decoder {'on' if nemo.get('cuda_graph_decoder') else 'off'})",
+        "",
+        "RTFx = audio seconds / wall seconds. CLI: transcription time from its summary line (the whole process, "
+        "start-up and loading included, in brackets); API: `transcribe(arrays)` after a warm-up; NeMo: "
+        "`transcribe(paths)` after a warm-up.",
+        "",
+        "| dtype | B | ours | RTFx ours | RTFx NeMo | ours / NeMo | same token ids as NeMo |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     rows = [("CLI", r) for r in results.get("cli", [])] + [("API", r) for r in results.get("api", [])]
     rows.sort(key=lambda x: (x[1]["dtype"], x[1]["batch_size"], x[0] != "CLI", not x[1]["graphs"]))
     for how, row in rows:
@@ -276,8 +334,10 @@ def table(results: dict, nemo: dict) -> str:
             ours_text += f" ({row['audio_s'] / row['process_s']:.0f})"
         theirs = ref["rtfx"] if ref else None
         ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
-        lines.append(f"| {row['dtype']} | {row['batch_size']} | {label} | {ours_text} | "
-                     f"{f'{theirs:.0f}' if theirs else '-'} | {ratio} | {_same(row, ref)} |")
+        lines.append(
+            f"| {row['dtype']} | {row['batch_size']} | {label} | {ours_text} | "
+            f"{f'{theirs:.0f}' if theirs else '-'} | {ratio} | {_same(row, ref)} |"
+        )
     return "\n".join(lines)
 
 
@@ -307,8 +367,14 @@ def differences(results: dict, nemo: dict) -> list[dict]:
             if ref is None or "token_ids" not in row:
                 continue
             differ = [f for f in ref["token_ids"] if row["token_ids"].get(f) != ref["token_ids"][f]]
-            entry = dict(how=how, dtype=row["dtype"], batch_size=row["batch_size"], graphs=row["graphs"],
-                         differ=len(differ), files=differ[:20])
+            entry = dict(
+                how=how,
+                dtype=row["dtype"],
+                batch_size=row["batch_size"],
+                graphs=row["graphs"],
+                differ=len(differ),
+                files=differ[:20],
+            )
             if differ:
                 first = differ[0]
                 entry["first"] = dict(file=first, ours=row["token_ids"].get(first), nemo=ref["token_ids"][first])
@@ -358,9 +424,20 @@ def main() -> int:
     list_file.write_text("\n".join(files) + "\n")
     for f in files:  # read once: every run finds the files in the page cache
         Path(f).read_bytes()
-    results = Results(args.out / "compare_folder.json", None if parts == {"table"} else dict(
-        folder=str(folder), model=args.model, files=len(files), audio_s=sum(seconds.values()), argv=sys.argv,
-        batch_sizes=args.sizes, dtypes=args.dtypes))
+    results = Results(
+        args.out / "compare_folder.json",
+        None
+        if parts == {"table"}
+        else dict(
+            folder=str(folder),
+            model=args.model,
+            files=len(files),
+            audio_s=sum(seconds.values()),
+            argv=sys.argv,
+            batch_sizes=args.sizes,
+            dtypes=args.dtypes,
+        ),
+    )
     log(f"{len(files)} files, {sum(seconds.values()):.1f} s of audio under {folder}; parts {sorted(parts)}")
 
     if "cli" in parts:

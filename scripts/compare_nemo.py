@@ -37,11 +37,18 @@ def main() -> None:
     ap.add_argument("--nemo-path", default="", help="folder with NeMo and its dependencies, put on PYTHONPATH for NeMo")
     ap.add_argument("--nemo-python", default=sys.executable, help="the Python that runs NeMo")
     ap.add_argument("--device", default="cuda", help="cuda (both decoders with and without graphs) or cpu (eager only)")
-    ap.add_argument("--nemo-tf32", action="store_true",
-                    help="NeMo with PyTorch's default TF32 convolutions (faster, other float32 encoder output)")
+    ap.add_argument(
+        "--nemo-tf32",
+        action="store_true",
+        help="NeMo with PyTorch's default TF32 convolutions (faster, other float32 encoder output)",
+    )
     ap.add_argument("--out", type=Path, required=True, help="folder for the tier WAVs, JSON and the Markdown table")
-    ap.add_argument("--round-shares", default="", help="comma list: our decoder with each decoding.ROUND_SHARE in "
-                    "turn, in two rounds (default: as shipped, once)")
+    ap.add_argument(
+        "--round-shares",
+        default="",
+        help="comma list: our decoder with each decoding.ROUND_SHARE in "
+        "turn, in two rounds (default: as shipped, once)",
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -55,10 +62,29 @@ def main() -> None:
 
     nemo_json = args.out / "nemo.json"
     env = dict(os.environ, PYTHONPATH=args.nemo_path)  # NeMo's own packages only: ours may not suit its pins
-    subprocess.run([args.nemo_python, str(Path(__file__).with_name("nemo_peer.py")), "--model", args.model,
-                    "--clips", *map(str, wavs), "--batch-sizes", *map(str, sizes), "--reps", str(args.reps),
-                    "--device", args.device, "--dtype", args.dtype, "--json", str(nemo_json)]
-                   + (["--tf32"] if args.nemo_tf32 else []), check=True, env=env)
+    subprocess.run(
+        [
+            args.nemo_python,
+            str(Path(__file__).with_name("nemo_peer.py")),
+            "--model",
+            args.model,
+            "--clips",
+            *map(str, wavs),
+            "--batch-sizes",
+            *map(str, sizes),
+            "--reps",
+            str(args.reps),
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
+            "--json",
+            str(nemo_json),
+        ]
+        + (["--tf32"] if args.nemo_tf32 else []),
+        check=True,
+        env=env,
+    )
     nemo = json.loads(nemo_json.read_text())
 
     tiers = tier_clips(model, wavs)  # the very samples NeMo read
@@ -73,7 +99,9 @@ def main() -> None:
         ours["round_share"] = decoding.ROUND_SHARE
         reports.append(ours)
         tables.append((f"ROUND_SHARE {share}:\n\n" if share is not None else "") + side_by_side(ours, nemo))
-    (args.out / "graphscribe.json").write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=1) + "\n")
+    (args.out / "graphscribe.json").write_text(
+        json.dumps(reports[0] if len(reports) == 1 else reports, indent=1) + "\n"
+    )
     table = "\n\n".join(tables)
     (args.out / "compare.md").write_text(table + "\n")
     print(table)
@@ -81,12 +109,15 @@ def main() -> None:
 
 def side_by_side(ours: dict, nemo: dict) -> str:
     by_key = {(Path(r["clip"]).name, r["batch"], r["mode"]): r for r in nemo["results"]}
-    lines = [f"{ours['device']}, {ours['dtype']}{', ' + ours['step'] + ' step' if ours.get('step') else ''}, "
-             f"torch {ours['torch']}, NeMo {nemo['nemo_version']}{' with TF32' if nemo.get('tf32') else ''}; "
-             f"decode only (encoder output given), median of {ours['reps']} in ms", "",
-             "| clip | B | NeMo full graph | NeMo no graphs | graphscribe graphs | graphscribe eager "
-             "| graphscribe vs NeMo graph | same tokens as NeMo |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"{ours['device']}, {ours['dtype']}{', ' + ours['step'] + ' step' if ours.get('step') else ''}, "
+        f"torch {ours['torch']}, NeMo {nemo['nemo_version']}{' with TF32' if nemo.get('tf32') else ''}; "
+        f"decode only (encoder output given), median of {ours['reps']} in ms",
+        "",
+        "| clip | B | NeMo full graph | NeMo no graphs | graphscribe graphs | graphscribe eager "
+        "| graphscribe vs NeMo graph | same tokens as NeMo |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for tier in ours["tiers"]:
         decode = {(r["batch"], r["graphs"]): r for r in tier["rows"] if r["what"] == "decode"}
         for batch in sorted({b for b, _ in decode}):
@@ -97,10 +128,12 @@ def side_by_side(ours: dict, nemo: dict) -> str:
             ratio = f"{nemo_ms / graphed['median_ms']:.2f}x faster" if nemo_ms and graphed else "-"
             nemo_ids = (nemo_graph or nemo_eager).get("token_ids")
             same = "-" if nemo_ids is None else "yes" if nemo_ids == tier["token_ids"] else "NO"
-            lines.append(f"| {tier['tier']} ({tier['frames']} frames, {len(tier['token_ids'])} tokens) | {batch} "
-                         f"| {_fmt(nemo_ms)} | {_fmt(nemo_eager.get('decode_ms', {}).get('median'))} "
-                         f"| {_fmt(graphed and graphed['median_ms'])} | {_fmt(eager and eager['median_ms'])} "
-                         f"| {ratio} | {same} |")
+            lines.append(
+                f"| {tier['tier']} ({tier['frames']} frames, {len(tier['token_ids'])} tokens) | {batch} "
+                f"| {_fmt(nemo_ms)} | {_fmt(nemo_eager.get('decode_ms', {}).get('median'))} "
+                f"| {_fmt(graphed and graphed['median_ms'])} | {_fmt(eager and eager['median_ms'])} "
+                f"| {ratio} | {same} |"
+            )
     return "\n".join(lines)
 
 

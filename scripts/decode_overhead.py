@@ -28,11 +28,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from tune_step import timed  # scripts/, beside this one
 
 import graphscribe as gs
 from graphscribe import decoding
 from graphscribe.bench import tier_clips
-from tune_step import timed  # scripts/, beside this one
 
 # (owner, attribute, phase, factory): what decode() calls, wrapped where it exists in this version; a factory
 # returns the callable that is timed (a graph replay, or eager calls)
@@ -66,6 +66,7 @@ class Marks:
                 return fn(*args, **kwargs)
             finally:
                 self.calls.append((name, host, time.perf_counter(), before, _event()))
+
         return wrapped
 
     def summary(self, end_host: float, end_event: torch.cuda.Event) -> dict:
@@ -78,8 +79,11 @@ class Marks:
             row["calls"] += 1
             row["host_us"] += (h1 - h0) * 1e6
             row["gpu_us"] += e0.elapsed_time(e1) * 1e3
-        out = {"wall_us": (end_host - host0) * 1e6, "gpu_span_us": gpu0.elapsed_time(end_event) * 1e3,
-               "phases": dict(by_phase)}
+        out = {
+            "wall_us": (end_host - host0) * 1e6,
+            "gpu_span_us": gpu0.elapsed_time(end_event) * 1e3,
+            "phases": dict(by_phase),
+        }
         if replays:
             out["gpu_before_first_replay_us"] = gpu0.elapsed_time(replays[0][3]) * 1e3
             out["gpu_after_last_replay_us"] = replays[-1][4].elapsed_time(end_event) * 1e3
@@ -97,8 +101,14 @@ def instrumented(decoder, encoded, lengths) -> dict:
     marks = Marks()
     step = decoder._fused_step
     buf = decoder._buffers[decoding.size_class(encoded.shape[0])]
-    owners = {"joint": decoder.joint, "decoder": decoder, "buffers": buf, "step": step, "decoding": decoding,
-              "Progress": getattr(decoding, "Progress", None)}
+    owners = {
+        "joint": decoder.joint,
+        "decoder": decoder,
+        "buffers": buf,
+        "step": step,
+        "decoding": decoding,
+        "Progress": getattr(decoding, "Progress", None),
+    }
     saved = []
     for owner, attr, name, factory in PHASES:
         target = owners[owner]
@@ -127,7 +137,6 @@ def _wrap_made(marks: Marks, name: str, factory):
     return lambda *args, **kwargs: marks.wrap(name, factory(*args, **kwargs))
 
 
-
 def by_operation(decoder, encoded, lengths) -> str:
     """One decode under torch.profiler: host and GPU time by operation, most host time first."""
     from torch.profiler import ProfilerActivity, profile
@@ -140,13 +149,32 @@ def by_operation(decoder, encoded, lengths) -> str:
 
 def table(rows: list[dict]) -> str:
     names = list(dict.fromkeys(name for _, _, name, _ in PHASES if any(name in r["phases"] for r in rows)))
-    head = ["tier", "dtype", "B", "ms", "steps", "queued", "reads", "instrumented us", "GPU before 1st replay",
-            "GPU after last"] + [f"{n} (host / GPU us)" for n in names]
+    head = [
+        "tier",
+        "dtype",
+        "B",
+        "ms",
+        "steps",
+        "queued",
+        "reads",
+        "instrumented us",
+        "GPU before 1st replay",
+        "GPU after last",
+    ] + [f"{n} (host / GPU us)" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
-        cells = [r["tier"], r["dtype"], r["batch"], f"{r['ms']:.3f}", r["steps"], r["queued"], r["host_reads"],
-                 f"{r['wall_us']:.0f}", f"{r.get('gpu_before_first_replay_us', 0):.0f}",
-                 f"{r.get('gpu_after_last_replay_us', 0):.0f}"]
+        cells = [
+            r["tier"],
+            r["dtype"],
+            r["batch"],
+            f"{r['ms']:.3f}",
+            r["steps"],
+            r["queued"],
+            r["host_reads"],
+            f"{r['wall_us']:.0f}",
+            f"{r.get('gpu_before_first_replay_us', 0):.0f}",
+            f"{r.get('gpu_after_last_replay_us', 0):.0f}",
+        ]
         for n in names:
             p = r["phases"].get(n)
             cells.append(f"{p['calls']} x: {p['host_us']:.0f} / {p['gpu_us']:.0f}" if p else "-")
@@ -164,8 +192,12 @@ def main() -> None:
     ap.add_argument("--label", default="", help="a name for this version in the output")
     ap.add_argument("--json", type=Path, default=None, help="append the rows here, one JSON line each")
     ap.add_argument("--md", type=Path, default=None, help="write the table here")
-    ap.add_argument("--ops", type=Path, default=None,
-                    help="append here, for each row, one more decode's host time by PyTorch operation (torch.profiler)")
+    ap.add_argument(
+        "--ops",
+        type=Path,
+        default=None,
+        help="append here, for each row, one more decode's host time by PyTorch operation (torch.profiler)",
+    )
     args = ap.parse_args()
     rows = []
     for dtype in args.dtypes.split(","):
@@ -179,16 +211,29 @@ def main() -> None:
                 lengths = lengths1.expand(batch).contiguous()
                 decoder = model.decoder
                 ms, _, hyps = timed(decoder, encoded, lengths, args.reps)
-                row = {"label": args.label, "tier": tier.name, "dtype": dtype, "batch": batch, "ms": ms,
-                       "steps": hyps[0].steps, "queued": decoder.queued_steps,
-                       "host_reads": decoder.host_reads, "tokens": hyps[0].token_ids,
-                       **instrumented(decoder, encoded, lengths)}
+                row = {
+                    "label": args.label,
+                    "tier": tier.name,
+                    "dtype": dtype,
+                    "batch": batch,
+                    "ms": ms,
+                    "steps": hyps[0].steps,
+                    "queued": decoder.queued_steps,
+                    "host_reads": decoder.host_reads,
+                    "tokens": hyps[0].token_ids,
+                    **instrumented(decoder, encoded, lengths),
+                }
                 rows.append(row)
                 if args.ops:
                     with args.ops.open("a") as f:
-                        f.write(f"## {args.label} {tier.name} {dtype} B={batch}\n\n{by_operation(decoder, encoded, lengths)}\n\n")
-                print(f"{args.label} {tier.name} {dtype} B={batch}: {ms:.3f} ms, "
-                      f"{row['host_reads']} reads, {row['queued']} steps queued", flush=True)
+                        f.write(
+                            f"## {args.label} {tier.name} {dtype} B={batch}\n\n{by_operation(decoder, encoded, lengths)}\n\n"
+                        )
+                print(
+                    f"{args.label} {tier.name} {dtype} B={batch}: {ms:.3f} ms, "
+                    f"{row['host_reads']} reads, {row['queued']} steps queued",
+                    flush=True,
+                )
                 if args.json:
                     with args.json.open("a") as f:
                         f.write(json.dumps(row) + "\n")

@@ -94,9 +94,9 @@ def unpack_deb(deb: Path, dest: Path) -> None:
         raise ValueError(f"{deb}: not a Debian package")
     pos = 8
     while pos + 60 <= len(blob):
-        name, size = blob[pos: pos + 16].decode().strip().rstrip("/"), int(blob[pos + 48: pos + 58])
+        name, size = blob[pos : pos + 16].decode().strip().rstrip("/"), int(blob[pos + 48 : pos + 58])
         if name.startswith("data.tar"):
-            with tarfile.open(fileobj=io.BytesIO(blob[pos + 60: pos + 60 + size])) as tar:
+            with tarfile.open(fileobj=io.BytesIO(blob[pos + 60 : pos + 60 + size])) as tar:
                 tar.extractall(dest, filter="data")
             return
         pos += 60 + size + size % 2
@@ -108,7 +108,9 @@ def build_pcaudio_stub(out: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "pcaudio_stub.c"
         src.write_text(PCAUDIO_STUB_C)
-        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libpcaudio.so.0", "-o", str(out), str(src)], check=True)
+        subprocess.run(
+            ["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libpcaudio.so.0", "-o", str(out), str(src)], check=True
+        )
     return out
 
 
@@ -125,8 +127,11 @@ def install_espeak(espeak_dir: Path = ESPEAK_DIR) -> Path:
             build_pcaudio_stub(stub)
         shutil.copy(stub, root / LIB_SUBDIR / "libpcaudio.so.0")
     lib = str(root / LIB_SUBDIR)
-    check = subprocess.run([str(binary), f"--path={lib}", "--stdout", "check"], capture_output=True,
-                           env=dict(os.environ, LD_LIBRARY_PATH=lib))
+    check = subprocess.run(
+        [str(binary), f"--path={lib}", "--stdout", "check"],
+        capture_output=True,
+        env=dict(os.environ, LD_LIBRARY_PATH=lib),
+    )
     if check.returncode != 0 or len(check.stdout) < 1000:
         raise RuntimeError(f"{binary} does not run here: {check.stderr.decode(errors='replace').strip()}")
     return root
@@ -151,8 +156,13 @@ def variants(root: Path) -> list[str]:
 
 
 def random_voice(rng: random.Random, pool: list[str]) -> Voice:
-    return Voice(language=rng.choice(LANGUAGES), variant=rng.choice(pool), rate=rng.randint(130, 220),
-                 pitch=rng.randint(30, 70), gap=rng.choice((0, 0, 0, 1, 2)))
+    return Voice(
+        language=rng.choice(LANGUAGES),
+        variant=rng.choice(pool),
+        rate=rng.randint(130, 220),
+        pitch=rng.randint(30, 70),
+        gap=rng.choice((0, 0, 0, 1, 2)),
+    )
 
 
 def voice_pools(root: Path) -> tuple[list[str], list[str]]:
@@ -168,12 +178,27 @@ def synthesize(root: Path, text: str, voice: Voice) -> np.ndarray:
     """text -> (L,) int16 samples at ESPEAK_RATE, as espeak-ng writes them."""
     lib = str(root / LIB_SUBDIR)
     env = dict(os.environ, LD_LIBRARY_PATH=lib + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
-    cmd = [str(root / "usr/bin/espeak-ng"), f"--path={lib}", "-v", voice.name, "-s", str(voice.rate),
-           "-p", str(voice.pitch), "-g", str(voice.gap), "--stdout", text]
+    cmd = [
+        str(root / "usr/bin/espeak-ng"),
+        f"--path={lib}",
+        "-v",
+        voice.name,
+        "-s",
+        str(voice.rate),
+        "-p",
+        str(voice.pitch),
+        "-g",
+        str(voice.gap),
+        "--stdout",
+        text,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True)
     if done.returncode != 0:  # one odd sentence must not end a run of thousands: an empty clip is dropped later
-        print(f"espeak-ng failed on {text!r} ({voice.name}): {done.stderr.decode(errors='replace').strip()}",
-              file=sys.stderr, flush=True)
+        print(
+            f"espeak-ng failed on {text!r} ({voice.name}): {done.stderr.decode(errors='replace').strip()}",
+            file=sys.stderr,
+            flush=True,
+        )
         return np.zeros(0, dtype=np.int16)
     return np.frombuffer(done.stdout[44:], dtype="<i2").copy()  # a streamed WAV: 44-byte header, then the samples
 
@@ -196,14 +221,14 @@ def to_model_rate(clips: list[np.ndarray], device, chunk_seconds: float = 600.0)
         flat = np.zeros(total + gap, dtype=np.int16)
         starts, pos = [], gap
         for clip in group:
-            flat[pos: pos + len(clip)] = clip
+            flat[pos : pos + len(clip)] = clip
             starts.append(pos)
             pos += len(clip) + gap
         signal = torch.from_numpy(flat).to(device).float() / 32768.0
         resampled = AF.resample(signal, ESPEAK_RATE, SAMPLE_RATE)
         for clip, start in zip(group, starts):
             a = start * SAMPLE_RATE // ESPEAK_RATE
-            out.append(resampled[a: a + len(clip) * SAMPLE_RATE // ESPEAK_RATE].clone())
+            out.append(resampled[a : a + len(clip) * SAMPLE_RATE // ESPEAK_RATE].clone())
     return out
 
 
@@ -232,8 +257,28 @@ def start_synthesis(root: Path, texts: list[str], voices: list[Voice], workers: 
 
 # ---------------------------------------------------------------------------- text
 
-_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "inc", "ltd", "co", "prof", "gen", "rev",
-                  "ca", "eg", "ie", "am", "pm"}
+_ABBREVIATIONS = {
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "st",
+    "jr",
+    "sr",
+    "vs",
+    "etc",
+    "inc",
+    "ltd",
+    "co",
+    "prof",
+    "gen",
+    "rev",
+    "ca",
+    "eg",
+    "ie",
+    "am",
+    "pm",
+}
 _ALLOWED = re.compile(r"^[A-Za-z ,;:'\"!?.\-]+$")
 
 
@@ -294,8 +339,9 @@ def dictionary_words(path: Path) -> list[str]:
     return words
 
 
-def random_word_sentences(rng: random.Random, n: int, common: list[str], weights: list[float],
-                          dictionary: list[str]) -> list[str]:
+def random_word_sentences(
+    rng: random.Random, n: int, common: list[str], weights: list[float], dictionary: list[str]
+) -> list[str]:
     """Word sequences of 4..12 words: half common words (by frequency), half dictionary words (uniform)."""
     cum = list(itertools.accumulate(weights))
     out = []
@@ -338,8 +384,13 @@ class TextData:
 def load_text(folder: Path = TEXT_DIR) -> TextData:
     lines = lambda name: [ln for ln in (folder / name).read_text().splitlines() if ln.strip()]  # noqa: E731
     pairs = [ln.split("\t") for ln in lines("words.txt")]
-    return TextData(train=lines("train.txt"), heldout=lines("heldout.txt"), common=[w for w, _ in pairs],
-                    weights=[float(c) for _, c in pairs], dictionary=lines("dictionary.txt"))
+    return TextData(
+        train=lines("train.txt"),
+        heldout=lines("heldout.txt"),
+        common=[w for w, _ in pairs],
+        weights=[float(c) for _, c in pairs],
+        dictionary=lines("dictionary.txt"),
+    )
 
 
 def write_wav(path: Path, samples, rate: int = SAMPLE_RATE) -> None:
@@ -395,8 +446,10 @@ def main(argv: list[str] | None = None) -> int:
         root = install_espeak()
         train, held = voice_pools(root)
         clip = synthesize(root, "hello world", Voice("en-us", train[0], 170, 50, 0))
-        print(f"espeak-ng: {root}; {len(train)} training variants, held out {held}; "
-              f"'hello world' is {len(clip) / ESPEAK_RATE:.2f} s")
+        print(
+            f"espeak-ng: {root}; {len(train)} training variants, held out {held}; "
+            f"'hello world' is {len(clip) / ESPEAK_RATE:.2f} s"
+        )
     return 0
 
 

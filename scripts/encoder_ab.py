@@ -25,8 +25,9 @@ def save(model_path: str, out: str) -> None:
     results = {}
     for dtype in ("float32", "bfloat16"):
         model = graphscribe.load_model(model_path, device="cuda", dtype=dtype)
-        speech = torch.cat([model.read(speech_path(n)) for n in ("librispeech_2086-149220-0033.wav",
-                                                                 "jfk_44k1_stereo_24bit.flac")])
+        speech = torch.cat(
+            [model.read(speech_path(n)) for n in ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")]
+        )
         rows = [speech[: int(speech.numel() * (1 - 0.11 * i))] for i in range(8)]
         features, frames = model.features(rows)
         with torch.inference_mode():
@@ -47,8 +48,9 @@ def compare(a_path: str, b_path: str) -> None:
         print(f"{key:18s} bit-equal: {'yes' if same else 'no'}   largest relative distance a-b: {worst:.2e}")
     for name, run in (("a", a), ("b", b)):
         for mode in ("eager", "graphs"):
-            err = max(((x - y).norm() / y.norm()).item()
-                      for x, y in zip(run[f"bfloat16/{mode}"], run[f"float32/{mode}"]))
+            err = max(
+                ((x - y).norm() / y.norm()).item() for x, y in zip(run[f"bfloat16/{mode}"], run[f"float32/{mode}"])
+            )
             print(f"{name}: bfloat16 {mode} against its float32: largest relative distance {err:.2e}")
 
 

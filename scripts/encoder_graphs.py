@@ -29,7 +29,7 @@ def batch_of(model, speech: torch.Tensor, batch: int, seconds: float) -> list[to
     rate = model.sample_rate
     reps = int(seconds * rate) // speech.numel() + 1
     long = torch.cat([speech] * reps)
-    return [long[: int(seconds * rate * 0.97 ** r)] for r in range(batch)]
+    return [long[: int(seconds * rate * 0.97**r)] for r in range(batch)]
 
 
 def measure(run) -> tuple[float, float, float]:
@@ -58,14 +58,17 @@ def main() -> int:
     rows = []
     for dtype in args.dtypes.split(","):
         model = graphscribe.load_model(args.model, device="cuda", dtype=dtype, graphs=True)
-        speech = torch.cat([model.read(speech_path(n)) for n in ("librispeech_2086-149220-0033.wav",
-                                                                 "jfk_44k1_stereo_24bit.flac")])
+        speech = torch.cat(
+            [model.read(speech_path(n)) for n in ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")]
+        )
         shapes = [(b, float(s)) for b in map(int, args.batches.split(",")) for s in args.seconds.split(",")]
         shapes += [(1, float(s)) for s in args.long.split(",") if s]
         for i, (batch, seconds) in enumerate([(2, 3.0)] + shapes):  # the first loads libraries: not reported
             features, frames = model.features(batch_of(model, speech, batch, seconds))
-            modes = {"eager": lambda: model.module.encoder(features.to(model.dtype), frames),  # the eager loop
-                     "graphs": lambda: model.encoder_output(features, frames)}  # graphs=True: layer graphs
+            modes = {
+                "eager": lambda: model.module.encoder(features.to(model.dtype), frames),  # the eager loop
+                "graphs": lambda: model.encoder_output(features, frames),
+            }  # graphs=True: layer graphs
             with torch.inference_mode():
                 eager_out, _ = modes["eager"]()
             first = measure(modes["graphs"])  # captures this shape
@@ -79,19 +82,31 @@ def main() -> int:
                         times[name].append(measure(run))
             if i == 0:
                 continue
-            row = {"dtype": dtype, "batch": batch, "seconds": seconds, "encoder_frames": encoder_frames,
-                   "bit_equal": equal, "graphs_first_call_s": first[0],
-                   "capture_s_total": model._layer_graphs.capture_seconds}
+            row = {
+                "dtype": dtype,
+                "batch": batch,
+                "seconds": seconds,
+                "encoder_frames": encoder_frames,
+                "bit_equal": equal,
+                "graphs_first_call_s": first[0],
+                "capture_s_total": model._layer_graphs.capture_seconds,
+            }
             for name, got in times.items():
                 wall, host, gpu = (statistics.median(t[field] for t in got) for field in range(3))
-                row[name] = {"wall_s": wall, "host_s": host, "gpu_s": gpu,
-                             "wall_spread_s": [min(t[0] for t in got), max(t[0] for t in got)]}
+                row[name] = {
+                    "wall_s": wall,
+                    "host_s": host,
+                    "gpu_s": gpu,
+                    "wall_spread_s": [min(t[0] for t in got), max(t[0] for t in got)],
+                }
             rows.append(row)
-            print(f"{dtype:9s} B={batch:3d} {seconds:5.1f} s  eager {row['eager']['wall_s'] * 1e3:7.2f} ms "
-                  f"(host {row['eager']['host_s'] * 1e3:6.2f}, GPU {row['eager']['gpu_s'] * 1e3:6.2f})  "
-                  f"graphs {row['graphs']['wall_s'] * 1e3:7.2f} ms (host {row['graphs']['host_s'] * 1e3:6.2f}, "
-                  f"GPU {row['graphs']['gpu_s'] * 1e3:6.2f})  first {first[0] * 1e3:7.1f} ms  bit-equal {equal}",
-                  flush=True)
+            print(
+                f"{dtype:9s} B={batch:3d} {seconds:5.1f} s  eager {row['eager']['wall_s'] * 1e3:7.2f} ms "
+                f"(host {row['eager']['host_s'] * 1e3:6.2f}, GPU {row['eager']['gpu_s'] * 1e3:6.2f})  "
+                f"graphs {row['graphs']['wall_s'] * 1e3:7.2f} ms (host {row['graphs']['host_s'] * 1e3:6.2f}, "
+                f"GPU {row['graphs']['gpu_s'] * 1e3:6.2f})  first {first[0] * 1e3:7.1f} ms  bit-equal {equal}",
+                flush=True,
+            )
         del model
         torch.cuda.empty_cache()
     if args.json:

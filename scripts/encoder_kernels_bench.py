@@ -15,8 +15,8 @@ import argparse
 import json
 
 import torch
-
 from encoder_profile import time_ms  # scripts/ is on the path when run as a script
+
 from graphscribe import encoder_kernels as ek
 from graphscribe.encoder import _aligned, _halved
 
@@ -50,19 +50,35 @@ def main() -> int:
     norm = torch.nn.BatchNorm1d(d).to(dev, dt).eval()
     raw = torch.randn(heads, b, t, 2 * t - 1, device=dev, dtype=dt)
     with torch.inference_mode():
-        rows = sweep("first_conv", lambda **c: ek.first_conv(x, lengths, _halved(lengths), first, **c),
-                     [dict(block_p=bp, block_c=bc, warps=w) for bp, bc, w in
-                      ((64, 64, 4), (128, 32, 4), (32, 128, 4), (64, 128, 8), (128, 64, 8), (32, 256, 8))])
-        rows += sweep("glu_depthwise", lambda **c: ek.glu_depthwise(h, valid, conv, norm, **c),
-                      [dict(block_t=bt, block_c=bc, warps=w) for bt, bc, w in
-                       ((16, 128, 4), (32, 128, 4), (64, 64, 4), (32, 64, 4), (8, 256, 4), (64, 128, 8))])
-        rows += sweep("position_bias", lambda **c: ek.position_bias(raw, valid, 0.088, _aligned(t), **c),
-                      [dict(block_i=bi, block_j=bj, warps=w) for bi, bj, w in
-                       ((16, 128, 4), (8, 128, 4), (32, 128, 8), (16, 256, 4), (4, 256, 4))])
+        rows = sweep(
+            "first_conv",
+            lambda **c: ek.first_conv(x, lengths, _halved(lengths), first, **c),
+            [
+                dict(block_p=bp, block_c=bc, warps=w)
+                for bp, bc, w in ((64, 64, 4), (128, 32, 4), (32, 128, 4), (64, 128, 8), (128, 64, 8), (32, 256, 8))
+            ],
+        )
+        rows += sweep(
+            "glu_depthwise",
+            lambda **c: ek.glu_depthwise(h, valid, conv, norm, **c),
+            [
+                dict(block_t=bt, block_c=bc, warps=w)
+                for bt, bc, w in ((16, 128, 4), (32, 128, 4), (64, 64, 4), (32, 64, 4), (8, 256, 4), (64, 128, 8))
+            ],
+        )
+        rows += sweep(
+            "position_bias",
+            lambda **c: ek.position_bias(raw, valid, 0.088, _aligned(t), **c),
+            [
+                dict(block_i=bi, block_j=bj, warps=w)
+                for bi, bj, w in ((16, 128, 4), (8, 128, 4), (32, 128, 8), (16, 256, 4), (4, 256, 4))
+            ],
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "batch": b, "seconds": args.seconds, "rows": rows}, f,
-                      indent=1)
+            json.dump(
+                {"device": torch.cuda.get_device_name(), "batch": b, "seconds": args.seconds, "rows": rows}, f, indent=1
+            )
     return 0
 
 

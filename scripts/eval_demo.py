@@ -45,8 +45,17 @@ def write_wavs(folder: Path, seed: int, sentences, voices, clips) -> None:
     for i, (sentence, voice, clip) in enumerate(zip(sentences, voices, clips)):
         name = f"heldout_{i:02d}.wav"
         speech.write_wav(folder / name, clip)
-        rows.append({"file": name, "text": speech.normalize(sentence), "spoken": sentence, "voice": voice.name,
-                     "rate": voice.rate, "pitch": voice.pitch, "gap": voice.gap})
+        rows.append(
+            {
+                "file": name,
+                "text": speech.normalize(sentence),
+                "spoken": sentence,
+                "voice": voice.name,
+                "rate": voice.rate,
+                "pitch": voice.pitch,
+                "gap": voice.gap,
+            }
+        )
     (folder / "transcripts.json").write_text(json.dumps({"seed": seed, "clips": rows}, indent=1) + "\n")
     print(f"wrote {len(rows)} WAVs and transcripts.json to {folder}")
 
@@ -83,17 +92,39 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i, (sentence, voice, hyp) in enumerate(zip(sentences, voices, hyps)):
         errors, words = speech.word_errors(sentence, hyp)
-        rows.append({"index": i, "text": speech.normalize(sentence), "spoken": sentence,
-                     "voice": voice.name, "rate": voice.rate, "pitch": voice.pitch, "gap": voice.gap,
-                     "hyp": hyp, "errors": errors, "words": words})
+        rows.append(
+            {
+                "index": i,
+                "text": speech.normalize(sentence),
+                "spoken": sentence,
+                "voice": voice.name,
+                "rate": voice.rate,
+                "pitch": voice.pitch,
+                "gap": voice.gap,
+                "hyp": hyp,
+                "errors": errors,
+                "words": words,
+            }
+        )
     audio_seconds = sum(len(c) for c in clips) / speech.SAMPLE_RATE
-    report = {"model": str(args.model), "wer": wer, "utterances": len(rows), "audio_seconds": audio_seconds,
-              "synth_seconds": synth_seconds, "decode_seconds": decode_seconds, "device": str(model.device),
-              "seed": args.seed, "voices": args.voices, "rows": rows}
+    report = {
+        "model": str(args.model),
+        "wer": wer,
+        "utterances": len(rows),
+        "audio_seconds": audio_seconds,
+        "synth_seconds": synth_seconds,
+        "decode_seconds": decode_seconds,
+        "device": str(model.device),
+        "seed": args.seed,
+        "voices": args.voices,
+        "rows": rows,
+    }
     for row in sorted(rows, key=lambda r: -r["errors"])[:5]:
         print(f"  {row['errors']} errors  ref: {row['text']}\n{'':11}hyp: {row['hyp']}")
-    print(f"WER {wer:.2%} on {len(rows)} held-out utterances ({audio_seconds:.0f} s of audio, {args.voices} voices), "
-          f"decoded in {decode_seconds:.1f} s on {model.device}")
+    print(
+        f"WER {wer:.2%} on {len(rows)} held-out utterances ({audio_seconds:.0f} s of audio, {args.voices} voices), "
+        f"decoded in {decode_seconds:.1f} s on {model.device}"
+    )
     if args.write_wavs:
         write_wavs(args.write_wavs, args.seed, sentences, voices, clips)
     if args.json:

@@ -39,8 +39,11 @@ STAGES = ("padded_features", "encoder_output", "decode")
 
 def counters(model) -> dict[str, float]:
     layers = model._layer_graphs
-    return dict(decode_capture=model.decoder.capture_seconds, decode_compile=model.decoder.compile_seconds,
-                layer_capture=layers.capture_seconds if layers is not None else 0.0)
+    return dict(
+        decode_capture=model.decoder.capture_seconds,
+        decode_compile=model.decoder.compile_seconds,
+        layer_capture=layers.capture_seconds if layers is not None else 0.0,
+    )
 
 
 def sync(model) -> None:
@@ -85,10 +88,15 @@ def one_pass(model, files, batch: int, profiles: dict | None = None, profiled: i
             delattr(model, name)  # the class's methods again
     wall = time.perf_counter() - start
     after = counters(model)
-    return dict(wall_s=wall, files=len(results), errors=sum(1 for _, t in results if t.error),
-                clock=clock.seconds(), counters={k: after[k] - before[k] for k in after},
-                host={name: sum(s for s, _ in calls[name]) for name in calls},
-                calls={name: calls[name] for name in STAGES})
+    return dict(
+        wall_s=wall,
+        files=len(results),
+        errors=sum(1 for _, t in results if t.error),
+        clock=clock.seconds(),
+        counters={k: after[k] - before[k] for k in after},
+        host={name: sum(s for s, _ in calls[name]) for name in calls},
+        calls={name: calls[name] for name in STAGES},
+    )
 
 
 def main() -> int:
@@ -99,8 +107,13 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--json", type=Path, help="append one line of JSON")
-    ap.add_argument("--cprofile", type=int, default=0, metavar="K",
-                    help="cProfile each stage's first K calls in the first two passes; print the top functions")
+    ap.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        metavar="K",
+        help="cProfile each stage's first K calls in the first two passes; print the top functions",
+    )
     args = ap.parse_args()
     start = time.perf_counter()
     primer = prime("auto", args.dtype)  # as the CLI: CUDA's libraries load while the checkpoint does
@@ -110,10 +123,13 @@ def main() -> int:
     load_s = time.perf_counter() - start
     files = find_audio_files(args.folder)
     profiles = [{name: cProfile.Profile() for name in STAGES} for _ in range(args.passes)]
-    passes = [one_pass(model, files, args.batch, profiles[i] if i < 2 else None, args.cprofile)
-              for i in range(args.passes)]
+    passes = [
+        one_pass(model, files, args.batch, profiles[i] if i < 2 else None, args.cprofile) for i in range(args.passes)
+    ]
     label = f"{args.dtype} B={args.batch}"
-    print(f"{label}: {len(files)} files, loaded in {load_s:.2f} s ({' '.join(f'{k} {v:.2f}' for k, v in model.load_seconds.items())})")
+    print(
+        f"{label}: {len(files)} files, loaded in {load_s:.2f} s ({' '.join(f'{k} {v:.2f}' for k, v in model.load_seconds.items())})"
+    )
     for i, p in enumerate(passes, 1):
         host = " ".join(f"{k} {v:.3f}" for k, v in p["host"].items())
         clock = " ".join(f"{k} {v:.3f}" for k, v in p["clock"].items())
@@ -137,11 +153,12 @@ def main() -> int:
             pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(30)
             body = text.getvalue()
             print(f"  --- cProfile pass {i + 1} {name}, first {args.cprofile} calls:")
-            print(body[body.find("   ncalls"):].rstrip())
+            print(body[body.find("   ncalls") :].rstrip())
     if args.json:
         with args.json.open("a") as f:
-            f.write(json.dumps(dict(label=label, dtype=args.dtype, batch=args.batch, load_s=load_s,
-                                    passes=passes)) + "\n")
+            f.write(
+                json.dumps(dict(label=label, dtype=args.dtype, batch=args.batch, load_s=load_s, passes=passes)) + "\n"
+            )
     return 0
 
 

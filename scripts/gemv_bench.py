@@ -88,8 +88,13 @@ def main() -> None:
     rows_out = []
     shapes = {"joint": (8198, 640), "lstm": (2560, 640)}
     # the joint: 8 rows at B=1 (a window of 8 frames), 16 at B=8 (2 frames); an LSTM layer: 1 or 8 rows
-    cases = [("joint", torch.float32, 8), ("joint", torch.float32, 16), ("joint", torch.bfloat16, 8),
-             ("lstm", torch.float32, 1), ("lstm", torch.float32, 8)]
+    cases = [
+        ("joint", torch.float32, 8),
+        ("joint", torch.float32, 16),
+        ("joint", torch.bfloat16, 8),
+        ("lstm", torch.float32, 1),
+        ("lstm", torch.float32, 8),
+    ]
     for name, dtype, M in cases:
         C, K = shapes[name]
         w = torch.randn(C, K, device="cuda").to(dtype) / K**0.5
@@ -100,8 +105,16 @@ def main() -> None:
 
         def report(variant: str, seconds: float, out: torch.Tensor, **cfg) -> None:
             err = (out.double() - ref).abs().max().item()
-            row = dict(shape=name, dtype=str(dtype).split(".")[1], rows=M, variant=variant, us=round(seconds * 1e6, 2),
-                       tb_s=round(nbytes / seconds / 1e12, 2), max_err=float(f"{err:.3g}"), **cfg)
+            row = dict(
+                shape=name,
+                dtype=str(dtype).split(".")[1],
+                rows=M,
+                variant=variant,
+                us=round(seconds * 1e6, 2),
+                tb_s=round(nbytes / seconds / 1e12, 2),
+                max_err=float(f"{err:.3g}"),
+                **cfg,
+            )
             rows_out.append(row)
             print(json.dumps(row), flush=True)
 
@@ -110,8 +123,20 @@ def main() -> None:
         report("cublas", graph_time(lambda: torch.mm(xw, w.t(), out=out)), out)
         fp32 = "tf32x3" if dtype is torch.float32 else ""
         for bc, bk, warps, stages in itertools.product((32, 64), (64, 128), (4, 8), (3,)):
-            fn = lambda: _dot_kernel[(triton.cdiv(C, bc),)](x, w, y, M, C, K, BM=16, BC=bc, BK=bk, FP32=fp32,  # noqa: E731
-                                                           num_warps=warps, num_stages=stages)
+            fn = lambda: _dot_kernel[(triton.cdiv(C, bc),)](
+                x,
+                w,
+                y,
+                M,
+                C,
+                K,
+                BM=16,
+                BC=bc,
+                BK=bk,
+                FP32=fp32,  # noqa: E731
+                num_warps=warps,
+                num_stages=stages,
+            )
             try:
                 report("dot", graph_time(fn), y, bc=bc, bk=bk, warps=warps, stages=stages)
             except Exception as err:  # noqa: BLE001
@@ -120,8 +145,19 @@ def main() -> None:
         for bc, bk, warps, stages in itertools.product((8, 16, 32, 64), (32, 64, 128), (4, 8), (2, 3)):
             if bm * bc * bk > 8192 or bm * bc * bk < 1024:  # too many registers, or too little a chunk
                 continue
-            fn = lambda: _fma_kernel[(triton.cdiv(C, bc),)](x, w, y, M, C, K, BM=bm, BC=bc, BK=bk,  # noqa: E731
-                                                           num_warps=warps, num_stages=stages)
+            fn = lambda: _fma_kernel[(triton.cdiv(C, bc),)](
+                x,
+                w,
+                y,
+                M,
+                C,
+                K,
+                BM=bm,
+                BC=bc,
+                BK=bk,  # noqa: E731
+                num_warps=warps,
+                num_stages=stages,
+            )
             try:
                 report("fma", graph_time(fn), y, bc=bc, bk=bk, warps=warps, stages=stages)
             except Exception as err:  # noqa: BLE001

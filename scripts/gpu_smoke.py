@@ -1,6 +1,6 @@
 """Quick GPU check: graphs == eager on the NeMo fixture, and decode-step timings with 0.6b-v3 shapes.
 
-    python scripts/gpu_smoke.py   # on the lent GPU
+python scripts/gpu_smoke.py   # on the lent GPU
 """
 
 import json
@@ -25,8 +25,12 @@ def fixture_check() -> None:
             model = gs.load_model(FIXTURE / "tdt-tiny.nemo", device="cuda", dtype=dtype, graphs=graphs)
             for bs in (1, 6):
                 res = model.transcribe(paths, batch_size=bs)
-                same = [r.token_ids == c["token_ids"] and r.frames == c["timestamps"] for r, c in zip(res, ref["clips"])]
-                print(f"fixture {dtype} graphs={graphs} batch={bs}: matches NeMo {same} capture={model.decoder.capture_seconds:.3f}s")
+                same = [
+                    r.token_ids == c["token_ids"] and r.frames == c["timestamps"] for r, c in zip(res, ref["clips"])
+                ]
+                print(
+                    f"fixture {dtype} graphs={graphs} batch={bs}: matches NeMo {same} capture={model.decoder.capture_seconds:.3f}s"
+                )
 
 
 def timing(dtype: torch.dtype) -> None:
@@ -49,8 +53,10 @@ def timing(dtype: torch.dtype) -> None:
                 times.append(time.perf_counter() - t)
             med = sorted(times)[2]
             out[graphs] = [(h.token_ids, h.frames) for h in hyps]
-            print(f"{dtype} N={n} graphs={graphs}: {med*1e3:.2f} ms, steps {hyps[0].steps}, "
-                  f"{med*1e6/max(hyps[0].steps,1):.1f} us/step, tokens {len(hyps[0].token_ids)}, capture {dec.capture_seconds*1e3:.0f} ms")
+            print(
+                f"{dtype} N={n} graphs={graphs}: {med * 1e3:.2f} ms, steps {hyps[0].steps}, "
+                f"{med * 1e6 / max(hyps[0].steps, 1):.1f} us/step, tokens {len(hyps[0].token_ids)}, capture {dec.capture_seconds * 1e3:.0f} ms"
+            )
         print("  identical:", out[False] == out[True])
 
 

@@ -23,8 +23,8 @@ from dataclasses import replace
 
 import torch
 import triton
-
 from gemv_bench import graph_time  # scripts/, beside this one
+
 from graphscribe.fused_step import FP32_TILES, HALF_TILES, ONE_ROW, _joint_kernel, _next_pow2
 
 O, J, V1, T = 8198, 640, 8193, 1024  # outputs (V + 1 tokens, 5 durations), joint hidden, token logits, frames
@@ -51,10 +51,34 @@ def run(dtype: torch.dtype, tiles, window: int, cold: bool, calls: int, reps: in
 
     def call():
         _joint_kernel[(blocks, triton.cdiv(window, tiles.rows))](
-            enc, g, t, active, w_out, b_out, tok_val, tok_idx, dur_val, dur_idx,
-            1, T, window, J, V1, O, blocks,
-            BM=tiles.rows, BC=tiles.joint_cols, BK=tiles.k, FP32=tiles.fp32 or "", TDT=True, NBD=nbd,
-            num_warps=tiles.warps, num_stages=tiles.stages, PDL=0, SKIP=tiles.skip)
+            enc,
+            g,
+            t,
+            active,
+            w_out,
+            b_out,
+            tok_val,
+            tok_idx,
+            dur_val,
+            dur_idx,
+            1,
+            T,
+            window,
+            J,
+            V1,
+            O,
+            blocks,
+            BM=tiles.rows,
+            BC=tiles.joint_cols,
+            BK=tiles.k,
+            FP32=tiles.fp32 or "",
+            TDT=True,
+            NBD=nbd,
+            num_warps=tiles.warps,
+            num_stages=tiles.stages,
+            PDL=0,
+            SKIP=tiles.skip,
+        )
 
     if not cold:
         return graph_time(call, calls, reps) * 1e6
@@ -72,13 +96,19 @@ def main() -> None:
     rows = []
     for dtype, base in ((torch.float32, FP32_TILES), (torch.bfloat16, HALF_TILES)):
         one = replace(base, **ONE_ROW)
-        variants = [("one-row tiles", one, 8, False), ("window 1", one, 1, False), ("no skip", replace(one, skip=False), 8, False),
-                    ("cold weights", one, 8, True), ("cold, window 1", one, 1, True),
-                    ("stages 4", replace(one, stages=4), 8, False), ("stages 5", replace(one, stages=5), 8, False),
-                    ("k 32, stages 6", replace(one, k=32, stages=6), 8, False),
-                    ("k 128, stages 2", replace(one, k=128, stages=2), 8, False),
-                    ("k 128, stages 3", replace(one, k=128, stages=3), 8, False),
-                    ("warps 4", replace(one, warps=4), 8, False)]
+        variants = [
+            ("one-row tiles", one, 8, False),
+            ("window 1", one, 1, False),
+            ("no skip", replace(one, skip=False), 8, False),
+            ("cold weights", one, 8, True),
+            ("cold, window 1", one, 1, True),
+            ("stages 4", replace(one, stages=4), 8, False),
+            ("stages 5", replace(one, stages=5), 8, False),
+            ("k 32, stages 6", replace(one, k=32, stages=6), 8, False),
+            ("k 128, stages 2", replace(one, k=128, stages=2), 8, False),
+            ("k 128, stages 3", replace(one, k=128, stages=3), 8, False),
+            ("warps 4", replace(one, warps=4), 8, False),
+        ]
         for name, tiles, window, cold in variants:
             try:
                 us = run(dtype, tiles, window, cold, args.calls, args.reps)
@@ -86,8 +116,15 @@ def main() -> None:
                 print(f"{dtype} {name}: {type(err).__name__}: {str(err)[:160]}", flush=True)
                 continue
             weight_mb = O * J * torch.empty(0, dtype=dtype).element_size() / 1e6
-            row = dict(dtype=str(dtype).removeprefix("torch."), variant=name, window=window, cold=cold,
-                       us_per_call=round(us, 2), weight_tb_s=round(weight_mb / us, 2), device=torch.cuda.get_device_name())
+            row = dict(
+                dtype=str(dtype).removeprefix("torch."),
+                variant=name,
+                window=window,
+                cold=cold,
+                us_per_call=round(us, 2),
+                weight_tb_s=round(weight_mb / us, 2),
+                device=torch.cuda.get_device_name(),
+            )
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:

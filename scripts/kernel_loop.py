@@ -36,22 +36,45 @@ BIN = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvid
 def compile_joint(dtype: str, fp32: str):
     tiles = replace(fs.FP32_TILES if dtype == "float32" else fs.HALF_TILES, **fs.ONE_ROW)
     weights = "*fp32" if dtype == "float32" else "*bf16"
-    pointers = dict(enc=weights, g=weights, t="*i64", active="*i1", w_out=weights, b_out="*fp32", tok_val="*fp32",
-                    tok_idx="*i32", dur_val="*fp32", dur_idx="*i32")
-    constexprs = dict(BM=tiles.rows, BC=tiles.joint_cols, BK=tiles.k, FP32=fp32 if dtype == "float32" else "", TDT=True,
-                      NBD=2, SKIP=True, PDL=True)
+    pointers = dict(
+        enc=weights,
+        g=weights,
+        t="*i64",
+        active="*i1",
+        w_out=weights,
+        b_out="*fp32",
+        tok_val="*fp32",
+        tok_idx="*i32",
+        dur_val="*fp32",
+        dur_idx="*i32",
+    )
+    constexprs = dict(
+        BM=tiles.rows,
+        BC=tiles.joint_cols,
+        BK=tiles.k,
+        FP32=fp32 if dtype == "float32" else "",
+        TDT=True,
+        NBD=2,
+        SKIP=True,
+        PDL=True,
+    )
     names = list(inspect.signature(fs._joint_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     aligned = {(names.index(n),): [["tt.divisibility", 16]] for n in [*pointers, "J"]}
-    return triton.compile(ASTSource(fs._joint_kernel, signature, constexprs, attrs=aligned),
-                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=tiles.warps, num_stages=tiles.stages))
+    return triton.compile(
+        ASTSource(fs._joint_kernel, signature, constexprs, attrs=aligned),
+        target=GPUTarget("cuda", 90, 32),
+        options=dict(num_warps=tiles.warps, num_stages=tiles.stages),
+    )
 
 
 def loop_mix(cubin: bytes) -> tuple[str, Counter]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        usage = subprocess.run([f"{BIN}/cuobjdump", "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        usage = subprocess.run(
+            [f"{BIN}/cuobjdump", "--dump-resource-usage", f.name], capture_output=True, text=True
+        ).stdout
         sass = subprocess.run([f"{BIN}/nvdisasm", "-c", f.name], capture_output=True, text=True).stdout.splitlines()
     address = lambda line: int(re.search(r"/\*([0-9a-f]{4})\*/", line).group(1), 16)  # noqa: E731
     labels, current, code = {}, None, []
@@ -68,7 +91,8 @@ def loop_mix(cubin: bytes) -> tuple[str, Counter]:
             first, last = labels[m.group(1)], address(line)
             body = [c for c in code if first <= address(c) <= last]
             return " ".join(re.findall(r"REG:\d+|SHARED:\d+", usage)), Counter(
-                re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", c).group(1) for c in body)
+                re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", c).group(1) for c in body
+            )
     raise RuntimeError("no loop found")
 
 
@@ -88,9 +112,12 @@ def split_errors(seed: int = 0) -> dict[str, float]:
         return a.astype(np.float64) @ b.astype(np.float64).T
 
     exact, (xh, wh) = mm(x, w), (rna(x), rna(w))
-    ways = {"the patch's tf32x3": mm(truncated(x - xh), wh) + mm(xh, truncated(w - wh)) + mm(xh, wh),
-            "tl.dot tf32x3": mm(rna(x - xh), wh) + mm(xh, rna(w - wh)) + mm(xh, wh),
-            "float32 (NumPy)": (x @ w.T).astype(np.float64), "one TF32 product": mm(truncated(x), truncated(w))}
+    ways = {
+        "the patch's tf32x3": mm(truncated(x - xh), wh) + mm(xh, truncated(w - wh)) + mm(xh, wh),
+        "tl.dot tf32x3": mm(rna(x - xh), wh) + mm(xh, rna(w - wh)) + mm(xh, wh),
+        "float32 (NumPy)": (x @ w.T).astype(np.float64),
+        "one TF32 product": mm(truncated(x), truncated(w)),
+    }
     scale = np.abs(exact).max()
     return {name: float(np.abs(got - exact).max() / scale) for name, got in ways.items()}
 
@@ -101,7 +128,9 @@ def main() -> None:
     ap.add_argument("--fp32", default="tf32x3", choices=["tf32x3", "ieee"], help="float32 products of the joint")
     args = ap.parse_args()
     resources, mix = loop_mix(compile_joint(args.dtype, args.fp32).asm["cubin"])
-    print(f"_joint_kernel, one-row tiles, {args.dtype}{'' if args.dtype != 'float32' else ' ' + args.fp32}: {resources}")
+    print(
+        f"_joint_kernel, one-row tiles, {args.dtype}{'' if args.dtype != 'float32' else ' ' + args.fp32}: {resources}"
+    )
     print(f"k loop: {sum(mix.values())} instructions a chunk:", ", ".join(f"{k} {v}" for k, v in mix.most_common(12)))
     for name, error in split_errors().items():
         print(f"split error against float64, {name}: {error:.1e}")

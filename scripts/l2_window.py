@@ -37,8 +37,13 @@ NODE_KERNEL = 0  # CU_GRAPH_NODE_TYPE_KERNEL
 
 
 class Window(ctypes.Structure):
-    _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hitRatio", ctypes.c_float),
-                ("hitProp", ctypes.c_int), ("missProp", ctypes.c_int)]
+    _fields_ = [
+        ("base_ptr", ctypes.c_void_p),
+        ("num_bytes", ctypes.c_size_t),
+        ("hitRatio", ctypes.c_float),
+        ("hitProp", ctypes.c_int),
+        ("missProp", ctypes.c_int),
+    ]
 
 
 class AttrValue(ctypes.Union):
@@ -62,8 +67,10 @@ NODES_SET = [0]
 
 def set_stream_window(stream: torch.cuda.Stream) -> None:
     value = WINDOW if WINDOW is not None else AttrValue()
-    check(cuda.cuStreamSetAttribute(ctypes.c_void_p(stream.cuda_stream), ACCESS_POLICY_WINDOW, ctypes.byref(value)),
-          "cuStreamSetAttribute")
+    check(
+        cuda.cuStreamSetAttribute(ctypes.c_void_p(stream.cuda_stream), ACCESS_POLICY_WINDOW, ctypes.byref(value)),
+        "cuStreamSetAttribute",
+    )
 
 
 def set_node_windows(raw_graph: int) -> int:
@@ -76,8 +83,10 @@ def set_node_windows(raw_graph: int) -> int:
         kind = ctypes.c_int()
         check(cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)), "cuGraphNodeGetType")
         if kind.value == NODE_KERNEL:
-            check(cuda.cuGraphKernelNodeSetAttribute(ctypes.c_void_p(node), ACCESS_POLICY_WINDOW, ctypes.byref(WINDOW)),
-                  "cuGraphKernelNodeSetAttribute")
+            check(
+                cuda.cuGraphKernelNodeSetAttribute(ctypes.c_void_p(node), ACCESS_POLICY_WINDOW, ctypes.byref(WINDOW)),
+                "cuGraphKernelNodeSetAttribute",
+            )
             kernels += 1
     return kernels
 
@@ -108,8 +117,12 @@ class WindowedSteps(graphs.CapturedSteps):
 
 def arena(fused, order: list[str]) -> dict[str, tuple[int, int]]:
     """Copy the step's weights into one buffer in `order`; return each one's byte range in it."""
-    tensors = {"w_hh": fused.w_hh, "w_ih": fused.w_ih[0] if fused.w_ih else None, "w_pred": fused.w_pred,
-               "w_out": fused.w_out}
+    tensors = {
+        "w_hh": fused.w_hh,
+        "w_ih": fused.w_ih[0] if fused.w_ih else None,
+        "w_pred": fused.w_pred,
+        "w_out": fused.w_out,
+    }
     tensors = {k: v for k, v in tensors.items() if v is not None}
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     buf = torch.empty(total + 256 * len(tensors), dtype=torch.uint8, device=fused.w_out.device)
@@ -117,7 +130,7 @@ def arena(fused, order: list[str]) -> dict[str, tuple[int, int]]:
     for name in order:
         t = tensors[name]
         nbytes = t.numel() * t.element_size()
-        view = buf[offset:offset + nbytes].view(t.dtype).view(t.shape)
+        view = buf[offset : offset + nbytes].view(t.dtype).view(t.shape)
         view.copy_(t)
         ranges[name] = (offset, nbytes)
         if name == "w_ih":
@@ -138,7 +151,9 @@ def main() -> None:
     args = ap.parse_args()
 
     l2, max_persist, max_window = device_attr(ATTR_L2), device_attr(ATTR_MAX_PERSISTING), device_attr(ATTR_MAX_WINDOW)
-    print(f"L2 {l2 / 2**20:.1f} MiB, max persisting {max_persist / 2**20:.1f} MiB, max window {max_window / 2**20:.1f} MiB")
+    print(
+        f"L2 {l2 / 2**20:.1f} MiB, max persisting {max_persist / 2**20:.1f} MiB, max window {max_window / 2**20:.1f} MiB"
+    )
     graphs.CapturedSteps = WindowedSteps
     import graphscribe.decoding  # noqa: F401  (imports CapturedSteps from graphs at call time)
 
@@ -157,11 +172,14 @@ def main() -> None:
         for config in ["none", "pred", "joint", "all-scaled", "all", "none-again"]:
             WINDOW = None
             check(cuda.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
-            check(cuda.cuCtxSetLimit(LIMIT_PERSISTING, ctypes.c_size_t(0 if config.startswith("none") else max_persist)),
-                  "cuCtxSetLimit")
+            check(
+                cuda.cuCtxSetLimit(LIMIT_PERSISTING, ctypes.c_size_t(0 if config.startswith("none") else max_persist)),
+                "cuCtxSetLimit",
+            )
             for graphs_on in (True, False):
-                decoder = GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs_on,
-                                        fused=True)
+                decoder = GreedyDecoder(
+                    model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs_on, fused=True
+                )
                 fused = decoder._step_fn(torch.device("cuda"), next(iter(encoded.values()))[0].dtype)
                 ranges = arena(fused, order)
                 size = sum(n for _, n in ranges.values())
@@ -175,8 +193,9 @@ def main() -> None:
                     nbytes = hi - lo
                     ratio = 1.0 if config != "all-scaled" else min(1.0, max_persist / nbytes)
                     WINDOW = AttrValue()
-                    WINDOW.accessPolicyWindow = Window(fused._arena.data_ptr() + lo, nbytes, ratio, PERSISTING,
-                                                       STREAMING)
+                    WINDOW.accessPolicyWindow = Window(
+                        fused._arena.data_ptr() + lo, nbytes, ratio, PERSISTING, STREAMING
+                    )
                 stream = torch.cuda.Stream()
                 set_stream_window(stream)
                 with torch.cuda.stream(stream):
@@ -195,11 +214,20 @@ def main() -> None:
                             key = (name, batch)
                             tokens = [h.token_ids for h in hyps]
                             same = reference.setdefault(key, tokens) == tokens
-                            row = dict(dtype=dtype, config=config, graphs=graphs_on, clip=name, batch=batch,
-                                       ms=round(1e3 * statistics.median(times), 3), best_ms=round(1e3 * min(times), 3),
-                                       window_mb=round((hi - lo) / 2**20, 1) if WINDOW is not None else 0,
-                                       weights_mb=round(size / 2**20, 1), same_tokens=same, steps=hyps[0].steps,
-                                       kernel_nodes=NODES_SET[0] if graphs_on and WINDOW is not None else None)
+                            row = dict(
+                                dtype=dtype,
+                                config=config,
+                                graphs=graphs_on,
+                                clip=name,
+                                batch=batch,
+                                ms=round(1e3 * statistics.median(times), 3),
+                                best_ms=round(1e3 * min(times), 3),
+                                window_mb=round((hi - lo) / 2**20, 1) if WINDOW is not None else 0,
+                                weights_mb=round(size / 2**20, 1),
+                                same_tokens=same,
+                                steps=hyps[0].steps,
+                                kernel_nodes=NODES_SET[0] if graphs_on and WINDOW is not None else None,
+                            )
                             rows.append(row)
                             print(json.dumps(row), flush=True)
                 WINDOW = None

@@ -44,10 +44,12 @@ from graphscribe import encoder as encoder_module
 from graphscribe.model import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEECH = [ROOT / "src/graphscribe/data/librispeech_2086-149220-0033.wav",
-          ROOT / "tests/fixtures/nemo-timestamps/clips/long_mix_62s.flac",
-          *sorted((ROOT / "tests/fixtures/nemo-timestamps/clips").glob("demo*.flac")),
-          *sorted((ROOT / "tests/fixtures/demo-heldout").glob("*.wav"))]
+SPEECH = [
+    ROOT / "src/graphscribe/data/librispeech_2086-149220-0033.wav",
+    ROOT / "tests/fixtures/nemo-timestamps/clips/long_mix_62s.flac",
+    *sorted((ROOT / "tests/fixtures/nemo-timestamps/clips").glob("demo*.flac")),
+    *sorted((ROOT / "tests/fixtures/demo-heldout").glob("*.wav")),
+]
 SAMPLE_RATE = 16000
 
 
@@ -94,8 +96,10 @@ def reset_peak(device: torch.device) -> None:
 def peak(device: torch.device) -> dict:
     if device.type != "cuda":
         return {"peak_allocated_gib": None, "peak_reserved_gib": None}
-    return {"peak_allocated_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
-            "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2)}
+    return {
+        "peak_allocated_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2),
+    }
 
 
 def is_oom(err: BaseException) -> bool:
@@ -171,17 +175,25 @@ def transcribe_one(model, audio: torch.Tensor, attention: str, window: int, devi
     if transcript.error is not None:
         status = "OOM" if "out of" in transcript.error and "memory" in transcript.error else "error"
         return {"status": status, "error": transcript.error}
-    return {"status": "ok", "seconds": round(seconds, 3), "rtfx": round(audio.numel() / model.sample_rate / seconds, 1),
-            "tokens": len(transcript.token_ids), "ran": "full" if chosen is None else f"local {list(chosen)}",
-            "auto_switched": attention == "auto" and chosen is not None, **peak(device)}
+    return {
+        "status": "ok",
+        "seconds": round(seconds, 3),
+        "rtfx": round(audio.numel() / model.sample_rate / seconds, 1),
+        "tokens": len(transcript.token_ids),
+        "ran": "full" if chosen is None else f"local {list(chosen)}",
+        "auto_switched": attention == "auto" and chosen is not None,
+        **peak(device),
+    }
 
 
 def format_row(row: dict) -> str:
     head = f"{row['dtype']:>8} {row['minutes']:>6g} min {row['attention']:>5}"
     if row["status"] != "ok":
         return f"{head}: {row['status']}"
-    return (f"{head}: {row['seconds']:8.2f} s  RTFx {row['rtfx']:8.1f}  tokens {row['tokens']:6d}  "
-            f"{row['ran']:<14} peak {row['peak_allocated_gib']} / {row['peak_reserved_gib']} GiB")
+    return (
+        f"{head}: {row['seconds']:8.2f} s  RTFx {row['rtfx']:8.1f}  tokens {row['tokens']:6d}  "
+        f"{row['ran']:<14} peak {row['peak_allocated_gib']} / {row['peak_reserved_gib']} GiB"
+    )
 
 
 def encoder_table(args, device: torch.device, budget: Budget) -> list[dict]:
@@ -194,16 +206,19 @@ def encoder_table(args, device: torch.device, budget: Budget) -> list[dict]:
             clip = recording(source, clip_seconds, model.sample_rate)
             for batch in args.batch_sizes:
                 if budget.left() < args.reserve_seconds:
-                    rows.append({"dtype": dtype, "clip_seconds": clip_seconds, "batch": batch,
-                                 "status": "skipped: budget"})
+                    rows.append(
+                        {"dtype": dtype, "clip_seconds": clip_seconds, "batch": batch, "status": "skipped: budget"}
+                    )
                     say(f"{dtype:>8} {clip_seconds:g} s x {batch}: skipped (budget)")
                     continue
                 features, lengths = model.features([clip] * batch)
                 features = features.to(model.dtype)
                 row = {"dtype": dtype, "clip_seconds": clip_seconds, "batch": batch, "status": "ok"}
                 outputs = {}
-                for name, attend in (("einsum", encoder_module._full_attention_nemo),
-                                     ("sdpa", encoder_module.full_attention)):
+                for name, attend in (
+                    ("einsum", encoder_module._full_attention_nemo),
+                    ("sdpa", encoder_module.full_attention),
+                ):
                     timing = time_encoder(model, features, lengths, attend, args.reps, device)
                     row.update({f"{name}_{k}": v for k, v in timing.items() if k != "output"})
                     outputs[name] = timing.get("output")
@@ -212,10 +227,12 @@ def encoder_table(args, device: torch.device, budget: Budget) -> list[dict]:
                 if row.get("einsum_ms") and row.get("sdpa_ms"):
                     row["speedup"] = round(row["einsum_ms"] / row["sdpa_ms"], 2)
                 rows.append(row)
-                say(f"{dtype:>8} {clip_seconds:g} s x {batch:3d}: einsum {row.get('einsum_ms', row.get('einsum_status'))} ms "
+                say(
+                    f"{dtype:>8} {clip_seconds:g} s x {batch:3d}: einsum {row.get('einsum_ms', row.get('einsum_status'))} ms "
                     f"(peak {row.get('einsum_peak_allocated_gib')} GiB), sdpa {row.get('sdpa_ms', row.get('sdpa_status'))} "
                     f"ms (peak {row.get('sdpa_peak_allocated_gib')} GiB), speedup {row.get('speedup')}, "
-                    f"max diff {row.get('max_abs_diff')}")
+                    f"max diff {row.get('max_abs_diff')}"
+                )
                 del features
         del model
         reset_peak(device)
@@ -237,8 +254,13 @@ def time_encoder(model, features, lengths, attend, reps: int, device: torch.devi
             output, _ = model.module.encoder(features, lengths)
             sync(device)
             times.append((time.perf_counter() - start) * 1000)
-        return {"ms": round(statistics.median(times), 2), "min_ms": round(min(times), 2),
-                "max_ms": round(max(times), 2), **{f"{k}": v for k, v in peak(device).items()}, "output": output}
+        return {
+            "ms": round(statistics.median(times), 2),
+            "min_ms": round(min(times), 2),
+            "max_ms": round(max(times), 2),
+            **{f"{k}": v for k, v in peak(device).items()},
+            "output": output,
+        }
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if not is_oom(err):
             raise
@@ -249,30 +271,45 @@ def time_encoder(model, features, lengths, attend, reps: int, device: torch.devi
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# Long audio and the full-attention encoder: {report['device']}", "",
-             f"`{report['command']}`", "",
-             f"model `{report['model']}`, torch {report['torch']}, graphscribe {report['graphscribe']} "
-             f"({report['commit']}), {report['total_seconds']} s in all.", "",
-             "## Long recordings, end to end", "",
-             f"Peaks include the weights of all dtypes' models, loaded together: {report['weights_gib']} GiB.", "",
-             "| dtype | minutes | --attention | ran | seconds | RTFx | tokens | peak allocated GiB | peak reserved GiB |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Long audio and the full-attention encoder: {report['device']}",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"model `{report['model']}`, torch {report['torch']}, graphscribe {report['graphscribe']} "
+        f"({report['commit']}), {report['total_seconds']} s in all.",
+        "",
+        "## Long recordings, end to end",
+        "",
+        f"Peaks include the weights of all dtypes' models, loaded together: {report['weights_gib']} GiB.",
+        "",
+        "| dtype | minutes | --attention | ran | seconds | RTFx | tokens | peak allocated GiB | peak reserved GiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in report["long_audio"]:
         if r["status"] == "ok":
-            lines.append(f"| {r['dtype']} | {r['minutes']:g} | {r['attention']} | {r['ran']} | {r['seconds']} | "
-                         f"{r['rtfx']} | {r['tokens']} | {r['peak_allocated_gib']} | {r['peak_reserved_gib']} |")
+            lines.append(
+                f"| {r['dtype']} | {r['minutes']:g} | {r['attention']} | {r['ran']} | {r['seconds']} | "
+                f"{r['rtfx']} | {r['tokens']} | {r['peak_allocated_gib']} | {r['peak_reserved_gib']} |"
+            )
         else:
             lines.append(f"| {r['dtype']} | {r['minutes']:g} | {r['attention']} | {r['status']} | | | | | |")
-    lines += ["", "## Encoder only, full attention: NeMo's formulation (einsum) vs SDPA with the position bias", "",
-              "| dtype | clip s | batch | einsum ms | SDPA ms | speedup | einsum peak GiB | SDPA peak GiB | max abs diff |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "## Encoder only, full attention: NeMo's formulation (einsum) vs SDPA with the position bias",
+        "",
+        "| dtype | clip s | batch | einsum ms | SDPA ms | speedup | einsum peak GiB | SDPA peak GiB | max abs diff |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in report["encoder"]:
         if r["status"] != "ok":
             lines.append(f"| {r['dtype']} | {r['clip_seconds']:g} | {r['batch']} | {r['status']} | | | | | |")
             continue
-        lines.append(f"| {r['dtype']} | {r['clip_seconds']:g} | {r['batch']} | {r.get('einsum_ms', 'OOM')} | "
-                     f"{r.get('sdpa_ms', 'OOM')} | {r.get('speedup', '')} | {r.get('einsum_peak_allocated_gib')} | "
-                     f"{r.get('sdpa_peak_allocated_gib')} | {r.get('max_abs_diff', '')} |")
+        lines.append(
+            f"| {r['dtype']} | {r['clip_seconds']:g} | {r['batch']} | {r.get('einsum_ms', 'OOM')} | "
+            f"{r.get('sdpa_ms', 'OOM')} | {r.get('speedup', '')} | {r.get('einsum_peak_allocated_gib')} | "
+            f"{r.get('sdpa_peak_allocated_gib')} | {r.get('max_abs_diff', '')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -281,8 +318,9 @@ def _numbers(text: str, kind=float) -> list:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", required=True, help=".nemo file, folder, Hugging Face id or demo")
     parser.add_argument("--out", type=Path, required=True, help="folder for results.json and results.md")
     parser.add_argument("--device", default="cuda")
@@ -308,14 +346,22 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     say(f"device {name}, torch {torch.__version__}, budget {args.budget_seconds:.0f} s")
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = "?"
-    report = {"device": name, "torch": torch.__version__, "graphscribe": graphscribe.__version__
-              if hasattr(graphscribe, "__version__") else "?", "commit": commit or "?", "model": str(args.model),
-              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "long_audio": [], "encoder": [],
-              "weights_gib": None}
+    report = {
+        "device": name,
+        "torch": torch.__version__,
+        "graphscribe": graphscribe.__version__ if hasattr(graphscribe, "__version__") else "?",
+        "commit": commit or "?",
+        "model": str(args.model),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "long_audio": [],
+        "encoder": [],
+        "weights_gib": None,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     budget_encoder = Budget(min(args.budget_seconds * 0.3, budget.left()))  # part 2 first, at most 30% of the time
     if not args.skip_encoder:

@@ -42,19 +42,26 @@ def decoders(model, encoded, lengths):
     try:
         from graphscribe.fused_step import FusedStep
 
-        for name, graphs, fused in (("fused, graphs", True, True), ("fused, float32 weights", True, True),
-                                    ("pytorch, graphs", True, False)):
+        for name, graphs, fused in (
+            ("fused, graphs", True, True),
+            ("fused, float32 weights", True, True),
+            ("pytorch, graphs", True, False),
+        ):
             reads.clear()
-            decoder = GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs,
-                                    fused=fused)
+            decoder = GreedyDecoder(
+                model.module.decoder, model.module.joint, model.cfg.decoding, graphs=graphs, fused=fused
+            )
             if "float32" in name:  # the LSTM's (and the joint's) weights in float32, as the PyTorch step has them
-                decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, torch.float32,
-                                                model.cfg.decoding.durations)
+                decoder._fused_step = FusedStep(
+                    decoder.prediction, decoder.joint, torch.float32, model.cfg.decoding.durations
+                )
             hyp = decoder.decode(encoded, lengths)[0]
             counts = torch.bincount(torch.tensor(hyp.frames) // STRETCH, minlength=-(-int(lengths[0]) // STRETCH))
             print(f"  {name}: tokens {len(hyp.token_ids)}, steps {hyp.steps}, per 15 min {counts.tolist()}", flush=True)
-            print(f"    reads (frames to go, tokens, slots): {reads[:6]} ... {reads[-4:]} ({len(reads)} reads)",
-                  flush=True)
+            print(
+                f"    reads (frames to go, tokens, slots): {reads[:6]} ... {reads[-4:]} ({len(reads)} reads)",
+                flush=True,
+            )
     finally:
         decoding.Progress.read = original
 
@@ -76,9 +83,16 @@ def main() -> None:
             encoded, lengths = model.encoder_output(features, frames, window)
             outputs[name] = (encoded, lengths)
             norms = encoded[0].float().norm(dim=1)
-            print(name, "frames", int(lengths[0]), "nan", bool(torch.isnan(encoded).any()),
-                  "norm per 15 min:", [round(float(norms[s: s + STRETCH].mean()), 1) for s in range(0, norms.numel(), STRETCH)],
-                  flush=True)
+            print(
+                name,
+                "frames",
+                int(lengths[0]),
+                "nan",
+                bool(torch.isnan(encoded).any()),
+                "norm per 15 min:",
+                [round(float(norms[s : s + STRETCH].mean()), 1) for s in range(0, norms.numel(), STRETCH)],
+                flush=True,
+            )
             if name == "long local":
                 decoders(model, encoded, lengths)
             else:
@@ -90,8 +104,12 @@ def main() -> None:
             return
         a, b = outputs["long local"][0][0], outputs["60 min local"][0][0]
         n = 50 * 60 * 100 // 8
-        print("long local vs 60 min local, first 50 min: max abs diff", float((a[:n] - b[:n]).abs().max()),
-              "per 15 min:", [float((a[s: s + STRETCH] - b[s: s + STRETCH]).abs().max()) for s in range(0, n, STRETCH)])
+        print(
+            "long local vs 60 min local, first 50 min: max abs diff",
+            float((a[:n] - b[:n]).abs().max()),
+            "per 15 min:",
+            [float((a[s : s + STRETCH] - b[s : s + STRETCH]).abs().max()) for s in range(0, n, STRETCH)],
+        )
 
 
 if __name__ == "__main__":

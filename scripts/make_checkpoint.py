@@ -174,8 +174,13 @@ def preset_config(preset_name: str, seed: int = 0) -> dict:
             "preserve_memory": False,
             "fuse_loss_wer": True,
             "fused_batch_size": 4,
-            "jointnet": {"joint_hidden": p.joint_hidden, "activation": "relu", "dropout": 0.2,
-                         "encoder_hidden": p.d_model, "pred_hidden": p.pred_hidden},
+            "jointnet": {
+                "joint_hidden": p.joint_hidden,
+                "activation": "relu",
+                "dropout": 0.2,
+                "encoder_hidden": p.d_model,
+                "pred_hidden": p.pred_hidden,
+            },
             "num_extra_outputs": len(p.durations) if tdt else 0,
             "num_classes": p.vocab_size,
             "vocabulary": list(pieces),
@@ -189,15 +194,50 @@ def preset_config(preset_name: str, seed: int = 0) -> dict:
     }
     if tdt:
         cfg["decoding"].update(model_type="tdt", durations=list(p.durations))
-        cfg["loss"] = {"loss_name": "tdt", "tdt_kwargs": {"fastemit_lambda": 0.0, "clamp": -1.0,
-                                                         "durations": list(p.durations), "sigma": 0.05, "omega": 0.1}}
+        cfg["loss"] = {
+            "loss_name": "tdt",
+            "tdt_kwargs": {
+                "fastemit_lambda": 0.0,
+                "clamp": -1.0,
+                "durations": list(p.durations),
+                "sigma": 0.05,
+                "omega": 0.1,
+            },
+        }
     return cfg
 
 
 # ---------------------------------------------------------------------------- tokenizer
 
-_ONSETS = ["", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y",
-           "th", "st", "ch", "sh", "tr", "pl", "gr", "br", "wh"]
+_ONSETS = [
+    "",
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "y",
+    "th",
+    "st",
+    "ch",
+    "sh",
+    "tr",
+    "pl",
+    "gr",
+    "br",
+    "wh",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "ou", "ea", "ee", "ai", "y"]
 _CODAS = ["", "", "n", "r", "s", "t", "l", "d", "nd", "ng", "st", "ck", "m", "ll"]
 
@@ -206,15 +246,17 @@ def make_pieces(vocab_size: int, seed: int = 0) -> list[str]:
     """`<unk>`, made-up word pieces (half with the word-start mark '▁'), then single characters."""
     chars = ["▁"] + list("etaoinshrdlucmwfgypbvkjxqz'")
     if vocab_size >= 128:
-        chars += list(".,-?!\"") + list("ITASWMYHBCLDEPRGFNOJKVUQZX") + list("0123456789")
+        chars += list('.,-?!"') + list("ITASWMYHBCLDEPRGFNOJKVUQZX") + list("0123456789")
     if vocab_size < len(chars) + 2:
         raise ValueError(f"vocab_size {vocab_size} is too small: need at least {len(chars) + 2}")
     rng = random.Random(seed)
     merges: list[str] = []
     seen = set(chars) | {"<unk>"}
     while len(merges) < vocab_size - 1 - len(chars):
-        piece = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
-                        for _ in range(rng.choice((1, 1, 1, 2, 2, 3))))
+        piece = "".join(
+            rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+            for _ in range(rng.choice((1, 1, 1, 2, 2, 3)))
+        )
         piece = ("▁" if rng.random() < 0.5 else "") + piece
         if len(piece) >= 2 and piece not in seen:
             seen.add(piece)
@@ -254,8 +296,16 @@ def sentencepiece_model(pieces: list[str]) -> bytes:
     for i, (piece, score) in enumerate(zip(pieces, piece_scores(pieces))):
         body = _field(1, piece) + _field(2, score) + (_field(3, _UNKNOWN) if i == 0 else b"")
         proto += _field(1, body)
-    trainer = (_field(1, "corpus.txt") + _field(2, "tokenizer") + _field(3, 2)  # model_type BPE
-               + _field(4, len(pieces)) + _field(10, 1.0) + _field(40, 0) + _field(41, -1) + _field(42, -1))
+    trainer = (
+        _field(1, "corpus.txt")
+        + _field(2, "tokenizer")
+        + _field(3, 2)  # model_type BPE
+        + _field(4, len(pieces))
+        + _field(10, 1.0)
+        + _field(40, 0)
+        + _field(41, -1)
+        + _field(42, -1)
+    )
     proto += _field(2, trainer)
     proto += _field(3, _field(1, "identity"))
     return bytes(proto)
@@ -278,7 +328,9 @@ def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
     f_sp, min_log_hz = 200.0 / 3, 1000.0
     logstep = np.log(6.4) / 27.0
     hz = np.asarray(hz, dtype=np.float64)
-    return np.where(hz >= min_log_hz, min_log_hz / f_sp + np.log(np.maximum(hz, 1e-10) / min_log_hz) / logstep, hz / f_sp)
+    return np.where(
+        hz >= min_log_hz, min_log_hz / f_sp + np.log(np.maximum(hz, 1e-10) / min_log_hz) / logstep, hz / f_sp
+    )
 
 
 def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
@@ -287,7 +339,9 @@ def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
     return np.where(mel >= min_log_mel, min_log_hz * np.exp(logstep * (mel - min_log_mel)), f_sp * mel)
 
 
-def mel_filterbank(sample_rate: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax: float | None = None) -> np.ndarray:
+def mel_filterbank(
+    sample_rate: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax: float | None = None
+) -> np.ndarray:
     """librosa.filters.mel(htk=False, norm='slaney') as float32: (n_mels, n_fft // 2 + 1)."""
     fmax = sample_rate / 2 if fmax is None else fmax
     fft_hz = np.linspace(0, sample_rate / 2, n_fft // 2 + 1)
@@ -299,7 +353,7 @@ def mel_filterbank(sample_rate: int, n_fft: int, n_mels: int, fmin: float = 0.0,
         lower = -ramps[i] / width[i]
         upper = ramps[i + 2] / width[i + 1]
         weights[i] = np.maximum(0, np.minimum(lower, upper))
-    weights *= (2.0 / (mel_hz[2: n_mels + 2] - mel_hz[:n_mels]))[:, None]  # slaney norm: equal area
+    weights *= (2.0 / (mel_hz[2 : n_mels + 2] - mel_hz[:n_mels]))[:, None]  # slaney norm: equal area
     return weights
 
 
@@ -336,7 +390,9 @@ def random_module(config: dict, seed: int) -> Transducer:
 # ---------------------------------------------------------------------------- archive
 
 
-def write_nemo(out_path: Path, config: dict, state_dict: dict, tokenizer: dict[str, bytes], names: dict[str, str]) -> None:
+def write_nemo(
+    out_path: Path, config: dict, state_dict: dict, tokenizer: dict[str, bytes], names: dict[str, str]
+) -> None:
     """A plain tar as NeMo writes it: './' then './<member>' entries."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp:
@@ -379,10 +435,12 @@ def emission_stats(hyps, frames: int, durations: tuple[int, ...] | None) -> dict
 
 
 def stats_ok(stats: dict, durations: tuple[int, ...] | None) -> bool:
-    return (0.2 <= stats["tokens_per_frame"] <= 0.5
-            and stats["distinct_tokens"] >= min(10, stats["tokens"] // 2)
-            and stats["top_token_share"] <= 0.3
-            and (durations is None or all(n > 0 for n in stats["token_durations"].values())))
+    return (
+        0.2 <= stats["tokens_per_frame"] <= 0.5
+        and stats["distinct_tokens"] >= min(10, stats["tokens"] // 2)
+        and stats["top_token_share"] <= 0.3
+        and (durations is None or all(n > 0 for n in stats["token_durations"].values()))
+    )
 
 
 def frame_diversity(encoded: torch.Tensor) -> float:
@@ -437,8 +495,9 @@ def _fit_duration_bias(logits: torch.Tensor, target: torch.Tensor, rounds: int =
 
 
 @torch.no_grad()
-def calibrate(module: Transducer, tokenizer: Tokenizer, clips: list[str], seed: int, target_rate: float = 0.33,
-              log=print) -> dict:
+def calibrate(
+    module: Transducer, tokenizer: Tokenizer, clips: list[str], seed: int, target_rate: float = 0.33, log=print
+) -> dict:
     """Tune `module`'s joint (in place) so greedy decoding of `clips` behaves like a trained model's."""
     model = Model(module, tokenizer, RunOptions(device="cpu", dtype="float32", graphs=False), "calibration")
     gen = torch.Generator().manual_seed(seed + 2)
@@ -473,7 +532,7 @@ def calibrate(module: Transducer, tokenizer: Tokenizer, clips: list[str], seed: 
     # history has changed, so a trained model's "emit again on this frame" is rare.
     hidden = joint.cfg.hidden
     perm = torch.randperm(hidden, generator=gen)
-    history_units, audio_units = perm[: hidden // 4], perm[hidden // 4:]
+    history_units, audio_units = perm[: hidden // 4], perm[hidden // 4 :]
     joint.enc.weight[history_units] *= 0.2
     joint.enc.bias[history_units] *= 0.2
     joint.pred.weight[audio_units] *= 0.5
@@ -501,13 +560,15 @@ def calibrate(module: Transducer, tokenizer: Tokenizer, clips: list[str], seed: 
         _standardise(out, acts)
         if durations is not None:  # real TDT models mostly skip 1-2 frames, sometimes 0 or 3-4
             target = torch.tensor([0.5 if d == 0 else 3.0 if d in (1, 2) else 1.5 for d in durations])
-            out.bias[blank + 1:] += _fit_duration_bias(out(acts)[:, blank + 1:], target / target.sum())
+            out.bias[blank + 1 :] += _fit_duration_bias(out(acts)[:, blank + 1 :], target / target.sum())
         logits = out(acts)
         margin = logits[:, :blank].max(1).values - logits[:, blank]  # how far a token beats blank
         bias, stats, decodes = _tune_blank_bias(model, encoded, n_frames, out, blank, margin, target_rate)
         log(f"history share {history_share}: blank bias {bias:+.3f} after {decodes} decodes: {stats}")
-        score = (stats_ok(stats, durations) and stats["max_tokens_on_a_frame"] < model.cfg.decoding.max_symbols,
-                 -abs(stats["tokens_per_frame"] - target_rate))
+        score = (
+            stats_ok(stats, durations) and stats["max_tokens_on_a_frame"] < model.cfg.decoding.max_symbols,
+            -abs(stats["tokens_per_frame"] - target_rate),
+        )
         if best is None or score > best[0]:
             best = (score, out.weight.clone(), out.bias.clone(), history_share, stats)
         if score[0]:
@@ -538,8 +599,17 @@ def _standardise(out: torch.nn.Linear, acts: torch.Tensor) -> None:
     out.bias.copy_((out.bias - mean) * scale)
 
 
-def _tune_blank_bias(model: Model, encoded, n_frames: int, out: torch.nn.Linear, blank: int, margin: torch.Tensor,
-                     target_rate: float, tolerance: float = 0.05, rounds: int = 16):
+def _tune_blank_bias(
+    model: Model,
+    encoded,
+    n_frames: int,
+    out: torch.nn.Linear,
+    blank: int,
+    margin: torch.Tensor,
+    target_rate: float,
+    tolerance: float = 0.05,
+    rounds: int = 16,
+):
     """Bisect the blank logit's bias until greedy decoding emits about `target_rate` tokens per frame."""
     durations = model.cfg.decoding.durations or None
     base = float(out.bias[blank])
@@ -579,8 +649,9 @@ def checkpoint_stats(path: Path, clips: list[str]) -> list[dict]:
 # ---------------------------------------------------------------------------- entry points
 
 
-def make_checkpoint(preset_name: str, out_path, seed: int = 0, calibrate_on: list[str] | None = None,
-                    log=print) -> Path:
+def make_checkpoint(
+    preset_name: str, out_path, seed: int = 0, calibrate_on: list[str] | None = None, log=print
+) -> Path:
     """Write `out_path` (.nemo) for `preset_name` with random weights; calibrate on clips if given."""
     if preset_name not in PRESETS:
         raise KeyError(f"unknown preset {preset_name!r}; known: {', '.join(PRESETS)}")
@@ -591,8 +662,10 @@ def make_checkpoint(preset_name: str, out_path, seed: int = 0, calibrate_on: lis
     module = random_module(config, seed)
     if calibrate_on:
         calibrate(module, Tokenizer(files["tokenizer.model"], preset_name), list(calibrate_on), seed, log=log)
-    state = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
-             for k, v in module.state_dict().items()}
+    state = {
+        k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
+        for k, v in module.state_dict().items()
+    }
     write_nemo(out_path, config, state, files, tokenizer_names(preset_name, seed))
     return out_path
 
@@ -603,8 +676,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", nargs="?", type=Path, help="the .nemo file to write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibrate", nargs="+", metavar="AUDIO", help="clip(s) of real speech to calibrate on")
-    parser.add_argument("--check", nargs="+", default=[], metavar="AUDIO",
-                        help="more clips to report emission stats on (after writing)")
+    parser.add_argument(
+        "--check", nargs="+", default=[], metavar="AUDIO", help="more clips to report emission stats on (after writing)"
+    )
     parser.add_argument("--list", action="store_true", help="list the presets and exit")
     args = parser.parse_args(argv)
     if args.list:

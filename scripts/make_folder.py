@@ -29,8 +29,10 @@ def main() -> None:
     import soundfile as sf
 
     seconds = sum(sf.info(str(p)).duration for p in paths)
-    print(f"wrote {len(paths)} files, {seconds:.1f} s of audio ({seconds / len(paths):.2f} s each on average) "
-          f"to {args.out_dir}")
+    print(
+        f"wrote {len(paths)} files, {seconds:.1f} s of audio ({seconds / len(paths):.2f} s each on average) "
+        f"to {args.out_dir}"
+    )
 
 
 if __name__ == "__main__":

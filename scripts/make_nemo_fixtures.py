@@ -311,8 +311,18 @@ def trace_greedy(model, enc, T, durations, max_symbols):
 
 
 def exercise_stats(traces, total_frames, max_symbols):
-    s = dict(tokens=0, frames=total_frames, multi_token_frames=0, cap_hits=0, d0_tokens=0,
-             dpos_tokens=0, blank_skips_ge2=0, token_skips_ge2=0, distinct=set(), clips_with_tokens=0)
+    s = dict(
+        tokens=0,
+        frames=total_frames,
+        multi_token_frames=0,
+        cap_hits=0,
+        d0_tokens=0,
+        dpos_tokens=0,
+        blank_skips_ge2=0,
+        token_skips_ge2=0,
+        distinct=set(),
+        clips_with_tokens=0,
+    )
     for toks, ts, steps in traces:
         s["tokens"] += len(toks)
         s["distinct"].update(toks)
@@ -344,8 +354,12 @@ def criteria(s, tdt):
         s["clips_with_tokens"] >= 5,
     ]
     if tdt:
-        c += [5 <= s["d0_tokens"] <= 0.7 * s["tokens"], s["token_skips_ge2"] >= 3, s["blank_skips_ge2"] >= 3,
-              s["dpos_tokens"] >= 10]
+        c += [
+            5 <= s["d0_tokens"] <= 0.7 * s["tokens"],
+            s["token_skips_ge2"] >= 3,
+            s["blank_skips_ge2"] >= 3,
+            s["dpos_tokens"] >= 10,
+        ]
     else:
         c += [s["tokens"] >= 30]
     return c
@@ -484,8 +498,10 @@ def calibrate(model, clips, v, gen, log):
     key, pred_scale, scale, blank_bias, dp, st, ok = best
     apply(pred_scale, scale, blank_bias, dp)
     robust = key[0] == len(ok) + 1
-    log(f"  calibration ({tried} candidates, {n_fail[0]} rejected as not robust): pred_scale={pred_scale} scale={scale} blank_bias={blank_bias} "
-        f"dur_bias={None if dp is None else dp.tolist()} criteria={ok} robust={robust} stats={st}")
+    log(
+        f"  calibration ({tried} candidates, {n_fail[0]} rejected as not robust): pred_scale={pred_scale} scale={scale} blank_bias={blank_bias} "
+        f"dur_bias={None if dp is None else dp.tolist()} criteria={ok} robust={robust} stats={st}"
+    )
     return dict(
         joint_pred_projection_scale=pred_scale,
         joint_out_scale=scale,
@@ -623,10 +639,14 @@ def make_variant(name, v, tok_dir, clips, out_root: Path, log):
     }
     (out_dir / "reference.json").write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n")
     np.savez_compressed(out_dir / "reference.npz", **arrays)
-    log(f"  wrote {out_dir/'reference.json'}, {out_dir/'reference.npz'} ({(out_dir/'reference.npz').stat().st_size} bytes)")
-    log(f"  single==batch {batch_agrees}; frame-looping agrees {[rc['greedy_frame_looping_agrees'] for rc in ref_clips]}; "
+    log(
+        f"  wrote {out_dir / 'reference.json'}, {out_dir / 'reference.npz'} ({(out_dir / 'reference.npz').stat().st_size} bytes)"
+    )
+    log(
+        f"  single==batch {batch_agrees}; frame-looping agrees {[rc['greedy_frame_looping_agrees'] for rc in ref_clips]}; "
         f"python greedy agrees {[rc['independent_python_greedy_agrees'] for rc in ref_clips]}; "
-        f"transcribe agrees {ref['nemo_transcribe_agrees']}")
+        f"transcribe agrees {ref['nemo_transcribe_agrees']}"
+    )
     for rc in ref_clips:
         log(f"    {rc['file']}: T={rc['encoder_frames']} n_tok={len(rc['token_ids'])} ts={rc['timestamps'][:16]}")
 

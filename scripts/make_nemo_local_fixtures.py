@@ -51,14 +51,18 @@ nemo_logging.setLevel(logging.ERROR)
 ROOT = Path(__file__).resolve().parent.parent
 TINY_CLIPS = ["librispeech_2086-149220-0033.wav", "espeak_fox.wav", "short_2s.wav", "quarter_second.wav"]
 MODELS = {
-    "tdt-tiny": dict(checkpoint=ROOT / "tests/fixtures/nemo-tdt-tiny/tdt-tiny.nemo",
-                     clips=[ROOT / "tests/fixtures/nemo-tdt-tiny/clips" / c for c in TINY_CLIPS]
-                     + [ROOT / "tests/fixtures/nemo-timestamps/clips/long_mix_62s.flac"],
-                     windows=[[8, 8], [5, 11], [12, 3], [0, 6]]),
-    "demo": dict(checkpoint=ROOT / "src/graphscribe/data/demo.nemo",
-                 clips=[ROOT / f"tests/fixtures/nemo-timestamps/clips/demo{i}.flac" for i in range(4)]
-                 + [ROOT / "tests/fixtures/nemo-timestamps/clips/long_mix_62s.flac"],
-                 windows=[[32, 32], [20, 45]]),
+    "tdt-tiny": dict(
+        checkpoint=ROOT / "tests/fixtures/nemo-tdt-tiny/tdt-tiny.nemo",
+        clips=[ROOT / "tests/fixtures/nemo-tdt-tiny/clips" / c for c in TINY_CLIPS]
+        + [ROOT / "tests/fixtures/nemo-timestamps/clips/long_mix_62s.flac"],
+        windows=[[8, 8], [5, 11], [12, 3], [0, 6]],
+    ),
+    "demo": dict(
+        checkpoint=ROOT / "src/graphscribe/data/demo.nemo",
+        clips=[ROOT / f"tests/fixtures/nemo-timestamps/clips/demo{i}.flac" for i in range(4)]
+        + [ROOT / "tests/fixtures/nemo-timestamps/clips/long_mix_62s.flac"],
+        windows=[[32, 32], [20, 45]],
+    ),
 }
 ENCODER_ARRAYS = {("tdt-tiny", (8, 8)), ("tdt-tiny", (5, 11)), ("tdt-tiny", (12, 3)), ("demo", (32, 32))}
 
@@ -97,8 +101,9 @@ def encode(model, signals):
 
 @torch.inference_mode()
 def decode(model, encoded, lengths):
-    hyps = model.decoding.rnnt_decoder_predictions_tensor(encoder_output=encoded, encoded_lengths=lengths,
-                                                         return_hypotheses=True)
+    hyps = model.decoding.rnnt_decoder_predictions_tensor(
+        encoder_output=encoded, encoded_lengths=lengths, return_hypotheses=True
+    )
     out = []
     for h in hyps:
         ids = h.y_sequence.tolist() if torch.is_tensor(h.y_sequence) else list(h.y_sequence)
@@ -125,16 +130,35 @@ def main() -> None:
             for i, (path, signal) in enumerate(zip(spec["clips"], signals)):
                 encoded, lengths = encode(model, [signal])
                 [(ids, frames)] = decode(model, encoded, lengths)
-                clips.append({"file": str(path.relative_to(ROOT / "tests/fixtures")), "samples": len(signal),
-                              "encoder_frames": int(lengths[0]), "token_ids": ids, "timestamps": frames})
+                clips.append(
+                    {
+                        "file": str(path.relative_to(ROOT / "tests/fixtures")),
+                        "samples": len(signal),
+                        "encoder_frames": int(lengths[0]),
+                        "token_ids": ids,
+                        "timestamps": frames,
+                    }
+                )
                 if (name, tuple(window)) in ENCODER_ARRAYS:
                     arrays[f"{name}_{window[0]}_{window[1]}_clip{i}"] = encoded[0, :, : int(lengths[0])].numpy()
             encoded, lengths = encode(model, signals)
             batch = decode(model, encoded, lengths)
-            runs.append({"att_context_size": window, "clips": clips,
-                         "batch_token_ids": [ids for ids, _ in batch], "batch_timestamps": [ts for _, ts in batch]})
-            print(name, window, [len(c["token_ids"]) for c in clips],
-                  "batch == single:", [b[0] for b in batch] == [c["token_ids"] for c in clips], flush=True)
+            runs.append(
+                {
+                    "att_context_size": window,
+                    "clips": clips,
+                    "batch_token_ids": [ids for ids, _ in batch],
+                    "batch_timestamps": [ts for _, ts in batch],
+                }
+            )
+            print(
+                name,
+                window,
+                [len(c["token_ids"]) for c in clips],
+                "batch == single:",
+                [b[0] for b in batch] == [c["token_ids"] for c in clips],
+                flush=True,
+            )
         reference["models"][name] = {"checkpoint": str(spec["checkpoint"].relative_to(ROOT)), "runs": runs}
     (args.out / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
     np.savez_compressed(args.out / "reference.npz", **arrays)

@@ -15,12 +15,11 @@ import logging
 import tempfile
 from pathlib import Path
 
+import nemo
 import soundfile as sf
 import torch
-from omegaconf import open_dict
-
-import nemo
 from nemo.collections.asr.models import EncDecRNNTBPEModel
+from omegaconf import open_dict
 
 logging.disable(logging.WARNING)
 
@@ -45,7 +44,7 @@ def main() -> None:
         paths = []
         for n in SAMPLES:
             paths.append(f"{tmp}/cut_{n:04d}.wav")
-            sf.write(paths[-1], pcm[OFFSET: OFFSET + n], rate, subtype="PCM_16")
+            sf.write(paths[-1], pcm[OFFSET : OFFSET + n], rate, subtype="PCM_16")
         results = {}
         for batch in (1, len(paths)):
             hyps = model.transcribe(paths, batch_size=batch, verbose=False)
@@ -58,13 +57,32 @@ def main() -> None:
             with torch.no_grad():
                 features, feature_frames = model.preprocessor(input_signal=audio, length=torch.tensor([n]))
                 _, encoder_frames = model.encoder(audio_signal=features, length=feature_frames)
-            clips.append({"samples": n, "feature_frames": int(feature_frames), "encoder_frames": int(encoder_frames),
-                          "token_ids": single[0], "text": single[1], "batched_agrees": batched == single})
+            clips.append(
+                {
+                    "samples": n,
+                    "feature_frames": int(feature_frames),
+                    "encoder_frames": int(encoder_frames),
+                    "token_ids": single[0],
+                    "text": single[1],
+                    "batched_agrees": batched == single,
+                }
+            )
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"nemo_version": nemo.__version__, "torch_version": torch.__version__,
-                               "checkpoint": str(NEMO_PATH.relative_to(ROOT)), "source": str(SOURCE.relative_to(ROOT)),
-                               "offset": OFFSET, "decoding": "transcribe(), greedy_batch, loop_labels, CPU float32",
-                               "clips": clips}, indent=1) + "\n")
+    OUT.write_text(
+        json.dumps(
+            {
+                "nemo_version": nemo.__version__,
+                "torch_version": torch.__version__,
+                "checkpoint": str(NEMO_PATH.relative_to(ROOT)),
+                "source": str(SOURCE.relative_to(ROOT)),
+                "offset": OFFSET,
+                "decoding": "transcribe(), greedy_batch, loop_labels, CPU float32",
+                "clips": clips,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {OUT}")
 
 

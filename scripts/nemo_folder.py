@@ -38,7 +38,6 @@ import contextlib
 import copy
 import json
 import logging
-import os
 import sys
 import time
 import traceback
@@ -126,9 +125,15 @@ def measure(model, files, seconds, batch, args, device, autocast) -> dict:
     sync(device)
     wall = time.perf_counter() - t
     audio = sum(seconds.values())
-    return dict(batch_size=batch, warmup_s=warmup_s, warmup_files=len(longest), wall_s=wall, audio_s=audio,
-                rtfx=audio / wall if wall > 0 else None,
-                token_ids={f: token_ids(h) for f, h in zip(files, hyps)})
+    return dict(
+        batch_size=batch,
+        warmup_s=warmup_s,
+        warmup_files=len(longest),
+        wall_s=wall,
+        audio_s=audio,
+        rtfx=audio / wall if wall > 0 else None,
+        token_ids={f: token_ids(h) for f, h in zip(files, hyps)},
+    )
 
 
 def main() -> int:
@@ -139,8 +144,12 @@ def main() -> int:
     source.add_argument("--files-from", help="a text file with one audio path per line (used as given)")
     ap.add_argument("--batch-sizes", default="8,32,128")
     ap.add_argument("--dtype", default="float32", help="float32, bfloat16, or both in order: float32,bfloat16")
-    ap.add_argument("--bf16-via", default="cast", choices=["cast", "amp"],
-                    help="cast: model.to(bfloat16) (transcribe_speech.py compute_dtype); amp: autocast first")
+    ap.add_argument(
+        "--bf16-via",
+        default="cast",
+        choices=["cast", "amp"],
+        help="cast: model.to(bfloat16) (transcribe_speech.py compute_dtype); amp: autocast first",
+    )
     ap.add_argument("--num-workers", type=int, default=8)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="NeMo's decoder without its CUDA graphs")
@@ -174,8 +183,11 @@ def main() -> int:
 
         nemo_logging.setLevel(logging.ERROR)
         device = torch.device(args.device)
-        out.update(nemo_version=nemo.__version__, torch_version=torch.__version__,
-                   device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+        out.update(
+            nemo_version=nemo.__version__,
+            torch_version=torch.__version__,
+            device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        )
         t = time.perf_counter()
         model = EncDecRNNTBPEModel.restore_from(args.model, map_location=device).eval()
         set_decoding(model, use_cuda_graph=not args.no_cuda_graphs)
@@ -225,8 +237,10 @@ def main() -> int:
                 continue
             run.update(dtype=dtype, via=via)
             out["runs"].append(run)
-            log(f"{dtype} B={batch}: {run['wall_s']:.2f} s for {run['audio_s']:.1f} s of audio, RTFx {run['rtfx']:.1f} "
-                f"(warm-up {run['warmup_s']:.2f} s)")
+            log(
+                f"{dtype} B={batch}: {run['wall_s']:.2f} s for {run['audio_s']:.1f} s of audio, RTFx {run['rtfx']:.1f} "
+                f"(warm-up {run['warmup_s']:.2f} s)"
+            )
             save()
 
     status = 0
@@ -238,12 +252,15 @@ def main() -> int:
             for path, ids in run.get("token_ids", {}).items():
                 name = Path(path).name
                 if name in expected:
-                    checks.append(dict(dtype=run["dtype"], batch_size=run["batch_size"], file=name,
-                                       agrees=ids == expected[name]))
+                    checks.append(
+                        dict(dtype=run["dtype"], batch_size=run["batch_size"], file=name, agrees=ids == expected[name])
+                    )
         out["reference_check"] = checks
         bad = [c for c in checks if not c["agrees"]]
-        log(f"reference check: {len(checks) - len(bad)}/{len(checks)} (file, dtype, B) agree with "
-            f"{args.check_reference}")
+        log(
+            f"reference check: {len(checks) - len(bad)}/{len(checks)} (file, dtype, B) agree with "
+            f"{args.check_reference}"
+        )
         status = 1 if bad or not checks else 0
     save()
     log(f"wrote {out_path}")

@@ -32,13 +32,18 @@ def encoder_outputs(seed: int, names: list[str]) -> tuple[dict, dict]:
     model.change_subsampling_conv_chunking_factor(1)
     model.eval()  # the new modules are built in training mode
     attn = model.encoder.layers[0].self_attn
-    biases = {n: round(float(p.abs().max()), 4) for n, p in attn.named_parameters()
-              if n.startswith("linear_") and n.endswith(".bias")}
+    biases = {
+        n: round(float(p.abs().max()), 4)
+        for n, p in attn.named_parameters()
+        if n.startswith("linear_") and n.endswith(".bias")
+    }
     outputs = {}
     for name in names:
         audio, _ = sf.read(str(SHARED / name if "/" in name else SHARED / "clips" / name), dtype="float32")
         with torch.inference_mode():
-            feats, frames = model.preprocessor(input_signal=torch.tensor(audio)[None], length=torch.tensor([len(audio)]))
+            feats, frames = model.preprocessor(
+                input_signal=torch.tensor(audio)[None], length=torch.tensor([len(audio)])
+            )
             encoded, _ = model.encoder(audio_signal=feats, length=frames)
         outputs[name] = encoded[0].numpy()
     return biases, outputs
@@ -57,8 +62,10 @@ def main() -> None:
         line = f"{name}: encoder output, seed 0 vs seed 1: max |diff| {float(np.abs(a - b).max()):.3g}"
         ref = shared[f"clip{i}_encoder_local"] if f"clip{i}_encoder_local" in shared.files else None
         if ref is not None and ref.shape == a.shape:
-            line += (f"; vs the shared reference: seed 0 {float(np.abs(a - ref).max()):.3g}, "
-                     f"seed 1 {float(np.abs(b - ref).max()):.3g}")
+            line += (
+                f"; vs the shared reference: seed 0 {float(np.abs(a - ref).max()):.3g}, "
+                f"seed 1 {float(np.abs(b - ref).max()):.3g}"
+            )
         print(line)
 
 

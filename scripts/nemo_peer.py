@@ -91,15 +91,26 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--modes", nargs="+", default=None, choices=["cudagraph", "nograph"],
-                    help="default: cudagraph and nograph on cuda, nograph on cpu")
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=None,
+        choices=["cudagraph", "nograph"],
+        help="default: cudagraph and nograph on cuda, nograph on cpu",
+    )
     ap.add_argument("--max-symbols", type=int, default=None, help="default: the checkpoint's decoding config")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--tf32", action="store_true",
-                    help="let cuDNN use TF32 in float32 (PyTorch's default); off by default, as in graphscribe, "
-                         "so that both compute the same float32 encoder output")
-    ap.add_argument("--check-reference", default=None,
-                    help="reference.json of a fixture: compare row-0 token ids of every B and mode")
+    ap.add_argument(
+        "--tf32",
+        action="store_true",
+        help="let cuDNN use TF32 in float32 (PyTorch's default); off by default, as in graphscribe, "
+        "so that both compute the same float32 encoder output",
+    )
+    ap.add_argument(
+        "--check-reference",
+        default=None,
+        help="reference.json of a fixture: compare row-0 token ids of every B and mode",
+    )
     args = ap.parse_args()
 
     logging.getLogger("nemo_logger").setLevel(logging.ERROR)
@@ -188,7 +199,7 @@ def main():
                 )
                 results.append(rec)
                 rows.append(
-                    f"{Path(clip).name[:28]:28s} {wav.numel()/16000:7.2f}s B={B:<3d} T={frames:<5d} tok={len(ids):<5d} "
+                    f"{Path(clip).name[:28]:28s} {wav.numel() / 16000:7.2f}s B={B:<3d} T={frames:<5d} tok={len(ids):<5d} "
                     f"{mode:9s} enc {rec['encoder_ms']['median']:9.2f} ms  decode {rec['decode_ms']['median']:9.2f} ms "
                     f"(min {rec['decode_ms']['min']:.2f}, max {rec['decode_ms']['max']:.2f})"
                 )
@@ -201,8 +212,14 @@ def main():
         check = []
         for r in results:
             if r["clip_name"] in by_name:
-                check.append(dict(clip=r["clip_name"], batch=r["batch"], mode=r["mode"],
-                                  agrees=r["token_ids"] == by_name[r["clip_name"]]))
+                check.append(
+                    dict(
+                        clip=r["clip_name"],
+                        batch=r["batch"],
+                        mode=r["mode"],
+                        agrees=r["token_ids"] == by_name[r["clip_name"]],
+                    )
+                )
         n_ok = sum(c["agrees"] for c in check)
         log(f"reference check: {n_ok}/{len(check)} (clip, B, mode) rows agree with {args.check_reference}")
 

@@ -66,8 +66,21 @@ def main() -> int:
         for variant in args.variants.split(","):
             env = dict(os.environ, **VARIANTS[variant])
             start = time.perf_counter()
-            proc = subprocess.run([sys.executable, __file__, "--model", args.model, "--lengths", args.lengths,
-                                   "--child", f"{dtype}:{batch}:{variant}"], env=env, capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--model",
+                    args.model,
+                    "--lengths",
+                    args.lengths,
+                    "--child",
+                    f"{dtype}:{batch}:{variant}",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             lines = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if proc.returncode or not lines:
                 print(f"{dtype} B={batch} {variant}: exit {proc.returncode}\n{proc.stderr[-2000:]}", flush=True)
@@ -118,7 +131,7 @@ def child(model_path: str, dtype: str, batch: int, variant: str, lengths: str) -
         counts = torch.full((batch,), n, dtype=torch.long)
         counts[1::2] = n * 3 // 4
         for row in range(1, batch, 2):
-            audio[row, n * 3 // 4:] = 0
+            audio[row, n * 3 // 4 :] = 0
         return audio, counts
 
     def timed_stages(audio, counts) -> tuple[dict, dict]:
@@ -150,10 +163,22 @@ def child(model_path: str, dtype: str, batch: int, variant: str, lengths: str) -
         audio, counts = batch_of(seconds)
         first, outs = timed_stages(audio, counts)
         again = [timed_stages(audio, counts)[0] for _ in range(2)]
-        rows.append(dict(seconds=seconds, first=first, again={s: min(a[s] for a in again) for s in STAGES},
-                         hashes={k: digest(v) for k, v in outs.items()}))
-    return dict(dtype=dtype, batch=batch, variant=variant, rows=rows, device=torch.cuda.get_device_name() if cuda else "cpu",
-                torch=torch.__version__)
+        rows.append(
+            dict(
+                seconds=seconds,
+                first=first,
+                again={s: min(a[s] for a in again) for s in STAGES},
+                hashes={k: digest(v) for k, v in outs.items()},
+            )
+        )
+    return dict(
+        dtype=dtype,
+        batch=batch,
+        variant=variant,
+        rows=rows,
+        device=torch.cuda.get_device_name() if cuda else "cpu",
+        torch=torch.__version__,
+    )
 
 
 def fixed_rows_stft(stft):
@@ -163,8 +188,16 @@ def fixed_rows_stft(stft):
 
     def replacement(x, n_fft, hop_length=None, win_length=None, window=None, center=True, return_complex=None, **kw):
         if center or x.dim() != 2:
-            return stft(x, n_fft, hop_length=hop_length, win_length=win_length, window=window, center=center,
-                        return_complex=return_complex, **kw)
+            return stft(
+                x,
+                n_fft,
+                hop_length=hop_length,
+                win_length=win_length,
+                window=window,
+                center=center,
+                return_complex=return_complex,
+                **kw,
+            )
         left = (n_fft - window.numel()) // 2
         window = F.pad(window, (left, n_fft - window.numel() - left))
         frames = x.unfold(-1, n_fft, hop_length)  # (B, F, n_fft)
@@ -172,11 +205,11 @@ def fixed_rows_stft(stft):
         flat = (frames * window).reshape(b * f, n_fft)
         out = torch.empty(b * f, n_fft // 2 + 1, dtype=torch.complex64, device=x.device)
         for start in range(0, b * f, FFT_ROWS):
-            part = flat[start: start + FFT_ROWS]
+            part = flat[start : start + FFT_ROWS]
             rows = part.shape[0]
             if rows < FFT_ROWS:
                 part = F.pad(part, (0, 0, 0, FFT_ROWS - rows))
-            out[start: start + rows] = torch.fft.rfft(part)[:rows]
+            out[start : start + rows] = torch.fft.rfft(part)[:rows]
         return out.reshape(b, f, -1).transpose(1, 2)
 
     return replacement
@@ -200,23 +233,35 @@ def summary_line(run: dict) -> str:
 
 
 def table(runs: list[dict]) -> str:
-    lines = ["Host cost of a new batch shape, ms (first call less the cached call, mean over the lengths); "
-             "GPU ms of a cached call summed over the lengths; bits: features / subsampling / encoder the same as "
-             "the default's on every length.", "",
-             "| dtype | B | variant | " + " | ".join(f"{s} new" for s in STAGES) + " | " +
-             " | ".join(f"{s} cached" for s in STAGES) + " | bits |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in STAGES * 2) + " | --- |"]
+    lines = [
+        "Host cost of a new batch shape, ms (first call less the cached call, mean over the lengths); "
+        "GPU ms of a cached call summed over the lengths; bits: features / subsampling / encoder the same as "
+        "the default's on every length.",
+        "",
+        "| dtype | B | variant | "
+        + " | ".join(f"{s} new" for s in STAGES)
+        + " | "
+        + " | ".join(f"{s} cached" for s in STAGES)
+        + " | bits |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in STAGES * 2) + " | --- |",
+    ]
     default = {(r["dtype"], r["batch"]): r for r in runs if r["variant"] == "default"}
     for run in runs:
         base = default.get((run["dtype"], run["batch"]))
         same = "-"
         if base is not None:
-            same = " / ".join("yes" if all(a["hashes"][k] == b["hashes"][k] for a, b in zip(run["rows"], base["rows"]))
-                              else "no" for k in ("features", "subsampling", "encoder"))
+            same = " / ".join(
+                "yes" if all(a["hashes"][k] == b["hashes"][k] for a, b in zip(run["rows"], base["rows"])) else "no"
+                for k in ("features", "subsampling", "encoder")
+            )
         cached = [1e3 * sum(r["again"][s] for r in run["rows"]) for s in STAGES]
-        lines.append(f"| {run['dtype']} | {run['batch']} | {run['variant']} | " +
-                     " | ".join(f"{new_shape_ms(run, s):.1f}" for s in STAGES) + " | " +
-                     " | ".join(f"{c:.1f}" for c in cached) + f" | {same} |")
+        lines.append(
+            f"| {run['dtype']} | {run['batch']} | {run['variant']} | "
+            + " | ".join(f"{new_shape_ms(run, s):.1f}" for s in STAGES)
+            + " | "
+            + " | ".join(f"{c:.1f}" for c in cached)
+            + f" | {same} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -21,11 +21,11 @@ from dataclasses import asdict, replace
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from tune_step import tiles_changes  # scripts/, beside this one
 
 import graphscribe as gs
 from graphscribe.bench import tier_clips
 from graphscribe.decoding import GreedyDecoder
-from tune_step import tiles_changes  # scripts/, beside this one
 
 
 def main() -> None:
@@ -36,10 +36,17 @@ def main() -> None:
     ap.add_argument("--step", default="fused", choices=["fused", "pytorch"])
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", default=None, help="append the summary as one JSON line here")
-    ap.add_argument("--no-pdl", action="store_true",
-                    help="launch the kernels one after another (with PDL the profiler counts a kernel's wait as its time)")
-    ap.add_argument("--one-row", default="", metavar="FIELD=VALUE,...",
-                    help="change the one-row class's tiles, e.g. warps=4,stages=4")
+    ap.add_argument(
+        "--no-pdl",
+        action="store_true",
+        help="launch the kernels one after another (with PDL the profiler counts a kernel's wait as its time)",
+    )
+    ap.add_argument(
+        "--one-row",
+        default="",
+        metavar="FIELD=VALUE,...",
+        help="change the one-row class's tiles, e.g. warps=4,stages=4",
+    )
     args = ap.parse_args()
     if args.one_row and args.batch != 1:
         ap.error("--one-row changes the tiles of a batch of one row: use it with --batch 1")
@@ -81,7 +88,9 @@ def main() -> None:
     launches = sum(c for _, c in per_kernel.values())
 
     graphed = decoder(True)
-    same = [(h.token_ids, h.frames) for h in graphed.decode(encoded, lengths)] == [(h.token_ids, h.frames) for h in reference]
+    same = [(h.token_ids, h.frames) for h in graphed.decode(encoded, lengths)] == [
+        (h.token_ids, h.frames) for h in reference
+    ]
     times = []
     for _ in range(5):
         torch.cuda.synchronize()
@@ -92,22 +101,37 @@ def main() -> None:
     graph_ms = statistics.median(times) * 1e3
     step_bytes = eager._fused_step.weight_bytes() if fused else None
     summary = {
-        "tier": tier.name, "batch": args.batch, "dtype": args.dtype, "step": args.step, "steps": steps,
+        "tier": tier.name,
+        "batch": args.batch,
+        "dtype": args.dtype,
+        "step": args.step,
+        "steps": steps,
         "pdl": fused and eager._fused_step.pdl,
         "tiles": asdict(eager._fused_step.tiles_for(args.batch)) if fused else None,
-        "tokens": len(reference[0].token_ids), "kernels_per_step": launches / steps,
-        "gpu_us_per_step": total_us / steps, "graph_ms": graph_ms, "graph_us_per_step": graph_ms * 1e3 / steps,
+        "tokens": len(reference[0].token_ids),
+        "kernels_per_step": launches / steps,
+        "gpu_us_per_step": total_us / steps,
+        "graph_ms": graph_ms,
+        "graph_us_per_step": graph_ms * 1e3 / steps,
         "weight_mb_per_step": step_bytes / 1e6 if step_bytes else None,
         "achieved_tb_s": step_bytes / (total_us / steps) / 1e6 if step_bytes else None,
-        "first_decode_s": first_s, "graphs_same_as_eager": same,
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "first_decode_s": first_s,
+        "graphs_same_as_eager": same,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
     }
-    print(f"{tier.name}, B={args.batch}, {args.dtype}, {args.step} step{' (PDL)' if summary['pdl'] else ''}{' ' + args.one_row if args.one_row else ''}: {steps} steps, {summary['tokens']} tokens; "
-          f"first decode (kernel compile or cache load) {first_s:.2f} s; graphs == eager: {same}")
-    print(f"kernels per step: {launches / steps:.1f}; GPU kernel time per step: {total_us / steps:.1f} us; "
-          f"graph replay per step: {summary['graph_us_per_step']:.1f} us ({graph_ms:.2f} ms a decode)")
+    print(
+        f"{tier.name}, B={args.batch}, {args.dtype}, {args.step} step{' (PDL)' if summary['pdl'] else ''}{' ' + args.one_row if args.one_row else ''}: {steps} steps, {summary['tokens']} tokens; "
+        f"first decode (kernel compile or cache load) {first_s:.2f} s; graphs == eager: {same}"
+    )
+    print(
+        f"kernels per step: {launches / steps:.1f}; GPU kernel time per step: {total_us / steps:.1f} us; "
+        f"graph replay per step: {summary['graph_us_per_step']:.1f} us ({graph_ms:.2f} ms a decode)"
+    )
     if step_bytes:
-        print(f"weights read per step: {step_bytes / 1e6:.1f} MB -> {summary['achieved_tb_s']:.2f} TB/s over the kernel time")
+        print(
+            f"weights read per step: {step_bytes / 1e6:.1f} MB -> {summary['achieved_tb_s']:.2f} TB/s over the kernel time"
+        )
     print(f"{'us/step':>8} {'calls/step':>10}  kernel")
     for name, (t, c) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"{t / steps:8.2f} {c / steps:10.2f}  {name[:110]}")

@@ -76,11 +76,16 @@ def main() -> None:
     frames = data["shared"]["frames"]
     names = {i: {frames[j]["name"] for s in p["samples"] for j in s} for i, p in enumerate(data["profiles"])}
     main_index = next(i for i, n in names.items() if "transcribe_command" in n or "main" in n and "entry" in n)
-    lines = [f"# {args.profile.name}: main thread (profile {main_index}), stretches of at least {args.min_ms:g} ms", "",
-             "| start s | ms | where (deepest graphscribe frame > the call below it) | short stretches before |",
-             "| --- | --- | --- | --- |"]
-    lines += [f"| {start:.3f} | {seconds * 1e3:.0f} | {label} | {short or ''} |"
-              for start, seconds, label, short in timeline(data["profiles"][main_index], frames, args.min_ms / 1e3)]
+    lines = [
+        f"# {args.profile.name}: main thread (profile {main_index}), stretches of at least {args.min_ms:g} ms",
+        "",
+        "| start s | ms | where (deepest graphscribe frame > the call below it) | short stretches before |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {start:.3f} | {seconds * 1e3:.0f} | {label} | {short or ''} |"
+        for start, seconds, label, short in timeline(data["profiles"][main_index], frames, args.min_ms / 1e3)
+    ]
     readers = [p for i, p in enumerate(data["profiles"]) if "load_audio" in names[i]]
     if readers:
         bucket = args.bucket_ms / 1e3
@@ -91,13 +96,21 @@ def main() -> None:
                 if any(frames[j]["name"] == "load_audio" for j in sample):
                     counts[int(t / bucket)] = counts.get(int(t / bucket), 0.0) + weight
                 t += weight
-        lines += ["", f"Reader threads ({len(readers)}): threads reading on average, per {args.bucket_ms:g} ms "
-                      "(from the start of each thread's profile)", "", "| from s | reading |", "| --- | --- |"]
+        lines += [
+            "",
+            f"Reader threads ({len(readers)}): threads reading on average, per {args.bucket_ms:g} ms "
+            "(from the start of each thread's profile)",
+            "",
+            "| from s | reading |",
+            "| --- | --- |",
+        ]
         lines += [f"| {k * bucket:.2f} | {v / bucket:.1f} |" for k, v in sorted(counts.items())]
     lines += ["", "Every thread's samples by label (with --gil: while it held the GIL), most first", ""]
     for p in data["profiles"]:
-        lines += [f"- {p.get('name', '?')}: {sum(p['weights']):.2f} s: " + "; ".join(
-            f"{label} {seconds:.2f}" for label, seconds in totals(p, frames)[:8])]
+        lines += [
+            f"- {p.get('name', '?')}: {sum(p['weights']):.2f} s: "
+            + "; ".join(f"{label} {seconds:.2f}" for label, seconds in totals(p, frames)[:8])
+        ]
     text = "\n".join(lines) + "\n"
     if args.md:
         args.md.write_text(text)

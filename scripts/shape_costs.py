@@ -65,13 +65,30 @@ def main() -> int:
                 run = lambda: model.encoder_output(features, lengths)  # noqa: E731
                 first = timed(run, sync)
                 again = [timed(run, sync) for _ in range(args.reps)]
-            row = dict(sdpa=choice, seconds=seconds, frames=frames, first_s=first, again_s=statistics.median(again),
-                       new_shape_cost_s=first - statistics.median(again))
+            row = dict(
+                sdpa=choice,
+                seconds=seconds,
+                frames=frames,
+                first_s=first,
+                again_s=statistics.median(again),
+                new_shape_cost_s=first - statistics.median(again),
+            )
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(dict(model=args.model, dtype=args.dtype, batch=args.batch, rows=rows,
-                                             device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__), indent=1))
+        args.json.write_text(
+            json.dumps(
+                dict(
+                    model=args.model,
+                    dtype=args.dtype,
+                    batch=args.batch,
+                    rows=rows,
+                    device=torch.cuda.get_device_name() if cuda else "cpu",
+                    torch=torch.__version__,
+                ),
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -28,9 +28,14 @@ import torch.nn.functional as F
 NEG = -1e30  # log(0) stand-in: finite, so that logcumsumexp's gradient stays finite on unreachable nodes
 
 
-def lattice_log_likelihood(blank_w: torch.Tensor, label_w: torch.Tensor, frames: torch.Tensor,
-                           target_lengths: torch.Tensor, blank_durations: tuple[int, ...],
-                           label_durations: tuple[int, ...]) -> torch.Tensor:
+def lattice_log_likelihood(
+    blank_w: torch.Tensor,
+    label_w: torch.Tensor,
+    frames: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank_durations: tuple[int, ...],
+    label_durations: tuple[int, ...],
+) -> torch.Tensor:
     """log P(labels | audio) for each row.
 
     blank_w (B, T, U+1, Kb): log-weight of a blank from node (t, u) moving on blank_durations[k] frames.
@@ -77,7 +82,9 @@ def lattice_log_likelihood(blank_w: torch.Tensor, label_w: torch.Tensor, frames:
         t_from = frames - d
         ok = t_from >= 0
         t_from = t_from.clamp(min=0)
-        finals.append(torch.where(ok, alpha[rows, t_from, target_lengths] + blank_w[rows, t_from, target_lengths, k], NEG))
+        finals.append(
+            torch.where(ok, alpha[rows, t_from, target_lengths] + blank_w[rows, t_from, target_lengths, k], NEG)
+        )
     return torch.logsumexp(torch.stack(finals, dim=1), dim=1)
 
 
@@ -98,8 +105,9 @@ def rnnt_log_likelihood(token_logits, targets, frames, target_lengths, blank):
     return lattice_log_likelihood(blank_lp[..., None], label_lp[..., None], frames, target_lengths, (1,), (0,))
 
 
-def tdt_log_likelihood(token_logits, duration_logits, targets, frames, target_lengths, durations, blank,
-                       sigma: float = 0.0):
+def tdt_log_likelihood(
+    token_logits, duration_logits, targets, frames, target_lengths, durations, blank, sigma: float = 0.0
+):
     """TDT: log P(targets | audio) per row (NeMo's TDT loss is its negative)."""
     blank_lp, label_lp = _token_log_probs(token_logits, targets, blank)
     blank_lp, label_lp = blank_lp - sigma, label_lp - sigma
@@ -108,13 +116,22 @@ def tdt_log_likelihood(token_logits, duration_logits, targets, frames, target_le
     moving = [k for k, d in enumerate(durations) if d > 0]
     blank_w = blank_lp[..., None] + dur_lp[..., moving]  # (B, T, U+1, Kb)
     label_w = label_lp[..., None] + dur_lp[:, :, : targets.shape[1]]  # (B, T, U, D)
-    return lattice_log_likelihood(blank_w, label_w, frames, target_lengths,
-                                  tuple(durations[k] for k in moving), tuple(durations))
+    return lattice_log_likelihood(
+        blank_w, label_w, frames, target_lengths, tuple(durations[k] for k in moving), tuple(durations)
+    )
 
 
-def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, frames: torch.Tensor, target_lengths: torch.Tensor,
-             durations: tuple[int, ...], blank: int, sigma: float = 0.0, omega: float = 0.0,
-             rng: random.Random | None = None) -> torch.Tensor:
+def tdt_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    frames: torch.Tensor,
+    target_lengths: torch.Tensor,
+    durations: tuple[int, ...],
+    blank: int,
+    sigma: float = 0.0,
+    omega: float = 0.0,
+    rng: random.Random | None = None,
+) -> torch.Tensor:
     """Per-row negative log-likelihood (B,) of the joint's output.
 
     logits (B, T, U+1, V+1+D): token logits (blank = V, last of them) then D duration logits;

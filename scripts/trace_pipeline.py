@@ -26,9 +26,13 @@ from graphscribe.audio import find_audio_files
 
 
 def gaps(events: list[dict], min_gap_us: float) -> dict:
-    device = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
-                    key=lambda e: e["ts"])
-    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "python_function", "user_annotation")]
+    device = sorted(
+        (e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+        key=lambda e: e["ts"],
+    )
+    host = [
+        e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "python_function", "user_annotation")
+    ]
     busy, idle, end = 0.0, [], None
     first = device[0]["ts"] if device else 0.0
     for e in device:
@@ -48,11 +52,21 @@ def gaps(events: list[dict], min_gap_us: float) -> dict:
             overlap = min(b, e["ts"] + e["dur"]) - max(a, e["ts"])
             if overlap > 0.3 * (b - a) or overlap > 500:
                 names[e["name"][:120]] += overlap
-        report.append(dict(start_ms=(a - first) / 1e3, gap_ms=(b - a) / 1e3,
-                           host=[(n, round(us / 1e3, 2)) for n, us in names.most_common(12)]))
+        report.append(
+            dict(
+                start_ms=(a - first) / 1e3,
+                gap_ms=(b - a) / 1e3,
+                host=[(n, round(us / 1e3, 2)) for n, us in names.most_common(12)],
+            )
+        )
     span = (end - first) if device else 0.0
-    return dict(span_ms=span / 1e3, busy_ms=busy / 1e3, idle_ms=(span - busy) / 1e3,
-                idle_over_min_ms=sum(b - a for a, b in idle) / 1e3, gaps=report)
+    return dict(
+        span_ms=span / 1e3,
+        busy_ms=busy / 1e3,
+        idle_ms=(span - busy) / 1e3,
+        idle_over_min_ms=sum(b - a for a, b in idle) / 1e3,
+        gaps=report,
+    )
 
 
 def main() -> int:
@@ -63,7 +77,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--min-gap-ms", type=float, default=1.0)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--cold", action="store_true", help="trace the process's first pass (what the CLI runs), no warm one")
+    ap.add_argument(
+        "--cold", action="store_true", help="trace the process's first pass (what the CLI runs), no warm one"
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = graphscribe.load_model(args.model, device="cuda", dtype=args.dtype)
@@ -79,7 +95,14 @@ def main() -> int:
     trace = args.out / "trace.json"
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text())["traceEvents"]
-    report = dict(wall_s=wall, files=len(files), dtype=args.dtype, batch=args.batch, cold=args.cold, **gaps(events, args.min_gap_ms * 1e3))
+    report = dict(
+        wall_s=wall,
+        files=len(files),
+        dtype=args.dtype,
+        batch=args.batch,
+        cold=args.cold,
+        **gaps(events, args.min_gap_ms * 1e3),
+    )
     (args.out / "gaps.json").write_text(json.dumps(report, indent=1))
     print(json.dumps({k: v for k, v in report.items() if k != "gaps"}))
     for g in report["gaps"][:15]:

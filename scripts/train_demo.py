@@ -86,10 +86,20 @@ class Settings:
     workers: int = max(1, (os.cpu_count() or 2) - 1)
 
 
-GPU = Settings(utterances=250000, eval_utterances=400, train_seconds=1380.0, batch_seconds=720.0, max_batch=384,
-               start_clips=16000)
-SMOKE = Settings(utterances=160, eval_utterances=12, train_seconds=25.0, batch_seconds=30.0, max_batch=16,
-                 start_clips=160, workers=2, deadline=1e9, snapshot_every=10.0)
+GPU = Settings(
+    utterances=250000, eval_utterances=400, train_seconds=1380.0, batch_seconds=720.0, max_batch=384, start_clips=16000
+)
+SMOKE = Settings(
+    utterances=160,
+    eval_utterances=12,
+    train_seconds=25.0,
+    batch_seconds=30.0,
+    max_batch=16,
+    start_clips=160,
+    workers=2,
+    deadline=1e9,
+    snapshot_every=10.0,
+)
 
 
 def log(*parts) -> None:
@@ -121,9 +131,18 @@ def make_jobs(text, train_pool, held_pool, settings: Settings, seed: int):
 def train_tokenizer(corpus: list[str], seed: int) -> bytes:
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(corpus), model_writer=model, vocab_size=VOCAB, model_type="bpe",
-        character_coverage=1.0, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, num_threads=4,
-        minloglevel=2)
+        sentence_iterator=iter(corpus),
+        model_writer=model,
+        vocab_size=VOCAB,
+        model_type="bpe",
+        character_coverage=1.0,
+        unk_id=0,
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        num_threads=4,
+        minloglevel=2,
+    )
     return model.getvalue()
 
 
@@ -155,7 +174,7 @@ class ClipStore:
             longest = self.audio[self.by_length[min(p + size, n) - 1]].numel()
             size = max(1, min(max_batch, budget_samples // longest))
         p = min(p, max(0, n - size))
-        return self.by_length[p: p + size]
+        return self.by_length[p : p + size]
 
 
 class Arrivals:
@@ -255,8 +274,9 @@ def build_model(seed: int, device: torch.device, init=None) -> tuple[Transducer,
     torch.manual_seed(seed)
     module = Transducer(cfg)
     if init is not None:
-        load_state(module, {k: v.float() if v.is_floating_point() else v for k, v in init.state_dict.items()},
-                   init.source)
+        load_state(
+            module, {k: v.float() if v.is_floating_point() else v for k, v in init.state_dict.items()}, init.source
+        )
     feats = cfg.features
     fb = mc.mel_filterbank(feats.sample_rate, feats.n_fft, feats.n_mels, 0.0, feats.sample_rate / 2)
     module.preprocessor.featurizer.fb.copy_(torch.from_numpy(fb)[None])
@@ -286,8 +306,15 @@ def train_step(module: Transducer, ctc_head, audio, lengths, targets, target_len
         logits = module.joint.joint_net(f[:, :, None, :] + g[:, None, :, :])  # (B, T', U+1, V+1+D)
         ctc_logits = ctc_head(encoded)
     tdt = losses.tdt_loss(logits, targets, enc_lengths, target_lengths, DURATIONS, blank, SIGMA, OMEGA, rng)
-    ctc = F.ctc_loss(torch.log_softmax(ctc_logits.float(), -1).transpose(0, 1), targets, enc_lengths, target_lengths,
-                     blank=blank, reduction="none", zero_infinity=True)
+    ctc = F.ctc_loss(
+        torch.log_softmax(ctc_logits.float(), -1).transpose(0, 1),
+        targets,
+        enc_lengths,
+        target_lengths,
+        blank=blank,
+        reduction="none",
+        zero_infinity=True,
+    )
     tokens = target_lengths.sum()
     loss = (tdt.sum() + CTC_WEIGHT * ctc.sum()) / tokens
     return loss, tdt.sum().detach(), ctc.sum().detach(), tokens
@@ -300,8 +327,19 @@ def learning_rate(settings: Settings, progress: float) -> float:
     return settings.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(1.0, x))))
 
 
-def train(module, ctc_head, optimizer, settings: Settings, planned: float, store: ClipStore, arrivals: Arrivals,
-          taken: int, token_lists, rng: random.Random, snapshot=None) -> tuple[int, list[dict]]:
+def train(
+    module,
+    ctc_head,
+    optimizer,
+    settings: Settings,
+    planned: float,
+    store: ClipStore,
+    arrivals: Arrivals,
+    taken: int,
+    token_lists,
+    rng: random.Random,
+    snapshot=None,
+) -> tuple[int, list[dict]]:
     """The training loop, for `planned` seconds; takes in arriving clips. -> (steps, logged history).
 
     `snapshot()`, if given, is called every `settings.snapshot_every` seconds (a run cut short still leaves a model).
@@ -332,9 +370,16 @@ def train(module, ctc_head, optimizer, settings: Settings, planned: float, store
         sums["tokens"] += int(tokens)
         sums["clips"] += len(ids)
         if step % 25 == 0 or step == 1:
-            entry = {"step": step, "seconds": round(elapsed, 1), "lr": lr, "tdt_per_token": sums["tdt"] / sums["tokens"],
-                     "ctc_per_token": sums["ctc"] / sums["tokens"], "clips_per_step": sums["clips"] / (1 if step == 1 else 25),
-                     "grad_norm": float(grad_norm), "clips_in_store": len(store.audio)}
+            entry = {
+                "step": step,
+                "seconds": round(elapsed, 1),
+                "lr": lr,
+                "tdt_per_token": sums["tdt"] / sums["tokens"],
+                "ctc_per_token": sums["ctc"] / sums["tokens"],
+                "clips_per_step": sums["clips"] / (1 if step == 1 else 25),
+                "grad_norm": float(grad_norm),
+                "clips_in_store": len(store.audio),
+            }
             history.append(entry)
             log(json.dumps(entry))
             sums = {"tdt": 0.0, "ctc": 0.0, "tokens": 0, "clips": 0}
@@ -379,7 +424,7 @@ def split_for_return(path: Path, out: Path, max_bytes: int) -> list[str]:
     names = []
     for i in range(0, len(data), max_bytes):
         name = f"{path.name}.part{i // max_bytes}"
-        (out / name).write_bytes(data[i: i + max_bytes])
+        (out / name).write_bytes(data[i : i + max_bytes])
         names.append(name)
     return names
 
@@ -397,8 +442,10 @@ def evaluate(path: Path, device: str, clips: list[torch.Tensor], texts: list[str
         eager = load_model(path, device=device, graphs=False)
         eager_hyps = [r.text for r in eager.transcribe(audio, batch_size=32)]
         differ = [i for i, (a, b) in enumerate(zip(hyps, eager_hyps)) if a != b]
-        graphs = {"graphs_identical": not differ, "graphs_differ": [{"graphs": hyps[i], "eager": eager_hyps[i]}
-                                                                    for i in differ[:10]]}
+        graphs = {
+            "graphs_identical": not differ,
+            "graphs_differ": [{"graphs": hyps[i], "eager": eager_hyps[i]} for i in differ[:10]],
+        }
     worst = sorted(((speech.word_errors(t, h)[0], t, h) for t, h in zip(texts, hyps)), reverse=True)[:10]
     real_results = model.transcribe([str(p) for p in real]) if real else []
     return {
@@ -418,17 +465,31 @@ def evaluate(path: Path, device: str, clips: list[torch.Tensor], texts: list[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")), help="small outputs (log, JSON, checkpoint parts)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("OUT", "out")),
+        help="small outputs (log, JSON, checkpoint parts)",
+    )
     parser.add_argument("--work", type=Path, default=Path(".scratch/demo"), help="where the whole .nemo is written")
     parser.add_argument("--smoke", action="store_true", help="tiny run of the whole pipeline on the CPU")
     parser.add_argument("--train-seconds", type=float, help="override the training time")
     parser.add_argument("--utterances", type=int, help="override the number of training utterances")
-    parser.add_argument("--deadline", type=float, help="override the seconds by which the whole run, evaluation "
-                        "included, should end (training is shortened to fit)")
-    parser.add_argument("--max-return-mb", type=float, default=15.5, help="split the .nemo in $OUT into parts above this")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        help="override the seconds by which the whole run, evaluation "
+        "included, should end (training is shortened to fit)",
+    )
+    parser.add_argument(
+        "--max-return-mb", type=float, default=15.5, help="split the .nemo in $OUT into parts above this"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init", type=Path, help="continue training this .nemo (its weights and tokenizer); "
-                        "use another --seed for fresh utterances")
+    parser.add_argument(
+        "--init",
+        type=Path,
+        help="continue training this .nemo (its weights and tokenizer); use another --seed for fresh utterances",
+    )
     args = parser.parse_args(argv)
     settings = SMOKE if args.smoke else GPU
     if args.train_seconds:
@@ -444,10 +505,16 @@ def main(argv: list[str] | None = None) -> int:
     root = speech.install_espeak()
     text = speech.load_text()
     train_pool, held_pool = speech.voice_pools(root)
-    train_texts, train_voices, held_texts, held_voices, corpus = make_jobs(text, train_pool, held_pool, settings, args.seed)
-    log(f"{len(train_texts)} training utterances ({len(train_pool)} variants), {len(held_texts)} held out "
-        f"(variants {held_pool}); synthesising on {settings.workers} processes")
-    pool, clips_iter = speech.start_synthesis(root, train_texts + held_texts, train_voices + held_voices, settings.workers)
+    train_texts, train_voices, held_texts, held_voices, corpus = make_jobs(
+        text, train_pool, held_pool, settings, args.seed
+    )
+    log(
+        f"{len(train_texts)} training utterances ({len(train_pool)} variants), {len(held_texts)} held out "
+        f"(variants {held_pool}); synthesising on {settings.workers} processes"
+    )
+    pool, clips_iter = speech.start_synthesis(
+        root, train_texts + held_texts, train_voices + held_voices, settings.workers
+    )
     arrivals = Arrivals(clips_iter)  # fork happened above, before CUDA starts
 
     init = read_checkpoint(args.init) if args.init else None
@@ -456,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer_model = init.tokenizer_model if init is not None else train_tokenizer(corpus, args.seed)
     sp = spm.SentencePieceProcessor(model_proto=tokenizer_model)
     token_lists = [sp.encode(speech.normalize(t)) for t in train_texts]
-    log(f"tokenizer: {sp.get_piece_size()} pieces; {sum(map(len, token_lists)) / len(token_lists):.1f} tokens per utterance")
+    log(
+        f"tokenizer: {sp.get_piece_size()} pieces; {sum(map(len, token_lists)) / len(token_lists):.1f} tokens per utterance"
+    )
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True  # training only; the evaluation's loader sets its own
@@ -478,8 +547,9 @@ def main(argv: list[str] | None = None) -> int:
     def snapshot() -> None:  # write_nemo renames a finished file into place: a reader never sees half of one
         log(f"snapshot: {export(module, config, tokenizer_model, args.work / 'snapshot.nemo', args.seed)}")
 
-    step, history = train(module, ctc_head, optimizer, settings, planned, store, arrivals, taken, token_lists, rng,
-                          snapshot)
+    step, history = train(
+        module, ctc_head, optimizer, settings, planned, store, arrivals, taken, token_lists, rng, snapshot
+    )
 
     module.eval()
     nemo_path = export(module, config, tokenizer_model, args.work / "demo.nemo", args.seed)
@@ -493,15 +563,27 @@ def main(argv: list[str] | None = None) -> int:
     held_clips = speech.to_model_rate(arrivals.clips[n_train:], device)
     real = sorted((speech.TEXT_DIR / "real").glob("*")) if (speech.TEXT_DIR / "real").exists() else []
     report = evaluate(nemo_path, device.type, held_clips, held_texts, real)
-    report.update(steps=step, train_seconds=planned, parameters=n_params, encoder_parameters=n_encoder,
-                  nemo_bytes=size, nemo_sha256=digest, parts=parts, history=history, total_seconds=time.perf_counter() - T0,
-                  training_clips=len(store.audio), heldout_variants=list(held_pool),
-                  device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu")
+    report.update(
+        steps=step,
+        train_seconds=planned,
+        parameters=n_params,
+        encoder_parameters=n_encoder,
+        nemo_bytes=size,
+        nemo_sha256=digest,
+        parts=parts,
+        history=history,
+        total_seconds=time.perf_counter() - T0,
+        training_clips=len(store.audio),
+        heldout_variants=list(held_pool),
+        device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+    )
     (args.out / "eval.json").write_text(json.dumps(report, indent=1))
     if "graphs_identical" in report:
         log(f"graphs on and off: {'identical' if report['graphs_identical'] else 'DIFFERENT'} transcripts")
-    log(f"held-out WER {report['heldout_wer']:.2%} on {len(held_texts)} utterances; real speech: "
-        + " | ".join(f"{r['path']}: {r['text']!r}" for r in report["real"]))
+    log(
+        f"held-out WER {report['heldout_wer']:.2%} on {len(held_texts)} utterances; real speech: "
+        + " | ".join(f"{r['path']}: {r['text']!r}" for r in report["real"])
+    )
     return 0
 
 

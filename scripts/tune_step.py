@@ -31,15 +31,27 @@ from graphscribe.bench import tier_clips
 from graphscribe.decoding import GreedyDecoder, size_class
 from graphscribe.fused_step import FP32_TILES, HALF_TILES, ONE_ROW, FusedStep, Tiles
 
+
 def _around(base: Tiles) -> list[Tiles]:
     """The defaults, then one setting changed at a time, then a few pairs."""
     out = [base]
-    for field, values in (("rows", (32, 64)), ("joint_cols", (32, 128)), ("units", (16,)),
-                          ("proj_cols", (32,)), ("k", (32, 128)), ("warps", (2,)), ("stages", (4, 6)),
-                          ("gate_stages", (4, 6)), ("advance_warps", (2, 8))):
+    for field, values in (
+        ("rows", (32, 64)),
+        ("joint_cols", (32, 128)),
+        ("units", (16,)),
+        ("proj_cols", (32,)),
+        ("k", (32, 128)),
+        ("warps", (2,)),
+        ("stages", (4, 6)),
+        ("gate_stages", (4, 6)),
+        ("advance_warps", (2, 8)),
+    ):
         out += [replace(base, **{field: v}) for v in values if v != getattr(base, field)]
-    out += [replace(base, proj_cols=32, stages=6, gate_stages=4), replace(base, rows=64, warps=8),
-            replace(base, proj_cols=32, stages=6, gate_stages=4, advance_warps=8)]
+    out += [
+        replace(base, proj_cols=32, stages=6, gate_stages=4),
+        replace(base, rows=64, warps=8),
+        replace(base, proj_cols=32, stages=6, gate_stages=4, advance_warps=8),
+    ]
     return out
 
 
@@ -52,20 +64,32 @@ def _one_row(base: Tiles) -> list[Tiles]:
     program, after a GEMV bench that read the joint's output layer faster in 32 columns a program than in 64
     (bench/h100-session15/gemv/)."""
     one = replace(base, **ONE_ROW)
-    return [one, replace(one, joint_cols=32), replace(one, joint_cols=32, warps=4), replace(one, joint_cols=16, warps=4),
-            replace(one, joint_cols=128), replace(one, joint_cols=32, stages=4)]
+    return [
+        one,
+        replace(one, joint_cols=32),
+        replace(one, joint_cols=32, warps=4),
+        replace(one, joint_cols=16, warps=4),
+        replace(one, joint_cols=128),
+        replace(one, joint_cols=32, stages=4),
+    ]
 
 
 def _large(base: Tiles) -> list[Tiles]:
     """Large batches (32 rows and more): the defaults, then taller tiles (a weight tile read from L2 once for 32, 64
     or 128 batch rows instead of 16), with more warps and wider joint blocks."""
-    return [base, replace(base, rows=32), replace(base, rows=64), replace(base, rows=64, warps=8),
-            replace(base, rows=64, joint_cols=128, warps=8), replace(base, rows=64, units=16),
-            replace(base, rows=128, warps=8)]
+    return [
+        base,
+        replace(base, rows=32),
+        replace(base, rows=64),
+        replace(base, rows=64, warps=8),
+        replace(base, rows=64, joint_cols=128, warps=8),
+        replace(base, rows=64, units=16),
+        replace(base, rows=128, warps=8),
+    ]
 
 
 def tiles_changes(text: str) -> dict:
-    """"field=value,..." -> `Tiles` changes, each value of its field's type (bools as 0 or 1); ValueError if not."""
+    """ "field=value,..." -> `Tiles` changes, each value of its field's type (bools as 0 or 1); ValueError if not."""
     changes = {}
     for item in text.split(","):
         field, _, value = item.partition("=")
@@ -77,9 +101,11 @@ def tiles_changes(text: str) -> dict:
 
 
 def _tiles(t) -> str:
-    return (f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
-            f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}, rows {t.rows}"
-            + (f", net {t.net} k {t.net_k} warps {t.net_warps}" if t.net else ""))
+    return (
+        f"joint {t.joint_cols}, units {t.units}, proj {t.proj_cols}, k {t.k}, {t.fp32 or 'tensor cores'}, "
+        f"warps {t.warps}/{t.advance_warps}, stages {t.stages}/{t.gate_stages}, rows {t.rows}"
+        + (f", net {t.net} k {t.net_k} warps {t.net_warps}" if t.net else "")
+    )
 
 
 SHARE = decoding.ROUND_SHARE
@@ -132,11 +158,20 @@ def main() -> None:
     ap.add_argument("--tile-batches", default="1,8,128")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--rounds", type=int, default=5, help="onerow, warps: rounds over the settings, each a median of 5")
-    ap.add_argument("--variants", default="stages=4;k=32,stages=6", metavar="FIELD=VALUE,...;...",
-                    help="variants: `Tiles` changes, each set in every size class and measured against the defaults")
-    ap.add_argument("--baseline-step", type=Path, default=None, metavar="FUSED_STEP_PY",
-                    help="variants: another version's src/graphscribe/fused_step.py (e.g. from `git show`), measured "
-                         "first in the same rounds")
+    ap.add_argument(
+        "--variants",
+        default="stages=4;k=32,stages=6",
+        metavar="FIELD=VALUE,...;...",
+        help="variants: `Tiles` changes, each set in every size class and measured against the defaults",
+    )
+    ap.add_argument(
+        "--baseline-step",
+        type=Path,
+        default=None,
+        metavar="FUSED_STEP_PY",
+        help="variants: another version's src/graphscribe/fused_step.py (e.g. from `git show`), measured "
+        "first in the same rounds",
+    )
     args = ap.parse_args()
     try:
         variants = [tiles_changes(v) for v in filter(None, args.variants.split(";"))]
@@ -154,10 +189,13 @@ def main() -> None:
     tier = tiers[-1]  # every part but skip: the last of --tiers
     joints = {"float32": model.module.joint, "bfloat16": copy.deepcopy(model.module.joint).to(torch.bfloat16)}
     rows, lines = [], []
-    header = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, decode only, graphs, median of 5 (ms); "
-              "tier: the clip; steps: the row's; queued: steps run, the finished row's included", "",
-              "| what | tier | dtype | B | tiles | ms | steps | queued | us/step | warm-up s | same tokens |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    header = [
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, decode only, graphs, median of 5 (ms); "
+        "tier: the clip; steps: the row's; queued: steps run, the finished row's included",
+        "",
+        "| what | tier | dtype | B | tiles | ms | steps | queued | us/step | warm-up s | same tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
 
     def save() -> None:
         print(lines[-1], flush=True)
@@ -167,13 +205,18 @@ def main() -> None:
     def inputs(dtype, batch, name=None):
         """A tier's encoder output in `dtype`, repeated for `batch` rows, and its lengths."""
         encoded32, lengths1 = encoded[name or tier.name]
-        return encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous(), lengths1.expand(batch).contiguous()
+        return encoded32.to(getattr(torch, dtype)).expand(batch, -1, -1).contiguous(), lengths1.expand(
+            batch
+        ).contiguous()
 
     def decoder_for(dtype, window=None, tiles=None, one_row=None, changes=None, step_class=FusedStep):
         """changes: `Tiles` fields set in every size class (e.g. {"stages": 4}); step_class: the baseline's FusedStep."""
-        decoder = GreedyDecoder(model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, window=window, fused=True)
-        step = decoder._fused_step = step_class(decoder.prediction, decoder.joint, getattr(torch, dtype),
-                                                model.cfg.decoding.durations, tiles, one_row)
+        decoder = GreedyDecoder(
+            model.module.decoder, joints[dtype], model.cfg.decoding, graphs=True, window=window, fused=True
+        )
+        step = decoder._fused_step = step_class(
+            decoder.prediction, decoder.joint, getattr(torch, dtype), model.cfg.decoding.durations, tiles, one_row
+        )
         if changes:
             step.tiles, step.one_row = replace(step.tiles, **changes), replace(step.one_row, **changes)
             step.tall = {least: replace(t, **changes) for least, t in step.tall.items()}
@@ -200,8 +243,13 @@ def main() -> None:
         configs = []
         for tiles, one_row, *rest in settings:
             policy = rest[0] if rest and rest[0] is not None else decoding.ROUND_SHARE
-            decoder = decoder_for(dtype, tiles=tiles, one_row=one_row, changes=rest[1] if len(rest) > 1 else None,
-                                  step_class=rest[2] if len(rest) > 2 else FusedStep)
+            decoder = decoder_for(
+                dtype,
+                tiles=tiles,
+                one_row=one_row,
+                changes=rest[1] if len(rest) > 1 else None,
+                step_class=rest[2] if len(rest) > 2 else FusedStep,
+            )
             _rounds(policy)
             _, warm, hyps = timed(decoder, encoded, lengths, reps=1)
             same_bits = None
@@ -209,7 +257,9 @@ def main() -> None:
                 state = final_state(decoder, batch)
                 reference = state if reference is None else reference
                 same_bits = torch.equal(state, reference)
-            configs.append((decoder, policy, warm, [(h.token_ids, h.frames) for h in hyps], [], hyps[0].steps, same_bits))
+            configs.append(
+                (decoder, policy, warm, [(h.token_ids, h.frames) for h in hyps], [], hyps[0].steps, same_bits)
+            )
         for _ in range(args.rounds):
             for decoder, policy, _, _, times, _, _ in configs:
                 _rounds(policy)
@@ -220,17 +270,34 @@ def main() -> None:
             used = decoder._fused_step.tiles_for(size_class(batch))
             ms = statistics.median(times)
             which = "baseline" if type(decoder._fused_step) is not FusedStep else "this tree"
-            row = dict(part="alternating", step=which, tier=name, dtype=dtype, batch=batch, tiles=asdict(used), rounds_policy=policy,
-                       ms=ms, rounds=times, steps=steps, queued=decoder.queued_steps, host_reads=decoder.host_reads,
-                       us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
+            row = dict(
+                part="alternating",
+                step=which,
+                tier=name,
+                dtype=dtype,
+                batch=batch,
+                tiles=asdict(used),
+                rounds_policy=policy,
+                ms=ms,
+                rounds=times,
+                steps=steps,
+                queued=decoder.queued_steps,
+                host_reads=decoder.host_reads,
+                us_per_step=ms * 1e3 / steps,
+                warm_s=warm,
+                same=result == base,
+            )
             if same_bits is not None:
                 row["state_bits_as_first"] = same_bits
             rows.append(row)
-            lines.append(f"| {which}, alternating, rounds {policy}, {decoder.host_reads} reads | {name} | {dtype} | {batch} | "
-                         f"{_tiles(used)}{'' if used.skip else ', no skip'} | {ms:.3f} ({min(times):.3f}-"
-                         f"{max(times):.3f}) | {steps} | {decoder.queued_steps} | {row['us_per_step']:.1f} | "
-                         f"{warm:.1f} | {row['same']}"
-                         + (f", state bits as the first: {same_bits}" if same_bits is not None else "") + " |")
+            lines.append(
+                f"| {which}, alternating, rounds {policy}, {decoder.host_reads} reads | {name} | {dtype} | {batch} | "
+                f"{_tiles(used)}{'' if used.skip else ', no skip'} | {ms:.3f} ({min(times):.3f}-"
+                f"{max(times):.3f}) | {steps} | {decoder.queued_steps} | {row['us_per_step']:.1f} | "
+                f"{warm:.1f} | {row['same']}"
+                + (f", state bits as the first: {same_bits}" if same_bits is not None else "")
+                + " |"
+            )
             save()
 
     for dtype in args.dtypes.split(","):
@@ -240,11 +307,24 @@ def main() -> None:
                 for tiles in TILES[dtype]:
                     ms, warm, steps, queued, result = run(dtype, batch, tiles=tiles)
                     base = base or result
-                    row = dict(part="tiles", tier=tier.name, dtype=dtype, batch=batch, tiles=asdict(tiles), ms=ms,
-                               steps=steps, queued=queued, us_per_step=ms * 1e3 / steps, warm_s=warm, same=result == base)
+                    row = dict(
+                        part="tiles",
+                        tier=tier.name,
+                        dtype=dtype,
+                        batch=batch,
+                        tiles=asdict(tiles),
+                        ms=ms,
+                        steps=steps,
+                        queued=queued,
+                        us_per_step=ms * 1e3 / steps,
+                        warm_s=warm,
+                        same=result == base,
+                    )
                     rows.append(row)
-                    lines.append(f"| tiles | {tier.name} | {dtype} | {batch} | {_tiles(tiles)} | {ms:.2f} | {steps} | "
-                                 f"{queued} | {row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |")
+                    lines.append(
+                        f"| tiles | {tier.name} | {dtype} | {batch} | {_tiles(tiles)} | {ms:.2f} | {steps} | "
+                        f"{queued} | {row['us_per_step']:.1f} | {warm:.1f} | {row['same']} |"
+                    )
                     save()
         base_tiles = FP32_TILES if dtype == "float32" else HALF_TILES
         if "onerow" in args.parts:  # B = 1: the one-row class's tiles
@@ -254,8 +334,16 @@ def main() -> None:
             one = replace(base_tiles, **ONE_ROW)
             for t in tiers:
                 policies = [p if p == "last" else float(p) for p in args.policies.split(",")]
-                alternating(dtype, 1, [(None, replace(one, skip=bool(int(skip))), policy) for policy in policies
-                                       for skip in args.skips.split(",")], t.name)
+                alternating(
+                    dtype,
+                    1,
+                    [
+                        (None, replace(one, skip=bool(int(skip))), policy)
+                        for policy in policies
+                        for skip in args.skips.split(",")
+                    ],
+                    t.name,
+                )
         if "warps" in args.parts:  # the other classes: 4 or 8 warps a matrix program
             for batch in map(int, args.tile_batches.split(",")):
                 alternating(dtype, batch, [(base_tiles, None), (replace(base_tiles, warps=8), None)])
@@ -271,11 +359,23 @@ def main() -> None:
             for batch in map(int, args.batches.split(",")):
                 for window in map(int, args.windows.split(",")):
                     ms, warm, steps, queued, _ = run(dtype, batch, window=window)
-                    row = dict(part="windows", tier=tier.name, dtype=dtype, batch=batch, window=window, ms=ms,
-                               steps=steps, queued=queued, us_per_step=ms * 1e3 / steps, warm_s=warm)
+                    row = dict(
+                        part="windows",
+                        tier=tier.name,
+                        dtype=dtype,
+                        batch=batch,
+                        window=window,
+                        ms=ms,
+                        steps=steps,
+                        queued=queued,
+                        us_per_step=ms * 1e3 / steps,
+                        warm_s=warm,
+                    )
                     rows.append(row)
-                    lines.append(f"| window {window} | {tier.name} | {dtype} | {batch} | default | {ms:.2f} | {steps} | "
-                                 f"{queued} | {row['us_per_step']:.1f} | {warm:.1f} | |")
+                    lines.append(
+                        f"| window {window} | {tier.name} | {dtype} | {batch} | default | {ms:.2f} | {steps} | "
+                        f"{queued} | {row['us_per_step']:.1f} | {warm:.1f} | |"
+                    )
                     save()
 
 

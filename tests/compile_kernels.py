@@ -18,45 +18,119 @@ F32, I32, I64 = "*fp32", "*i32", "*i64"
 def compile_kernel(kernel, pointers: dict[str, str], constexprs: dict) -> None:
     """Scalars are i32 unless named; every parameter not in `constexprs` is a pointer in `pointers` or a scalar
     (named in `pointers` with its type, e.g. "fp32", if it is not an i32)."""
-    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32")
-                 for name in inspect.signature(kernel.fn).parameters}
+    signature = {
+        name: "constexpr" if name in constexprs else pointers.get(name, "i32")
+        for name in inspect.signature(kernel.fn).parameters
+    }
     triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
 
 
 def main() -> None:
     # (weights, tiles, whether the one-row class is made from them): the large batches' TALL tiles are not
-    kinds = [("*fp32", fs.FP32_TILES, True), ("*fp32", replace(fs.FP32_TILES, fp32="ieee"), True),
-             ("*bf16", fs.HALF_TILES, True), *(("*fp32", replace(fs.FP32_TILES, **c), False) for c in fs.TALL.values())]
+    kinds = [
+        ("*fp32", fs.FP32_TILES, True),
+        ("*fp32", replace(fs.FP32_TILES, fp32="ieee"), True),
+        ("*bf16", fs.HALF_TILES, True),
+        *(("*fp32", replace(fs.FP32_TILES, **c), False) for c in fs.TALL.values()),
+    ]
     for weights, tiles, with_one_row in kinds:
         mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32 or "", PDL=True)
         for tdt in (True, False):
-            compile_kernel(fs._joint_kernel, dict(enc=weights, g=weights, t=I64, active="*i1", w_out=weights, b_out=F32,
-                                                  tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32),
-                           dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2, SKIP=tdt))
-            compile_kernel(fs._advance_kernel, dict(tok_val=F32, tok_idx=I32, dur_val=F32, dur_idx=I32,
-                                                    t=I64, lengths=I64, active="*i1", last_frame=I64, run=I64, count=I64,
-                                                    row_steps=I64, records=I32, emit_out=I32, table=F32, hh=F32, h=F32,
-                                                    c=F32, h_out=F32, c_out=F32),
-                           dict(WB=8, NB=256, NBD=2, HB=1024, TDT=tdt, DURATIONS=0x0403020100, PDL=True))
+            compile_kernel(
+                fs._joint_kernel,
+                dict(
+                    enc=weights,
+                    g=weights,
+                    t=I64,
+                    active="*i1",
+                    w_out=weights,
+                    b_out=F32,
+                    tok_val=F32,
+                    tok_idx=I32,
+                    dur_val=F32,
+                    dur_idx=I32,
+                ),
+                dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2, SKIP=tdt),
+            )
+            compile_kernel(
+                fs._advance_kernel,
+                dict(
+                    tok_val=F32,
+                    tok_idx=I32,
+                    dur_val=F32,
+                    dur_idx=I32,
+                    t=I64,
+                    lengths=I64,
+                    active="*i1",
+                    last_frame=I64,
+                    run=I64,
+                    count=I64,
+                    row_steps=I64,
+                    records=I32,
+                    emit_out=I32,
+                    table=F32,
+                    hh=F32,
+                    h=F32,
+                    c=F32,
+                    h_out=F32,
+                    c_out=F32,
+                ),
+                dict(WB=8, NB=256, NBD=2, HB=1024, TDT=tdt, DURATIONS=0x0403020100, PDL=True),
+            )
         # the prediction net (float32 weights whatever the dtype): tensor-core tiles, and the one-row class's
         # CUDA-core products
         for net in (tiles, replace(tiles, **fs.ONE_ROW)) if with_one_row else (tiles,):
             mm = dict(BM=net.net_rows, BK=net.net_k or net.k, FP32=net.net_arithmetic)
-            compile_kernel(fs._lstm_kernel, dict(x=F32, w_ih=F32, bias=F32, hh=F32, h=F32, c=F32, h_out=F32, c_out=F32,
-                                                 emit=I32, w_hh_below=F32, hh_below=F32), dict(mm, PDL=True, SKIP=net.net != "fma", BU=net.units))
-            compile_kernel(fs._project_kernel, dict(x=F32, w_pred=F32, b_pred=F32, g=weights, emit=I32, w_hh_top=F32,
-                                                    hh_top=F32), dict(mm, PDL=True, SKIP=net.net != "fma", BC=net.proj_cols,
-                                                                      BQ=4 * net.units))
+            compile_kernel(
+                fs._lstm_kernel,
+                dict(
+                    x=F32,
+                    w_ih=F32,
+                    bias=F32,
+                    hh=F32,
+                    h=F32,
+                    c=F32,
+                    h_out=F32,
+                    c_out=F32,
+                    emit=I32,
+                    w_hh_below=F32,
+                    hh_below=F32,
+                ),
+                dict(mm, PDL=True, SKIP=net.net != "fma", BU=net.units),
+            )
+            compile_kernel(
+                fs._project_kernel,
+                dict(x=F32, w_pred=F32, b_pred=F32, g=weights, emit=I32, w_hh_top=F32, hh_top=F32),
+                dict(mm, PDL=True, SKIP=net.net != "fma", BC=net.proj_cols, BQ=4 * net.units),
+            )
             compile_kernel(fs._hh_kernel, dict(h=F32, w_hh=F32, hh=F32), dict(mm, BQ=4 * net.units))
     for half in ("*bf16", "*fp16"):  # the encoder's kernels (16-bit activations and weights)
-        compile_kernel(ek._glu_depthwise_kernel, dict(h_ptr=half, valid_ptr="*i1", w_ptr=half, conv_bias_ptr=half,
-                                                      bn_w_ptr=half, bn_b_ptr=half, mean_ptr=half, var_ptr=half,
-                                                      out_ptr=half, eps="fp32"),
-                       dict(K=9, HAS_BIAS=True, BLOCK_T=32, BLOCK_C=64))
-        compile_kernel(ek._first_conv_kernel, dict(x_ptr=half, len0_ptr=I64, len1_ptr=I64, w_ptr=half, bias_ptr=half,
-                                                   out_ptr=half), dict(BLOCK_P=64, BLOCK_C=64))
-        compile_kernel(ek._position_bias_kernel, dict(raw_ptr=half, valid_ptr="*i1", out_ptr=half, scale="fp32"),
-                       dict(BLOCK_I=16, BLOCK_J=256))
+        compile_kernel(
+            ek._glu_depthwise_kernel,
+            dict(
+                h_ptr=half,
+                valid_ptr="*i1",
+                w_ptr=half,
+                conv_bias_ptr=half,
+                bn_w_ptr=half,
+                bn_b_ptr=half,
+                mean_ptr=half,
+                var_ptr=half,
+                out_ptr=half,
+                eps="fp32",
+            ),
+            dict(K=9, HAS_BIAS=True, BLOCK_T=32, BLOCK_C=64),
+        )
+        compile_kernel(
+            ek._first_conv_kernel,
+            dict(x_ptr=half, len0_ptr=I64, len1_ptr=I64, w_ptr=half, bias_ptr=half, out_ptr=half),
+            dict(BLOCK_P=64, BLOCK_C=64),
+        )
+        compile_kernel(
+            ek._position_bias_kernel,
+            dict(raw_ptr=half, valid_ptr="*i1", out_ptr=half, scale="fp32"),
+            dict(BLOCK_I=16, BLOCK_J=256),
+        )
     print("compiled")
 
 

@@ -16,8 +16,8 @@ import pytest
 import soundfile as sf
 import torch
 import torchaudio.functional as AF
-
 from conftest import CLIP_NAMES, CLIPS, JFK_FLAC, NEMO_PATH, SPEECH_CLIP, reference_clip
+
 from graphscribe.audio import AudioError, load_audio
 
 RATE = 16000  # Hz, the model's
@@ -37,8 +37,15 @@ def samples() -> np.ndarray:
 
 
 # Lossless 16 kHz variants: written from the 16-bit source, they read back as the same float32 samples.
-LOSSLESS = [("wav", "PCM_16"), ("wav", "PCM_24"), ("wav", "PCM_32"), ("wav", "FLOAT"), ("wav", "DOUBLE"),
-            ("flac", "PCM_24"), ("flac", "PCM_16")]
+LOSSLESS = [
+    ("wav", "PCM_16"),
+    ("wav", "PCM_24"),
+    ("wav", "PCM_32"),
+    ("wav", "FLOAT"),
+    ("wav", "DOUBLE"),
+    ("flac", "PCM_24"),
+    ("flac", "PCM_16"),
+]
 
 
 @pytest.mark.parametrize("suffix,subtype", LOSSLESS, ids=[f"{s}-{t}" for s, t in LOSSLESS])
@@ -179,8 +186,10 @@ def test_clips_shorter_than_an_encoder_frame_give_nemo_results(model, speech_ids
     paths = []
     for clip in SHORT["clips"]:
         paths.append(tmp_path / f"cut_{clip['samples']:04d}.wav")
-        sf.write(paths[-1], pcm16[SHORT["offset"]: SHORT["offset"] + clip["samples"]], RATE, subtype="PCM_16")
-    assert {c["feature_frames"] for c in SHORT["clips"]} >= {0, 1} and {c["encoder_frames"] for c in SHORT["clips"]} == {0, 1}
+        sf.write(paths[-1], pcm16[SHORT["offset"] : SHORT["offset"] + clip["samples"]], RATE, subtype="PCM_16")
+    assert {c["feature_frames"] for c in SHORT["clips"]} >= {0, 1} and {
+        c["encoder_frames"] for c in SHORT["clips"]
+    } == {0, 1}
     for path, clip in zip(paths, SHORT["clips"]):
         audio = model.read(path)
         _, feature_frames = model.features([audio])
@@ -217,11 +226,15 @@ def test_truncated_wav_is_an_error(model, speech_ids, tmp_path, pcm16):
     assert path.name in results[0].error and "truncated" in results[0].error.lower()
 
 
-@pytest.mark.parametrize("array,words", [
-    (np.zeros(0, np.float32), ("no samples",)),
-    (np.array([0.0, np.nan] * 4000, np.float32), ("nan",)),
-    (np.zeros((4000, 2, 2), np.float32), ("shape",)),
-], ids=["empty", "nan", "3d"])
+@pytest.mark.parametrize(
+    "array,words",
+    [
+        (np.zeros(0, np.float32), ("no samples",)),
+        (np.array([0.0, np.nan] * 4000, np.float32), ("nan",)),
+        (np.zeros((4000, 2, 2), np.float32), ("shape",)),
+    ],
+    ids=["empty", "nan", "3d"],
+)
 def test_bad_arrays_fail_alone(model, speech_ids, samples, array, words):
     bad, good = model.transcribe([array, samples])
     assert bad.error is not None and any(w in bad.error.lower() for w in words), bad.error

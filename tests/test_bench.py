@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import CLIPS, NEMO_PATH, reference_clip
 
 
@@ -19,9 +18,26 @@ def test_bench_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
     env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"}
     result = subprocess.run(
-        [sys.executable, "-m", "graphscribe.cli", "bench", *(str(CLIPS / c) for c in clips), "--model", str(NEMO_PATH),
-         "--reps", "1", "--batch-sizes", "1,3", "--json", str(out)],
-        capture_output=True, text=True, env=env, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "graphscribe.cli",
+            "bench",
+            *(str(CLIPS / c) for c in clips),
+            "--model",
+            str(NEMO_PATH),
+            "--reps",
+            "1",
+            "--batch-sizes",
+            "1,3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "graphs need a CUDA device" in result.stderr
     report = json.loads(out.read_text())
@@ -40,23 +56,31 @@ def test_bench_on_cpu(tmp_path):
 
 
 def test_bad_batch_sizes_are_bad_usage():
-    result = subprocess.run([sys.executable, "-m", "graphscribe.cli", "bench", "--model", str(NEMO_PATH),
-                             "--batch-sizes", "1,x"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "graphscribe.cli", "bench", "--model", str(NEMO_PATH), "--batch-sizes", "1,x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "--batch-sizes" in result.stderr
 
 
 def _bench(*args, timeout=600):
     env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"}
-    return subprocess.run([sys.executable, "-m", "graphscribe.cli", "bench", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "graphscribe.cli", "bench", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rows")
 def test_throughput_on_generated_speech_with_the_demo_model(tmp_path):
     out = tmp_path / "throughput.json"
-    result = _bench("--throughput", "--files", 5, "--batch-sizes", "2,4", "--reps", 1, "--model", "demo",
-                    "--json", out)
+    result = _bench("--throughput", "--files", 5, "--batch-sizes", "2,4", "--reps", 1, "--model", "demo", "--json", out)
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["files"] == 5 and report["dtype"] == "float32" and report["reps"] == 1
@@ -88,7 +112,8 @@ def test_throughput_on_a_folder_counts_a_bad_file(tmp_path):
     report = json.loads(out.read_text())
     assert report["files"] == 4 and report["folder"] == str(folder)
     assert report["audio_seconds"] == pytest.approx(
-        sum(reference_clip(n)["samples"] for n in ("short_2s.wav", "espeak_fox.wav", "quarter_second.wav")) / 16000)
+        sum(reference_clip(n)["samples"] for n in ("short_2s.wav", "espeak_fox.wav", "quarter_second.wav")) / 16000
+    )
     [row] = report["throughput"]
     assert row["failed"] == 1 and row["identical"] is True
 
@@ -103,8 +128,9 @@ def test_bench_folder_usage_errors(tmp_path):
 @pytest.mark.gpu
 def test_throughput_on_cuda_has_both_modes_and_gpu_stages(tmp_path):
     out = tmp_path / "throughput.json"
-    result = _bench("--throughput", "--files", 8, "--batch-sizes", "4", "--reps", 1, "--model", NEMO_PATH,
-                    "--json", out)
+    result = _bench(
+        "--throughput", "--files", 8, "--batch-sizes", "4", "--reps", 1, "--model", NEMO_PATH, "--json", out
+    )
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["throughput"]
     assert [(r["batch"], r["graphs"]) for r in rows] == [(4, False), (4, True)]

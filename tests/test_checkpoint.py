@@ -14,8 +14,8 @@ import tarfile
 import pytest
 import torch
 import yaml
-
 from conftest import NEMO_PATH, SPEECH_CLIP
+
 from graphscribe.checkpoint import CheckpointError, read_checkpoint
 from graphscribe.config import UnsupportedModelError
 from graphscribe.model import load_model
@@ -186,13 +186,22 @@ def test_weights_that_are_not_a_state_dict(tmp_path):
 # ---------------------------------------------------------------------------- config switches
 
 
-@pytest.mark.parametrize("section,key,value,named", [
-    ("encoder", "_target_", "nemo.collections.asr.modules.SqueezeformerEncoder", "SqueezeformerEncoder"),
-    ("encoder", "self_attention_model", "abs_pos", "abs_pos"),
-    ("preprocessor", "normalize", "all_features", "all_features"),
-    ("encoder", "att_context_size", [70, 13], "att_context_size"),
-    ("decoder", "_target_", "nemo.collections.asr.modules.StatelessTransducerDecoder", "StatelessTransducerDecoder"),
-], ids=["encoder_target", "abs_pos", "all_features", "limited_context", "stateless_decoder"])
+@pytest.mark.parametrize(
+    "section,key,value,named",
+    [
+        ("encoder", "_target_", "nemo.collections.asr.modules.SqueezeformerEncoder", "SqueezeformerEncoder"),
+        ("encoder", "self_attention_model", "abs_pos", "abs_pos"),
+        ("preprocessor", "normalize", "all_features", "all_features"),
+        ("encoder", "att_context_size", [70, 13], "att_context_size"),
+        (
+            "decoder",
+            "_target_",
+            "nemo.collections.asr.modules.StatelessTransducerDecoder",
+            "StatelessTransducerDecoder",
+        ),
+    ],
+    ids=["encoder_target", "abs_pos", "all_features", "limited_context", "stateless_decoder"],
+)
 def test_unsupported_switch_is_named(tmp_path, section, key, value, named):
     config = _config()
     config[section][key] = value
@@ -236,9 +245,11 @@ def test_missing_nemo_file_is_a_checkpoint_error(tmp_path):
 def test_hugging_face_id_offline_says_to_pass_a_file(tmp_path):
     """Run in a fresh interpreter so HF_HUB_OFFLINE is read at import: no network access is tried."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1")
-    code = ("from graphscribe.checkpoint import CheckpointError, read_checkpoint\n"
-            "try:\n    read_checkpoint('nvidia/parakeet-tdt-0.6b-v2')\n"
-            "except CheckpointError as err:\n    print('CheckpointError:', err)\n")
+    code = (
+        "from graphscribe.checkpoint import CheckpointError, read_checkpoint\n"
+        "try:\n    read_checkpoint('nvidia/parakeet-tdt-0.6b-v2')\n"
+        "except CheckpointError as err:\n    print('CheckpointError:', err)\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     message = result.stdout.strip()

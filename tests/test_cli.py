@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, SPEECH_CLIP, reference_clip
 
 FRAME_SECONDS = 0.08  # 10 ms hop x 8 subsampling
@@ -98,7 +97,9 @@ def test_output_dir_keeps_structure_and_survives_a_bad_file(clip_tree, tmp_path)
     [error] = _error_lines(result.stderr)
     assert "broken.wav" in error
     places = ["", "", "sub/", "sub/", "sub/deeper/", "sub/deeper/"]
-    expected = {f"{place}{Path(name).stem}.txt": reference_clip(name)["text"] for name, place in zip(CLIP_NAMES, places)}
+    expected = {
+        f"{place}{Path(name).stem}.txt": reference_clip(name)["text"] for name, place in zip(CLIP_NAMES, places)
+    }
     expected["single_file.txt"] = reference_clip(SPEECH_CLIP.name)["text"]
     written = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
     assert written == {name: text + "\n" for name, text in expected.items()}
@@ -108,7 +109,9 @@ def test_output_dir_json_one_file_per_input(tmp_path):
     out = tmp_path / "out"
     result = transcribe(CLIPS / CLIP_NAMES[0], CLIPS / CLIP_NAMES[2], "--output-dir", out, "--format", "json")
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == sorted(Path(n).stem + ".json" for n in (CLIP_NAMES[0], CLIP_NAMES[2]))
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        Path(n).stem + ".json" for n in (CLIP_NAMES[0], CLIP_NAMES[2])
+    )
     for path in out.iterdir():
         record = json.loads(path.read_text())
         assert record["text"] == reference_clip(path.stem + ".wav")["text"]
@@ -127,9 +130,13 @@ def test_bad_inputs_exit_1_and_the_good_ones_still_print(tmp_path):
     noise_mp3 = tmp_path / "noise.mp3"
     noise_mp3.write_bytes(np.random.default_rng(0).bytes(4096))
     good = [CLIPS / CLIP_NAMES[0], CLIPS / CLIP_NAMES[1]]
-    bad = {tmp_path / "missing.wav": "no such file", text_wav: "not a readable audio file",
-           empty_folder: "no audio", nan_wav: "NaN",
-           noise_mp3: "noise.mp3: not a readable audio file (unknown format or corrupt data)"}
+    bad = {
+        tmp_path / "missing.wav": "no such file",
+        text_wav: "not a readable audio file",
+        empty_folder: "no audio",
+        nan_wav: "NaN",
+        noise_mp3: "noise.mp3: not a readable audio file (unknown format or corrupt data)",
+    }
     result = transcribe(good[0], *bad, good[1], "--batch", "3")
     assert result.returncode == 1
     assert result.stdout.splitlines() == [f"{p}: {reference_clip(p.name)['text']}" for p in good]
@@ -148,7 +155,7 @@ def test_clips_shorter_than_a_frame_print_nemo_text(tmp_path):
     clips = {}
     for clip in short["clips"]:
         path = tmp_path / f"cut_{clip['samples']:04d}.wav"
-        sf.write(path, pcm[short["offset"]: short["offset"] + clip["samples"]], rate, subtype="PCM_16")
+        sf.write(path, pcm[short["offset"] : short["offset"] + clip["samples"]], rate, subtype="PCM_16")
         clips[path] = clip
     assert any(not c["token_ids"] for c in clips.values()) and any(c["token_ids"] for c in clips.values())
     result = transcribe(*clips, SPEECH_CLIP, "--format", "json")
@@ -168,12 +175,16 @@ def test_odd_mp3s_keep_stderr_to_our_own_lines(tmp_path):
     glitch = tmp_path / "glitch.mp3"  # 50 bytes of junk mid-stream: mpg123 resyncs (and says so), the rest decodes
     sf.write(glitch, sf.read(SPEECH_CLIP, dtype="float32")[0], 16000, format="MP3")
     data = glitch.read_bytes()
-    glitch.write_bytes(data[: len(data) // 2] + np.random.default_rng(0).bytes(50) + data[len(data) // 2:])
+    glitch.write_bytes(data[: len(data) // 2] + np.random.default_rng(0).bytes(50) + data[len(data) // 2 :])
     noise = tmp_path / "noise.mp3"
     noise.write_bytes(np.random.default_rng(1).bytes(4096))
     for path in (glitch, noise):  # the libraries do chatter about these files: the test can fail
-        plain = subprocess.run([sys.executable, "-c", f"import soundfile as sf\ntry: sf.read({str(path)!r})\n"
-                                "except Exception: pass"], capture_output=True, text=True, timeout=60)
+        plain = subprocess.run(
+            [sys.executable, "-c", f"import soundfile as sf\ntry: sf.read({str(path)!r})\nexcept Exception: pass"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert plain.stderr.strip(), path.name  # such as "Note: Illegal Audio-MPEG-Header 0x... at offset ..."
     result = transcribe(glitch, noise, SPEECH_CLIP, "--batch", "2")
     assert result.returncode == 1
@@ -298,6 +309,7 @@ def _recorded(init, started: list):
     def wrapped(self, *args, **kwargs):
         started.append(True)
         init(self, *args, **kwargs)
+
     return wrapped
 
 
@@ -328,4 +340,3 @@ def test_a_checkpoint_that_fails_to_load_stops_the_early_readers(tmp_path, clip_
     assert "missing" in error and "layers.2" in error
     names = [t.name for t in threading.enumerate()]
     assert not [n for n in names if n.startswith("graphscribe-")], names
-

@@ -8,8 +8,8 @@ import tarfile
 import pytest
 import torch
 import yaml
-
 from conftest import NEMO_PATH
+
 from graphscribe.config import UnsupportedModelError, model_config_from_nemo
 from graphscribe.features import LogMel
 from graphscribe.model import Transducer, load_state
@@ -57,8 +57,9 @@ def test_null_max_symbols_falls_back_to_ten(nemo_config):
 
 
 def test_preprocessor_switches_are_honoured(nemo_config):
-    cfg = model_config_from_nemo(changed(nemo_config, preprocessor={"preemph": None, "mag_power": 1.0,
-                                                                     "log_zero_guard_value": "tiny"}))
+    cfg = model_config_from_nemo(
+        changed(nemo_config, preprocessor={"preemph": None, "mag_power": 1.0, "log_zero_guard_value": "tiny"})
+    )
     assert cfg.features.preemph == 0 and cfg.features.mag_power == 1.0 and cfg.features.log_zero_guard < 1e-37
     default = model_config_from_nemo(nemo_config).features
     audio = torch.randn(1, 16000)
@@ -68,16 +69,19 @@ def test_preprocessor_switches_are_honoured(nemo_config):
     assert not torch.allclose(a, b)
 
 
-@pytest.mark.parametrize("section,key,value,named", [
-    ("encoder", "reduction", "pooling", "reduction"),
-    ("encoder", "global_tokens", 4, "global_tokens"),
-    ("encoder", "conv_context_size", "causal", "conv_context_size"),
-    ("preprocessor", "exact_pad", True, "exact_pad"),
-    ("preprocessor", "log_zero_guard_type", "clamp", "log_zero_guard_type"),
-    ("tokenizer", "type", "wpe", "tokenizer"),
-    ("decoding", "durations", ["a", "b"], "durations"),
-    ("decoder", "prednet", {"pred_hidden": 48, "pred_rnn_layers": 2, "rnn_hidden_size": 96}, "rnn_hidden_size"),
-])
+@pytest.mark.parametrize(
+    "section,key,value,named",
+    [
+        ("encoder", "reduction", "pooling", "reduction"),
+        ("encoder", "global_tokens", 4, "global_tokens"),
+        ("encoder", "conv_context_size", "causal", "conv_context_size"),
+        ("preprocessor", "exact_pad", True, "exact_pad"),
+        ("preprocessor", "log_zero_guard_type", "clamp", "log_zero_guard_type"),
+        ("tokenizer", "type", "wpe", "tokenizer"),
+        ("decoding", "durations", ["a", "b"], "durations"),
+        ("decoder", "prednet", {"pred_hidden": 48, "pred_rnn_layers": 2, "rnn_hidden_size": 96}, "rnn_hidden_size"),
+    ],
+)
 def test_unsupported_switches_are_named(nemo_config, section, key, value, named):
     with pytest.raises(UnsupportedModelError, match=named):
         model_config_from_nemo(changed(nemo_config, **{section: {key: value}}))

@@ -62,8 +62,9 @@ def test_demo_transcribes_held_out_speech(demo):
 
 def test_cli_without_model_prints_the_words():
     env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"}
-    result = subprocess.run([sys.executable, "-m", "graphscribe.cli", str(HELDOUT)], capture_output=True,
-                            text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "graphscribe.cli", str(HELDOUT)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     texts = dict(line.split(": ", 1) for line in result.stdout.splitlines())
     hyps = [texts[str(HELDOUT / c["file"])] for c in CLIPS]

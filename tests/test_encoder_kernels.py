@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
 import graphscribe as gs
 import graphscribe.encoder as encoder
-from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
 kernels = pytest.importorskip("graphscribe.encoder_kernels")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -64,11 +64,10 @@ def test_position_bias_matches_pytorch(monkeypatch, dtype):
     valid = torch.arange(t)[None, :] < torch.tensor([29, 11, 3])[:, None]
     scale, width = 0.35, encoder._aligned(t)
     for start, end in [(0, t), (0, 7), (7, 16), (16, t)]:
-        p_rows = p[:, t - end: 2 * t - 1 - start]
+        p_rows = p[:, t - end : 2 * t - 1 - start]
         want = encoder._position_bias(q_v[:, :, start:end], p_rows, valid, scale, width)  # CPU: PyTorch
         monkeypatch.setattr(encoder, "_kernels_for", lambda x: kernels)
-        got = encoder._position_bias(q_v[:, :, start:end].to(DEVICE), p_rows.to(DEVICE), valid.to(DEVICE), scale,
-                                     width)
+        got = encoder._position_bias(q_v[:, :, start:end].to(DEVICE), p_rows.to(DEVICE), valid.to(DEVICE), scale, width)
         monkeypatch.undo()
         assert got.stride(2) == width
         got = got.cpu()

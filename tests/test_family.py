@@ -19,7 +19,9 @@ from graphscribe.config import model_config_from_nemo
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "nemo-tdt-tiny"
-CLIPS = [FIXTURE / "clips" / name for name in ("short_2s.wav", "quarter_second.wav", "librispeech_2086-149220-0033.wav")]
+CLIPS = [
+    FIXTURE / "clips" / name for name in ("short_2s.wav", "quarter_second.wav", "librispeech_2086-149220-0033.wav")
+]
 
 
 def _load_script():
@@ -79,7 +81,11 @@ def test_tiny_preset_loads_and_transcribes(name, tiny_checkpoints):
     model = graphscribe.load_model(tiny_checkpoints[name], device="cpu")
     cfg = model.cfg
     assert cfg.features.n_mels == cfg.encoder.n_mels == preset.n_mels
-    assert (cfg.encoder.n_layers, cfg.encoder.d_model, cfg.encoder.n_heads) == (preset.n_layers, preset.d_model, preset.n_heads)
+    assert (cfg.encoder.n_layers, cfg.encoder.d_model, cfg.encoder.n_heads) == (
+        preset.n_layers,
+        preset.d_model,
+        preset.n_heads,
+    )
     assert cfg.encoder.subsampling_channels == preset.subsampling_channels
     assert (cfg.encoder.xscaling, cfg.encoder.use_bias) == (preset.xscaling, preset.use_bias)
     assert (cfg.prediction.layers, cfg.prediction.hidden) == (preset.pred_layers, preset.pred_hidden)
@@ -173,7 +179,9 @@ def test_released_model_configs_parse_into_known_shapes(name):
 
 def test_calibration_gives_a_plausible_token_rate(tmp_path):
     clip = FIXTURE / "clips" / "librispeech_2086-149220-0033.wav"
-    path = mk.make_checkpoint("tiny-tdt-80mel", tmp_path / "calibrated.nemo", calibrate_on=[str(clip)], log=lambda *a: None)
+    path = mk.make_checkpoint(
+        "tiny-tdt-80mel", tmp_path / "calibrated.nemo", calibrate_on=[str(clip)], log=lambda *a: None
+    )
     (stats,) = mk.checkpoint_stats(path, [str(clip)])  # decoded again from the written file
     assert 0.2 <= stats["tokens_per_frame"] <= 0.5
     assert all(n > 0 for n in stats["token_durations"].values())

@@ -30,15 +30,19 @@ def _oracle(name: str, checkpoint: str):
 
 
 def _decoder(model, fused: bool, window: int | None = None) -> GreedyDecoder:
-    return GreedyDecoder(model.module.decoder, model.module.joint, model.cfg.decoding, graphs=False, window=window,
-                         fused=fused)
+    return GreedyDecoder(
+        model.module.decoder, model.module.joint, model.cfg.decoding, graphs=False, window=window, fused=fused
+    )
 
 
-@pytest.mark.parametrize("name,checkpoint,window", [
-    ("nemo-tdt-tiny", "tdt-tiny.nemo", None),  # durations 0-4, max_symbols 10
-    ("nemo-rnnt-tiny", "rnnt-tiny.nemo", 3),  # plain RNN-T, one LSTM layer, xscaling and biases
-    ("nemo-tdt-tiny-80mel", "tdt-tiny-80mel.nemo", 2),  # max_symbols 3
-])
+@pytest.mark.parametrize(
+    "name,checkpoint,window",
+    [
+        ("nemo-tdt-tiny", "tdt-tiny.nemo", None),  # durations 0-4, max_symbols 10
+        ("nemo-rnnt-tiny", "rnnt-tiny.nemo", 3),  # plain RNN-T, one LSTM layer, xscaling and biases
+        ("nemo-tdt-tiny-80mel", "tdt-tiny-80mel.nemo", 2),  # max_symbols 3
+    ],
+)
 def test_fused_step_gives_nemo_tokens_in_a_padded_batch(name, checkpoint, window):
     model, ref = _oracle(name, checkpoint)
     encoded, lengths = model.encode([model.read(CLIPS / f) for f in SHORT])
@@ -65,7 +69,7 @@ def test_one_row_gives_nemo_tokens():
     decoder = _decoder(model, fused=True)
     for name in SHORT:
         encoded, lengths = model.encode([model.read(CLIPS / name)])
-        hyp, = decoder.decode(encoded, lengths)
+        (hyp,) = decoder.decode(encoded, lengths)
         assert (hyp.token_ids, hyp.frames) == (ref[name]["token_ids"], ref[name]["timestamps"]), name
     assert list(decoder._buffers) == [1] and decoder._fused_step.tiles_for(1).net == "fma"
 
@@ -130,12 +134,18 @@ def test_tensor_core_path_float16():
 def test_kernels_compile_for_hopper():
     """The interpreter does not apply all of Triton's compile-time rules: compile for sm_90 for real (no GPU needed)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("compile_kernels.py"))], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("compile_kernels.py"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("n,expected", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (100, 128), (128, 128),
-                                        (129, 192), (200, 256)])
+@pytest.mark.parametrize(
+    "n,expected", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (100, 128), (128, 128), (129, 192), (200, 256)]
+)
 def test_size_classes(n, expected):
     assert size_class(n) == expected

@@ -21,8 +21,11 @@ from graphscribe.bench import speech_path
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 FIXTURES = Path(__file__).parent / "fixtures"
-ORACLES = [("nemo-tdt-tiny", "tdt-tiny.nemo"), ("nemo-rnnt-tiny", "rnnt-tiny.nemo"),
-           ("nemo-tdt-tiny-80mel", "tdt-tiny-80mel.nemo")]
+ORACLES = [
+    ("nemo-tdt-tiny", "tdt-tiny.nemo"),
+    ("nemo-rnnt-tiny", "rnnt-tiny.nemo"),
+    ("nemo-tdt-tiny-80mel", "tdt-tiny-80mel.nemo"),
+]
 CLIPS = FIXTURES / "nemo-tdt-tiny" / "clips"
 
 
@@ -126,8 +129,12 @@ def test_demo_cli_graphs_on_and_off_print_the_same_bytes():
     heldout = FIXTURES / "demo-heldout"
     outputs = {}
     for flag in ("--graphs", "--no-graphs"):
-        done = subprocess.run([sys.executable, "-m", "graphscribe.cli", str(heldout), "--batch", "4", "--device", "cuda",
-                               flag], capture_output=True, env={**os.environ, "GRAPHSCRIBE_MODEL": "demo"}, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-m", "graphscribe.cli", str(heldout), "--batch", "4", "--device", "cuda", flag],
+            capture_output=True,
+            env={**os.environ, "GRAPHSCRIBE_MODEL": "demo"},
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr.decode()
         outputs[flag] = done.stdout
     assert outputs["--graphs"] == outputs["--no-graphs"]
@@ -169,7 +176,9 @@ def test_fused_step_gives_the_pytorch_steps_tokens_v3():
     from graphscribe.decoding import GreedyDecoder
 
     model = gs.load_model(V3, device="cuda", dtype="float32")
-    audio = [model.read(speech_path(name)) for name in ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")]
+    audio = [
+        model.read(speech_path(name)) for name in ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")
+    ]
     encoded, lengths = model.encode([audio[0], audio[1], torch.cat(audio * 3)])
     results = []
     for fused in (True, False):

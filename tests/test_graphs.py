@@ -8,11 +8,11 @@ import copy
 
 import pytest
 import torch
+from conftest import NEMO_PATH
 from torch import nn
 
 import graphscribe
 import graphscribe.graphs as graphs
-from conftest import NEMO_PATH
 from graphscribe.encoder import Padding, relative_positions, run_layers
 
 

@@ -16,10 +16,18 @@ import zipfile
 
 import pytest
 import torch
-
 from conftest import NEMO_PATH, SPEECH_CLIP
-from graphscribe.checkpoint import (WEIGHTS_NAME, CheckpointError, _load_weights, _map_tensors, _TarMembers,
-                                   _zip_records, demo_path, read_checkpoint)
+
+from graphscribe.checkpoint import (
+    WEIGHTS_NAME,
+    CheckpointError,
+    _load_weights,
+    _map_tensors,
+    _TarMembers,
+    _zip_records,
+    demo_path,
+    read_checkpoint,
+)
 from graphscribe.model import load_model
 
 DEMO = demo_path()  # float16 weights: a conversion on every load
@@ -145,7 +153,7 @@ def test_truncated_archive_is_named(tmp_path):
     data = _pack(tmp_path / "whole.nemo", _members(NEMO_PATH)).read_bytes()
     weights_end = data.rfind(b"PK\x05\x06")  # the weights zip's last bytes: its end-of-directory record
     path = tmp_path / "model.nemo"
-    path.write_bytes(data[:weights_end - 1000])
+    path.write_bytes(data[: weights_end - 1000])
     with pytest.raises(CheckpointError, match="model.nemo"):
         load_model(path, device="cpu")
 
@@ -187,20 +195,40 @@ def test_float32_on_the_cpu_uses_the_map_itself():
 
 def test_loading_imports_no_compiler():
     """Building on the meta device must not pull in torch._dynamo (1.5 s) through torch._refs."""
-    code = ("import sys\nfrom graphscribe.model import load_model\n"
-            f"load_model({str(DEMO)!r}, device='cpu', graphs=False)\n"
-            "print('torch._dynamo' in sys.modules)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ, TRITON_INTERPRET="0"))
+    code = (
+        "import sys\nfrom graphscribe.model import load_model\n"
+        f"load_model({str(DEMO)!r}, device='cpu', graphs=False)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TRITON_INTERPRET="0"),
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
 
 
 def test_summary_line_reports_the_load_time_apart(tmp_path):
     clips = NEMO_PATH.parent / "clips"
-    result = subprocess.run([sys.executable, "-m", "graphscribe.cli", str(clips / "short_2s.wav"),
-                             str(clips / "espeak_fox.wav"), "--model", str(NEMO_PATH), "--device", "cpu"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "graphscribe.cli",
+            str(clips / "short_2s.wav"),
+            str(clips / "espeak_fox.wav"),
+            "--model",
+            str(NEMO_PATH),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     [summary] = [line for line in result.stderr.splitlines() if "transcribed" in line]
     assert summary.startswith("loaded in ") and " s; transcribed 2 of 2 files: " in summary

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import CLIPS, FIXTURES, NEMO_PATH
+
 from graphscribe import model as model_module
 from graphscribe.config import UnsupportedModelError, model_config_from_nemo
 from graphscribe.encoder import _full_attention_nemo, full_attention, local_attention, memory_estimate
@@ -65,9 +65,15 @@ def _repacked(source: Path, target: Path, **encoder) -> Path:
 @pytest.fixture(scope="module")
 def local_checkpoints(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("local")
-    return {run_id: _repacked(CHECKPOINTS[name], folder / f"{run_id}.nemo", self_attention_model="rel_pos_local_attn",
-                              att_context_size=run["att_context_size"])
-            for run_id, (name, run) in zip(RUN_IDS, RUNS)}
+    return {
+        run_id: _repacked(
+            CHECKPOINTS[name],
+            folder / f"{run_id}.nemo",
+            self_attention_model="rel_pos_local_attn",
+            att_context_size=run["att_context_size"],
+        )
+        for run_id, (name, run) in zip(RUN_IDS, RUNS)
+    }
 
 
 # ---------------------------------------------------------------------------- NeMo parity
@@ -203,8 +209,10 @@ def test_padded_query_rows_are_zero_before_the_output_projection():
     from graphscribe.encoder import Padding, relative_positions, window_positions
 
     with torch.no_grad():
-        for window, pos in ((None, relative_positions(20, 64, x.device, x.dtype)),
-                            ((3, 3), window_positions((3, 3), 64, x.device, x.dtype))):
+        for window, pos in (
+            (None, relative_positions(20, 64, x.device, x.dtype)),
+            ((3, 3), window_positions((3, 3), 64, x.device, x.dtype)),
+        ):
             out = attn(x, pos, Padding(valid, x.dtype), window)
             assert torch.allclose(out[1, 13:], attn.linear_out(torch.zeros(64)).expand(7, 64))
 
@@ -222,8 +230,9 @@ def test_half_precision_model_runs_local_and_full():
 
 
 def test_chunked_subsampling_is_the_same(model):
-    audios = [model.read(CLIPS / name) for name in ("librispeech_2086-149220-0033.wav", "short_2s.wav",
-                                                     "quarter_second.wav")]
+    audios = [
+        model.read(CLIPS / name) for name in ("librispeech_2086-149220-0033.wav", "short_2s.wav", "quarter_second.wav")
+    ]
     features, lengths = model.features(audios)
     features = features[:, :, :-3]  # an odd length that is no multiple of the subsampling factor
     pre_encode = model.module.encoder.pre_encode
@@ -267,7 +276,7 @@ def test_fixed_shape_stretches_are_the_same(model):
         assert torch.equal(fixed_frames, frames)
         assert fixed.shape == whole.shape
         assert torch.allclose(fixed, whole, atol=1e-5), chunk
-        assert not fixed[1, :, int(frames[1]):].any()
+        assert not fixed[1, :, int(frames[1]) :].any()
 
 
 def test_chunks_are_sized_per_row_so_a_batch_does_not_change_a_clip(model, monkeypatch):
@@ -314,8 +323,9 @@ def test_auto_switches_when_full_attention_would_not_fit(model, monkeypatch, cap
 
 
 def test_attention_options(tmp_path, caplog):
-    local = _repacked(NEMO_PATH, tmp_path / "local.nemo", self_attention_model="rel_pos_local_attn",
-                      att_context_size=[6, 2])
+    local = _repacked(
+        NEMO_PATH, tmp_path / "local.nemo", self_attention_model="rel_pos_local_attn", att_context_size=[6, 2]
+    )
     audio = [16000 * 5]  # samples
     assert load_model(local, device="cpu").attention_for(audio) == (6, 2)  # its own window, whatever the option
     assert load_model(local, device="cpu", attention="local", attention_window=99).attention_for(audio) == (6, 2)
@@ -329,14 +339,23 @@ def test_attention_options(tmp_path, caplog):
         load_model(NEMO_PATH, device="cpu", attention_window=0)
 
 
-@pytest.mark.parametrize("encoder,message", [
-    ({"self_attention_model": "rel_pos_local_attn", "att_context_size": [-1, 64]}, "no unlimited side"),
-    ({"self_attention_model": "rel_pos_local_attn", "att_context_size": [0, 0]}, "above 0"),
-    ({"self_attention_model": "abs_pos"}, "abs_pos"),
-    ({"self_attention_model": "rel_pos_local_attn", "att_context_size": [8, 8], "global_tokens": 2}, "global_tokens"),
-    ({"self_attention_model": "rel_pos_local_attn", "att_context_size": [8, 8], "global_attn_separate": True},
-     "global_attn_separate"),
-], ids=["unlimited_side", "zero", "abs_pos", "global_tokens", "global_attn_separate"])
+@pytest.mark.parametrize(
+    "encoder,message",
+    [
+        ({"self_attention_model": "rel_pos_local_attn", "att_context_size": [-1, 64]}, "no unlimited side"),
+        ({"self_attention_model": "rel_pos_local_attn", "att_context_size": [0, 0]}, "above 0"),
+        ({"self_attention_model": "abs_pos"}, "abs_pos"),
+        (
+            {"self_attention_model": "rel_pos_local_attn", "att_context_size": [8, 8], "global_tokens": 2},
+            "global_tokens",
+        ),
+        (
+            {"self_attention_model": "rel_pos_local_attn", "att_context_size": [8, 8], "global_attn_separate": True},
+            "global_attn_separate",
+        ),
+    ],
+    ids=["unlimited_side", "zero", "abs_pos", "global_tokens", "global_attn_separate"],
+)
 def test_unsupported_local_attention_configs_are_named(encoder, message):
     with tarfile.open(NEMO_PATH) as tar:
         config = yaml.safe_load(tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith(".yaml"))))
@@ -388,8 +407,12 @@ print(status("VmHWM:") - before, memory_estimate(model.cfg, 1, audio.numel(), 4,
 @pytest.mark.parametrize("attention,minutes", [("full", 3), ("local", 6)])
 def test_memory_estimate_bounds_the_measured_peak(attention, minutes):
     """The estimate is at least the peak host memory that encoding a few minutes takes (the demo model, CPU)."""
-    result = subprocess.run([sys.executable, "-c", _PEAK, str(DEMO_PATH), attention, str(16000 * 60 * minutes)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(DEMO_PATH), attention, str(16000 * 60 * minutes)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     measured, estimate = map(int, result.stdout.split())
     assert 0 < measured <= estimate
@@ -398,14 +421,40 @@ def test_memory_estimate_bounds_the_measured_peak(attention, minutes):
 def test_long_audio_bench_runs_on_the_cpu(tmp_path):
     """scripts/long_audio_bench.py end to end at tiny sizes: both tables, OOM-free rows, JSON and markdown."""
     script = Path(__file__).parent.parent / "scripts" / "long_audio_bench.py"
-    result = subprocess.run([sys.executable, str(script), "--model", str(NEMO_PATH), "--device", "cpu",
-                             "--minutes", "0.05,0.1", "--dtypes", "float32", "--batch-sizes", "1,2",
-                             "--clip-seconds", "2", "--reps", "1", "--window", "8", "--budget-seconds", "300",
-                             "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--model",
+            str(NEMO_PATH),
+            "--device",
+            "cpu",
+            "--minutes",
+            "0.05,0.1",
+            "--dtypes",
+            "float32",
+            "--batch-sizes",
+            "1,2",
+            "--clip-seconds",
+            "2",
+            "--reps",
+            "1",
+            "--window",
+            "8",
+            "--budget-seconds",
+            "300",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "results.json").read_text())
     assert [(r["minutes"], r["attention"], r["status"]) for r in report["long_audio"]] == [
-        (m, a, "ok") for m in (0.05, 0.1) for a in ("local", "auto", "full")]
+        (m, a, "ok") for m in (0.05, 0.1) for a in ("local", "auto", "full")
+    ]
     assert all(not r["auto_switched"] for r in report["long_audio"])
     assert [r["batch"] for r in report["encoder"]] == [1, 2]
     assert all(r["status"] == "ok" and r["max_abs_diff"] < 1e-3 for r in report["encoder"])
@@ -417,12 +466,17 @@ def test_cli_attention_options():
     run = next(r for n, r in RUNS if n == "tdt-tiny" and r["att_context_size"] == [8, 8])
     clip = next(c for c in run["clips"] if c["file"].endswith("short_2s.wav"))
     base = [sys.executable, "-m", "graphscribe.cli", str(FIXTURES / clip["file"]), "--model", str(NEMO_PATH)]
-    result = subprocess.run(base + ["--attention", "local", "--attention-window", "8", "-f", "json"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        base + ["--attention", "local", "--attention-window", "8", "-f", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     tokens = json.loads(result.stdout)["tokens"]
     assert [t["id"] for t in tokens] == clip["token_ids"] and [t["frame"] for t in tokens] == clip["timestamps"]
     bad = subprocess.run(base + ["--attention", "sparse"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert [line for line in bad.stderr.splitlines() if line.startswith("error:")] == [
-        "error: --attention sparse: use auto, full or local"]
+        "error: --attention sparse: use auto, full or local"
+    ]

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-
 from conftest import CLIP_NAMES, CLIPS, reference_clip
+
 from graphscribe.config import DecodingConfig, JointConfig, PredictionConfig
 from graphscribe.decoding import GreedyDecoder
 from graphscribe.heads import Joint, PredictionNet
@@ -88,7 +88,7 @@ def test_padded_batches_give_nemo_tokens(model, reference, batch_size, order_nam
     order = _orders()[order_name]
     audios = {i: _read(model, CLIP_NAMES[i]) for i in order}
     for start in range(0, len(order), batch_size):
-        chunk = order[start: start + batch_size]
+        chunk = order[start : start + batch_size]
         encoded, lengths = model.encode([audios[i] for i in chunk])
         assert lengths.tolist() == [reference["clips"][i]["encoder_frames"] for i in chunk]
         for i, hyp in zip(chunk, model.decode(encoded, lengths)):
@@ -189,8 +189,9 @@ class _Joint(Joint):
     """Joint with f = (frame, row, 0), g = (0, 0, tokens emitted) and logits = table[row, frame, emitted]."""
 
     def __init__(self, table: torch.Tensor, durations):
-        super().__init__(JointConfig(encoder_hidden=3, pred_hidden=2, hidden=3, vocab_size=VOCAB,
-                                     num_durations=len(durations)))
+        super().__init__(
+            JointConfig(encoder_hidden=3, pred_hidden=2, hidden=3, vocab_size=VOCAB, num_durations=len(durations))
+        )
         self.table = table  # (R, T, MAX_COUNT, V + 1 + D)
 
     def project_encoder(self, encoded):
@@ -231,56 +232,74 @@ def _decode(rows: list[dict], durations, max_symbols: int, window: int):
     encoded[..., 0] = torch.arange(frames, dtype=torch.float32)
     encoded[..., 1] = torch.arange(len(rows), dtype=torch.float32)[:, None]
     lengths = torch.tensor([r["length"] for r in rows])
-    decoder = GreedyDecoder(_Prediction(), _Joint(table, durations), DecodingConfig(durations=durations, max_symbols=max_symbols),
-                            graphs=False, window=window)
+    decoder = GreedyDecoder(
+        _Prediction(),
+        _Joint(table, durations),
+        DecodingConfig(durations=durations, max_symbols=max_symbols),
+        graphs=False,
+        window=window,
+    )
     return [list(zip(h.token_ids, h.frames, h.durations)) for h in decoder.decode(encoded, lengths)]
 
 
 # Each case: length, script, max_symbols, expected (token, frame, duration) worked out by hand.
 TDT_CASES = {
     "blank_d0_advances_one_frame": dict(
-        length=3, max_symbols=10,
+        length=3,
+        max_symbols=10,
         script={(0, 0): ("B", 0), (1, 0): (1, 1), (2, 1): (2, 0), (2, 2): ("B", 0)},
         # t0 blank d0 -> t1; emit 1@1 d1 -> t2; emit 2@2 d0 stays; blank d0 -> t3 end
-        expected=[(1, 1, 1), (2, 2, 0)]),
+        expected=[(1, 1, 1), (2, 2, 0)],
+    ),
     "token_d0_stays": dict(
-        length=2, max_symbols=10,
+        length=2,
+        max_symbols=10,
         script={(0, 0): (3, 0), (0, 1): (4, 0), (0, 2): (0, 1)},
         # three tokens on frame 0 (the last moves on by 1), then frame 1 blank d1 -> end
-        expected=[(3, 0, 0), (4, 0, 0), (0, 0, 1)]),
+        expected=[(3, 0, 0), (4, 0, 0), (0, 0, 1)],
+    ),
     "max_symbols_force_only_when_d0": dict(
-        length=4, max_symbols=2,
+        length=4,
+        max_symbols=2,
         script={(0, 0): (1, 0), (0, 1): (2, 2), (2, 2): (3, 0)},
         # 1@0 d0 (run 1); 2@0 d2 (run 2, but d>0: t=2, no extra +1); 3@2 d0; blank -> 3; blank -> 4
-        expected=[(1, 0, 0), (2, 0, 2), (3, 2, 0)]),
+        expected=[(1, 0, 0), (2, 0, 2), (3, 2, 0)],
+    ),
     "token_on_last_frame_kept_past_end": dict(
-        length=3, max_symbols=10,
+        length=3,
+        max_symbols=10,
         script={(0, 0): ("B", 2), (2, 0): (4, 4)},
         # blank d2 -> t2 (frame 1 skipped); 4@2 d4 -> t6 past the end: kept, row stops
-        expected=[(4, 2, 4)]),
+        expected=[(4, 2, 4)],
+    ),
     "token_jump_past_end_stops_row": dict(
-        length=3, max_symbols=10,
+        length=3,
+        max_symbols=10,
         script={(0, 0): (1, 3), 1: (2, 1), 2: (2, 1)},
         # 1@0 d3 -> t3 = length: frames 1 and 2 are never looked at
-        expected=[(1, 0, 3)]),
+        expected=[(1, 0, 3)],
+    ),
     "blank_jump_past_end_stops_row": dict(
-        length=3, max_symbols=10,
-        script={(0, 0): ("B", 4), 1: (2, 1), 2: (2, 1)},
-        expected=[]),
+        length=3, max_symbols=10, script={(0, 0): ("B", 4), 1: (2, 1), 2: (2, 1)}, expected=[]
+    ),
     "blanks_skip_frames": dict(
-        length=6, max_symbols=10,
+        length=6,
+        max_symbols=10,
         script={(0, 0): ("B", 3), 1: (2, 1), 2: (2, 1), (3, 0): (3, 1), (4, 1): ("B", 2), 5: (4, 1)},
         # blank d3 -> t3; 3@3 d1 -> t4; blank d2 -> t6 end (frames 1, 2, 5 skipped)
-        expected=[(3, 3, 1)]),
+        expected=[(3, 3, 1)],
+    ),
     "long_blank_chain": dict(
-        length=12, max_symbols=10,
+        length=12,
+        max_symbols=10,
         script={(10, 0): (2, 1)},
         # blanks d1 over frames 0..9, 2@10 d1, blank on 11 -> end
-        expected=[(2, 10, 1)]),
+        expected=[(2, 10, 1)],
+    ),
     "empty_row": dict(length=0, max_symbols=10, script={}, expected=[]),
     "single_frame_row": dict(
-        length=1, max_symbols=10, script={(0, 0): (1, 0), (0, 1): (2, 1)},
-        expected=[(1, 0, 0), (2, 0, 1)]),
+        length=1, max_symbols=10, script={(0, 0): (1, 0), (0, 1): (2, 1)}, expected=[(1, 0, 0), (2, 0, 1)]
+    ),
 }
 
 
@@ -326,8 +345,15 @@ def test_tdt_durations_are_looked_up_not_indexed():
 
 @pytest.mark.parametrize("window", WINDOWS)
 def test_tdt_rows_of_different_lengths_in_one_batch(window):
-    names = ["long_blank_chain", "token_on_last_frame_kept_past_end", "empty_row", "max_symbols_2",
-             "blanks_skip_frames", "single_frame_row", "token_d0_stays"]
+    names = [
+        "long_blank_chain",
+        "token_on_last_frame_kept_past_end",
+        "empty_row",
+        "max_symbols_2",
+        "blanks_skip_frames",
+        "single_frame_row",
+        "token_d0_stays",
+    ]
     groups = {}
     for name in names:
         groups.setdefault(TDT_CASES[name]["max_symbols"], []).append(name)
@@ -340,23 +366,25 @@ def test_tdt_rows_of_different_lengths_in_one_batch(window):
 
 RNNT_CASES = {
     "tokens_stay_blank_moves_on_max_symbols": dict(
-        length=3, max_symbols=3,
+        length=3,
+        max_symbols=3,
         script={(0, 0): 1, (0, 1): 2, (0, 2): "B", 1: 3, 2: "B"},
         # 1@0, 2@0, blank -> t1; 3@1 x3 (max_symbols) -> forced to t2; blank -> end
-        expected=[(1, 0, 0), (2, 0, 0), (3, 1, 0), (3, 1, 0), (3, 1, 0)]),
-    "token_on_last_frame": dict(
-        length=2, max_symbols=10, script={(1, 0): 4},
-        expected=[(4, 1, 0)]),
+        expected=[(1, 0, 0), (2, 0, 0), (3, 1, 0), (3, 1, 0), (3, 1, 0)],
+    ),
+    "token_on_last_frame": dict(length=2, max_symbols=10, script={(1, 0): 4}, expected=[(4, 1, 0)]),
     "max_symbols_1": dict(
-        length=3, max_symbols=1, script={0: 1, 1: 2, 2: 3},
-        expected=[(1, 0, 0), (2, 1, 0), (3, 2, 0)]),
+        length=3, max_symbols=1, script={0: 1, 1: 2, 2: 3}, expected=[(1, 0, 0), (2, 1, 0), (3, 2, 0)]
+    ),
     "all_blank": dict(length=5, max_symbols=10, script={}, expected=[]),
 }
 
 
 def _rnnt_rows(names):
-    return [dict(length=RNNT_CASES[n]["length"],
-                 script={k: (v, 0) for k, v in RNNT_CASES[n]["script"].items()}) for n in names]
+    return [
+        dict(length=RNNT_CASES[n]["length"], script={k: (v, 0) for k, v in RNNT_CASES[n]["script"].items()})
+        for n in names
+    ]
 
 
 @pytest.mark.parametrize("window", WINDOWS)

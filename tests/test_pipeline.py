@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
-from graphscribe.bench import make_folder
+
 from graphscribe.audio import load_audio
+from graphscribe.bench import make_folder
 from graphscribe.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches, read_ahead
 
 
@@ -116,7 +116,7 @@ def test_recycled_buffers_hold_later_batches_whole(short_folder):
             audio = load_audio(short_folder[i], 16000)
             assert int(batch.lengths[row]) == audio.numel()
             assert torch.equal(batch.audio[row, : audio.numel()], audio)
-            assert not batch.audio[row, audio.numel():].any()
+            assert not batch.audio[row, audio.numel() :].any()
         reads.recycle(batch)
         batches += 1
     assert batches == -(-len(short_folder) // 2) and len(storages) <= READ_AHEAD + 3 < batches
@@ -126,15 +126,16 @@ def test_padded_lengths_round_up_to_shared_shapes(short_folder):
     """With `pad_to`, a batch's width is the next multiple of it (batches of nearby lengths share a shape), and the
     rows past their own samples are zeros; `read_ahead` pads only on CUDA in 16 bits (float32 keeps NeMo's shapes)."""
     pad_to = 16000
-    reads = ReadAhead(short_folder, lambda item: load_audio(item, 16000), 16000, 3, 0, pin=False, workers=2,
-                      pad_to=pad_to)
+    reads = ReadAhead(
+        short_folder, lambda item: load_audio(item, 16000), 16000, 3, 0, pin=False, workers=2, pad_to=pad_to
+    )
     widths = []
     for batch in reads:
         longest = int(batch.lengths.max())
         widths.append(batch.audio.shape[1])
         assert batch.audio.shape[1] % pad_to == 0 and longest <= batch.audio.shape[1] < longest + pad_to
         for row in range(len(batch.indices)):
-            assert not batch.audio[row, int(batch.lengths[row]):].any()
+            assert not batch.audio[row, int(batch.lengths[row]) :].any()
         reads.recycle(batch)
     assert len(set(widths)) < len(widths)  # shapes shared
     for dtype in (None, torch.bfloat16):  # the CPU has no plans to share
@@ -185,8 +186,9 @@ def test_without_timings_the_text_and_token_ids_are_nemos(model):
     """timings=False (what the CLI asks for txt output) keeps NeMo's text and token ids, and leaves the times out."""
     paths = [CLIPS / name for name in CLIP_NAMES]
     got = model.transcribe(paths, batch_size=3, timings=False)
-    assert [(t.text, t.token_ids) for t in got] == [(reference_clip(n)["text"], reference_clip(n)["token_ids"])
-                                                    for n in CLIP_NAMES]
+    assert [(t.text, t.token_ids) for t in got] == [
+        (reference_clip(n)["text"], reference_clip(n)["token_ids"]) for n in CLIP_NAMES
+    ]
     assert all(t.tokens == t.words == t.segments == [] for t in got)
     assert any(t.token_ids for t in got)
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-_SPEC = importlib.util.spec_from_file_location("tdt_loss", Path(__file__).resolve().parents[1] / "scripts" / "tdt_loss.py")
+_SPEC = importlib.util.spec_from_file_location(
+    "tdt_loss", Path(__file__).resolve().parents[1] / "scripts" / "tdt_loss.py"
+)
 tdt = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(tdt)
 
@@ -49,7 +51,7 @@ def test_tdt_matches_brute_force(durations, sigma):
     lengths = torch.tensor([3, 2, 1])
     got = -tdt.tdt_loss(logits, targets, frames, lengths, durations, blank=v, sigma=sigma)
     token_lp = torch.log_softmax(logits[..., : v + 1], -1) - sigma
-    dur_lp = torch.log_softmax(logits[..., v + 1:], -1)
+    dur_lp = torch.log_softmax(logits[..., v + 1 :], -1)
     for i in range(3):
         want = brute_force_tdt(token_lp[i], dur_lp[i], targets[i, : lengths[i]].tolist(), int(frames[i]), durations, v)
         if math.isinf(want.item()):  # no path (e.g. durations without 1 on odd lengths): both say "impossible"
@@ -123,7 +125,8 @@ def test_tdt_gradient_finite_differences():
     frames, lengths = torch.tensor([4, 3]), torch.tensor([2, 1])
     logits.requires_grad_(True)
     assert torch.autograd.gradcheck(
-        lambda x: tdt.tdt_loss(x, targets, frames, lengths, durations, blank=v, sigma=0.05), (logits,))
+        lambda x: tdt.tdt_loss(x, targets, frames, lengths, durations, blank=v, sigma=0.05), (logits,)
+    )
 
 
 def test_tdt_batch_rows_are_independent():
@@ -142,6 +145,11 @@ def test_omega_uses_the_given_rng():
     frames, lengths = torch.tensor([4]), torch.tensor([2])
     tdt_value = tdt.tdt_loss(logits, targets, frames, lengths, durations, blank=v)
     rnnt_value = -tdt.rnnt_log_likelihood(logits[..., : v + 1], targets, frames, lengths, blank=v)
-    seen = {round(tdt.tdt_loss(logits, targets, frames, lengths, durations, blank=v, omega=0.5,
-                               rng=random.Random(s)).item(), 9) for s in range(20)}
+    seen = {
+        round(
+            tdt.tdt_loss(logits, targets, frames, lengths, durations, blank=v, omega=0.5, rng=random.Random(s)).item(),
+            9,
+        )
+        for s in range(20)
+    }
     assert seen == {round(tdt_value.item(), 9), round(rnnt_value.item(), 9)}

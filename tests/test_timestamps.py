@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import CLIPS, FIXTURES
+
 from graphscribe.model import load_model
 from graphscribe.timestamps import WordRules, words_and_segments
 
@@ -25,8 +25,10 @@ STAMPS = FIXTURES / "nemo-timestamps"
 DEMO_PATH = Path(__file__).parents[1] / "src" / "graphscribe" / "data" / "demo.nemo"
 RNNT_PATH = FIXTURES / "nemo-rnnt-tiny" / "rnnt-tiny.nemo"
 TDT_PATH = FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo"
-REFERENCES = {"tdt-tiny": json.loads((STAMPS / "tdt-tiny.json").read_text())["timestamps"],
-              "demo": json.loads((STAMPS / "demo.json").read_text())["timestamps"]}
+REFERENCES = {
+    "tdt-tiny": json.loads((STAMPS / "tdt-tiny.json").read_text())["timestamps"],
+    "demo": json.loads((STAMPS / "demo.json").read_text())["timestamps"],
+}
 NEMO_BATCH = 4  # transcribe()'s default batch size, with which the references were made
 
 
@@ -44,8 +46,10 @@ def _seconds(frame: int) -> float:
 
 @pytest.fixture(scope="module")
 def models():
-    return {"tdt-tiny": load_model(TDT_PATH, device="cpu", graphs=False),
-            "demo": load_model(DEMO_PATH, device="cpu", graphs=False)}
+    return {
+        "tdt-tiny": load_model(TDT_PATH, device="cpu", graphs=False),
+        "demo": load_model(DEMO_PATH, device="cpu", graphs=False),
+    }
 
 
 def _nemo_words(clip: dict) -> list[tuple]:
@@ -81,8 +85,9 @@ def test_builder_gives_nemo_words_and_segments_from_nemo_token_offsets(models, r
     model, clip = models[ref], _clip(ref, name)
     pieces = [model.tokenizer.piece(i) for i in clip["token_ids"]]
     spans = [(c["start_offset"], c["end_offset"]) for c in clip["char"]]
-    words, segments = words_and_segments(pieces, spans, model.tokenizer.decode_pieces, model.word_rules, True,
-                                         model.frame_seconds)
+    words, segments = words_and_segments(
+        pieces, spans, model.tokenizer.decode_pieces, model.word_rules, True, model.frame_seconds
+    )
     assert _words(words) == _nemo_words(clip)
     assert _segments(segments) == _nemo_segments(clip)
 
@@ -192,7 +197,7 @@ def test_demo_reference_is_nemos_batch_of_four_and_ours_is_nemo_per_file(models)
     model = models["demo"]
     clips = REFERENCES["demo"]["clips"]
     for start in range(0, len(clips), NEMO_BATCH):  # the batches NeMo's transcribe() made
-        group = clips[start: start + NEMO_BATCH]
+        group = clips[start : start + NEMO_BATCH]
         batched = _nemo_batched_tdt(model, [_clip_path(c["file"]) for c in group])
         for clip, tokens in zip(group, batched):
             words, segments = _words_from(model, tokens)
@@ -242,8 +247,9 @@ def test_rnnt_words_end_one_frame_after_their_last_token(rnnt_model, name):
     assert [(w.word, w.start_frame, w.end_frame) for w in transcript.words] == words
     assert [(w.start, w.end) for w in transcript.words] == [(_seconds(s), _seconds(e)) for _, s, e in words]
     assert [(s.text, s.start_frame, s.end_frame) for s in transcript.segments] == segments
-    assert [(t.start, t.end) for t in transcript.tokens] == [(_seconds(t.frame), _seconds(t.frame + 1))
-                                                             for t in transcript.tokens]
+    assert [(t.start, t.end) for t in transcript.tokens] == [
+        (_seconds(t.frame), _seconds(t.frame + 1)) for t in transcript.tokens
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -256,8 +262,10 @@ def _build(tokenizer, pieces, frames, durations, tdt, segment_gap=None):
     rules = WordRules(tokenizer.punctuation, segment_gap=segment_gap)
     spans = [(f, f + (d if tdt else 1)) for f, d in zip(frames, durations)]
     words, segments = words_and_segments(pieces, spans, tokenizer.decode_pieces, rules, tdt, _seconds)
-    return ([(w.word, w.start_frame, w.end_frame) for w in words],
-            [(s.text, s.start_frame, s.end_frame) for s in segments])
+    return (
+        [(w.word, w.start_frame, w.end_frame) for w in words],
+        [(s.text, s.start_frame, s.end_frame) for s in segments],
+    )
 
 
 # "the won, is." with the comma 5 frames late (after a pause) and a full stop of duration 0.

@@ -11,13 +11,13 @@ import pytest
 import soundfile as sf
 import srt
 import webvtt
-
 from conftest import CLIPS, JFK_FLAC
+from test_cli import transcribe
+from test_timestamps import DEMO_PATH, STAMPS
+
 from graphscribe.model import Transcript
 from graphscribe.timestamps import Word
 from graphscribe.writers import MAX_CUE_SECONDS, MAX_LINE_CHARS, cues, write_srt, write_tsv, write_txt, write_vtt
-from test_cli import transcribe
-from test_timestamps import DEMO_PATH, STAMPS
 
 FRAME = 0.08  # seconds
 
@@ -45,8 +45,12 @@ def test_cue_ends_after_a_sentence_and_before_a_pause():
 
 
 def test_long_text_wraps_into_two_even_lines_then_a_new_cue():
-    words = [(w, i * 0.3, i * 0.3 + 0.2) for i, w in enumerate("one two three four five six seven eight nine ten "
-                                                                 "eleven twelve thirteen fourteen fifteen".split())]
+    words = [
+        (w, i * 0.3, i * 0.3 + 0.2)
+        for i, w in enumerate(
+            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+        )
+    ]
     result = cues(_transcript(words))
     # 80 characters: 39 + 40 is the only split into lines of at most 42; "fifteen" would make 88
     assert result[0].lines == ["one two three four five six seven eight", "nine ten eleven twelve thirteen fourteen"]
@@ -198,11 +202,14 @@ def test_one_file_prints_its_subtitles():
     assert " ".join(c.text for c in captions).split() == expected.split()
 
 
-@pytest.mark.parametrize("args,says", [
-    (["-f", "srt,json"], "--output-dir"),
-    (["-f", "srt"], "--output-dir"),
-    (["-f", "doc"], "txt, json, srt, vtt, tsv"),
-])
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (["-f", "srt,json"], "--output-dir"),
+        (["-f", "srt"], "--output-dir"),
+        (["-f", "doc"], "txt, json, srt, vtt, tsv"),
+    ],
+)
 def test_formats_stdout_cannot_hold_are_usage_errors(args, says):
     result = transcribe(CLIPS / "short_2s.wav", CLIPS / "espeak_fox.wav", *args)
     assert result.returncode == 2
@@ -214,13 +221,29 @@ def test_formats_stdout_cannot_hold_are_usage_errors(args, says):
 def test_help_lists_choices_defaults_and_examples():
     env = {"COLUMNS": "200"}
     page = transcribe("--help", model=None, env=env).stdout
-    for text in ("auto|cpu|cuda|cuda:N", "auto|float32|bfloat16|float16", "txt|json|srt|vtt|tsv",
-                 "on with CUDA", "$GRAPHSCRIBE_MODEL, else demo", "[default: auto]", "Examples:", "-f srt,json -o",
-                 "--batch-seconds", "64 on CUDA, 8 on the CPU", "per GiB of GPU memory"):
+    for text in (
+        "auto|cpu|cuda|cuda:N",
+        "auto|float32|bfloat16|float16",
+        "txt|json|srt|vtt|tsv",
+        "on with CUDA",
+        "$GRAPHSCRIBE_MODEL, else demo",
+        "[default: auto]",
+        "Examples:",
+        "-f srt,json -o",
+        "--batch-seconds",
+        "64 on CUDA, 8 on the CPU",
+        "per GiB of GPU memory",
+    ):
         assert text in page, text
     assert "<str>" not in page
     bench = transcribe("bench", "--help", model=None, env=env).stdout
-    for text in ("auto|cpu|cuda|cuda:N", "on with CUDA", "$GRAPHSCRIBE_MODEL, else demo", "1,8; 8,32,128 for throughput",
-                 "--folder", "--throughput"):
+    for text in (
+        "auto|cpu|cuda|cuda:N",
+        "on with CUDA",
+        "$GRAPHSCRIBE_MODEL, else demo",
+        "1,8; 8,32,128 for throughput",
+        "--folder",
+        "--throughput",
+    ):
         assert text in bench, text
     assert "<str>" not in bench

@@ -6,6 +6,14 @@ from .config import UnsupportedModelError
 from .model import Model, Transcript, load_model
 from .timestamps import Segment, Word
 
-__all__ = ["AudioError", "CheckpointError", "Model", "Segment", "Transcript", "UnsupportedModelError", "Word",
-           "load_model"]
+__all__ = [
+    "AudioError",
+    "CheckpointError",
+    "Model",
+    "Segment",
+    "Transcript",
+    "UnsupportedModelError",
+    "Word",
+    "load_model",
+]
 __version__ = "0.1.0"

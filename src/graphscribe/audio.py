@@ -51,9 +51,15 @@ def load_audio(path: str | os.PathLike, sample_rate: int) -> torch.Tensor:
     except OSError as err:
         raise AudioError(f"{path}: cannot be read ({_first_line(err)})") from None
     truncated = _TRUNCATED_CHUNK.search(header_log)
-    if truncated and int(truncated.group(1)) not in _STREAMED_SIZES and int(truncated.group(1)) > int(truncated.group(2)):
-        raise AudioError(f"{path}: truncated (the header promises {truncated.group(1)} bytes of audio, "
-                         f"the file holds {truncated.group(2)})")
+    if (
+        truncated
+        and int(truncated.group(1)) not in _STREAMED_SIZES
+        and int(truncated.group(1)) > int(truncated.group(2))
+    ):
+        raise AudioError(
+            f"{path}: truncated (the header promises {truncated.group(1)} bytes of audio, "
+            f"the file holds {truncated.group(2)})"
+        )
     return prepare_audio(data, rate, sample_rate, name=str(path))
 
 

@@ -110,8 +110,12 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
     graphs_before = model.options.graphs
     for tier in tiers:
         encoded, lengths = model.encode([tier.audio])
-        entry = {"tier": tier.name, "audio_seconds": tier.audio.numel() / model.sample_rate,
-                 "frames": int(lengths[0]), "rows": []}
+        entry = {
+            "tier": tier.name,
+            "audio_seconds": tier.audio.numel() / model.sample_rate,
+            "frames": int(lengths[0]),
+            "rows": [],
+        }
         texts = {}
         for n in batch_sizes:
             batch = encoded.expand(n, -1, -1).contiguous()
@@ -122,13 +126,21 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
                 _reset_peak(device)
                 times, hyps = _timed(lambda: decoder.decode(batch, batch_lengths), device, reps)
                 steps = hyps[0].steps
-                row = {"what": "decode", "batch": n, "graphs": graphs, **_stats(times), "steps": steps,
-                       "us_per_step": statistics.median(times) * 1e6 / max(steps, 1),
-                       "window": default_window(size_class(n)), "host_reads": decoder.host_reads,
-                       "queued_steps": decoder.queued_steps,
-                       "capture_ms": decoder.capture_seconds * 1e3,
-                       "compile_ms": decoder.compile_seconds * 1e3,
-                       "peak_mb": _peak_mb(device), "tokens": len(hyps[0].token_ids)}
+                row = {
+                    "what": "decode",
+                    "batch": n,
+                    "graphs": graphs,
+                    **_stats(times),
+                    "steps": steps,
+                    "us_per_step": statistics.median(times) * 1e6 / max(steps, 1),
+                    "window": default_window(size_class(n)),
+                    "host_reads": decoder.host_reads,
+                    "queued_steps": decoder.queued_steps,
+                    "capture_ms": decoder.capture_seconds * 1e3,
+                    "compile_ms": decoder.compile_seconds * 1e3,
+                    "peak_mb": _peak_mb(device),
+                    "tokens": len(hyps[0].token_ids),
+                }
                 entry["rows"].append(row)
                 texts[("decode", n, graphs)] = [(h.token_ids, h.frames) for h in hyps]
                 entry.setdefault("token_ids", hyps[0].token_ids)
@@ -136,9 +148,17 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
             model.use_graphs(graphs)
             _reset_peak(device)
             times, transcripts = _timed(lambda: model.transcribe_audio([tier.name], [tier.audio]), device, reps)
-            entry["rows"].append({"what": "end-to-end", "batch": 1, "graphs": graphs, **_stats(times),
-                                  "capture_ms": model.decoder.capture_seconds * 1e3, "peak_mb": _peak_mb(device),
-                                  "tokens": len(transcripts[0].token_ids)})
+            entry["rows"].append(
+                {
+                    "what": "end-to-end",
+                    "batch": 1,
+                    "graphs": graphs,
+                    **_stats(times),
+                    "capture_ms": model.decoder.capture_seconds * 1e3,
+                    "peak_mb": _peak_mb(device),
+                    "tokens": len(transcripts[0].token_ids),
+                }
+            )
             texts[("e2e", 1, graphs)] = [transcripts[0].text]
         entry["identical"] = _identical(texts)
         entry["emission"] = _emission(entry)
@@ -153,14 +173,20 @@ def _identical(texts: dict) -> bool:
     for (what, n, _graphs), value in texts.items():
         groups.setdefault((what, n), []).append(value)
     same_modes = all(all(v == values[0] for v in values) for values in groups.values())
-    same_rows = all(all(r == v[0] for r in v) for (what, _), values in groups.items() if what == "decode" for v in values)
+    same_rows = all(
+        all(r == v[0] for r in v) for (what, _), values in groups.items() if what == "decode" for v in values
+    )
     return same_modes and same_rows
 
 
 def _emission(entry: dict) -> dict:
     serial = next((r for r in entry["rows"] if r["what"] == "decode" and r["batch"] == 1), entry["rows"][0])
-    return {"tokens": serial["tokens"], "frames": entry["frames"], "steps": serial.get("steps"),
-            "tokens_per_frame": serial["tokens"] / max(entry["frames"], 1)}
+    return {
+        "tokens": serial["tokens"],
+        "frames": entry["frames"],
+        "steps": serial.get("steps"),
+        "tokens_per_frame": serial["tokens"] / max(entry["frames"], 1),
+    }
 
 
 def print_table(report: dict, console: Console) -> None:
@@ -169,8 +195,10 @@ def print_table(report: dict, console: Console) -> None:
     if graphed_rows:
         columns += ["graphs ms (min-max)", "us/step", "speedup", "capture ms"]
     columns += ["peak MB", "same"]
-    table = Table(title=f"graphscribe bench: {report['device']}, {report['dtype']}, {report['step']} decode step, "
-                        f"median of {report['reps']}")
+    table = Table(
+        title=f"graphscribe bench: {report['device']}, {report['dtype']}, {report['step']} decode step, "
+        f"median of {report['reps']}"
+    )
     for column in columns:
         table.add_column(column, justify="left" if column in ("tier", "what") else "right", no_wrap=True)
     for tier in report["tiers"]:
@@ -179,7 +207,14 @@ def print_table(report: dict, console: Console) -> None:
             pairs.setdefault((row["what"], row["batch"]), {})[row["graphs"]] = row
         for (what, n), pair in pairs.items():
             eager, graphed = pair.get(False), pair.get(True)
-            cells = [tier["tier"], what, str(n), _ms(eager), str(eager.get("steps", "-")) if eager else "-", _per_step(eager)]
+            cells = [
+                tier["tier"],
+                what,
+                str(n),
+                _ms(eager),
+                str(eager.get("steps", "-")) if eager else "-",
+                _per_step(eager),
+            ]
             if graphed_rows:
                 speedup = f"{eager['median_ms'] / graphed['median_ms']:.2f}x" if eager and graphed else "-"
                 cells += [_ms(graphed), _per_step(graphed), speedup, f"{graphed['capture_ms']:.0f}" if graphed else "-"]
@@ -189,8 +224,10 @@ def print_table(report: dict, console: Console) -> None:
     console.print(table)
     for tier in report["tiers"]:
         em = tier["emission"]
-        console.print(f"{tier['tier']}: {em['frames']} encoder frames, {em['tokens']} tokens "
-                      f"({em['tokens_per_frame']:.2f} per frame), {em['steps']} decode steps at B=1")
+        console.print(
+            f"{tier['tier']}: {em['frames']} encoder frames, {em['tokens']} tokens "
+            f"({em['tokens_per_frame']:.2f} per frame), {em['steps']} decode steps at B=1"
+        )
 
 
 def _ms(row: dict | None) -> str:
@@ -215,7 +252,9 @@ def make_folder(out_dir: str | Path, files: int = 256, seed: int = 0, short: boo
         seconds = rng.uniform(*SHORT_SECONDS, files)
     else:
         seconds = rng.gamma(FOLDER_SHAPE, FOLDER_MEAN_SECONDS / FOLDER_SHAPE, files)
-        seconds = np.clip(seconds * FOLDER_MEAN_SECONDS / seconds.mean(), *FOLDER_SECONDS)  # the mean, whatever the draw
+        seconds = np.clip(
+            seconds * FOLDER_MEAN_SECONDS / seconds.mean(), *FOLDER_SECONDS
+        )  # the mean, whatever the draw
     speech = torch.cat([load_audio(speech_path(name), FOLDER_RATE) for name in SPEECH]).numpy()  # (L,)
     digits = len(str(max(files - 1, 1)))
     paths = []
@@ -228,8 +267,9 @@ def make_folder(out_dir: str | Path, files: int = 256, seed: int = 0, short: boo
     return paths
 
 
-def run_throughput(model, files: list[Path], batch_sizes: list[int], reps: int, modes: list[bool],
-                   batch_seconds: float | None = None) -> dict:
+def run_throughput(
+    model, files: list[Path], batch_sizes: list[int], reps: int, modes: list[bool], batch_seconds: float | None = None
+) -> dict:
     """RTFx end to end (files in, text files out, the pipeline `transcribe` uses) for every (batch size, graph
     mode), with seconds per stage, peak GPU memory and peak host RSS; and from memory (`transcribe` of the
     same clips already read). Median of `reps` timed passes after a warm-up pass (captures, compiles, and
@@ -246,8 +286,14 @@ def run_throughput(model, files: list[Path], batch_sizes: list[int], reps: int, 
         except AudioError:
             pass
     total = sum(a.numel() for a in audios.values()) / model.sample_rate
-    report = {**_header(model, reps), "files": len(files), "audio_seconds": total, "batch_seconds": batch_seconds,
-              "readers": default_workers(device), "throughput": []}
+    report = {
+        **_header(model, reps),
+        "files": len(files),
+        "audio_seconds": total,
+        "batch_seconds": batch_seconds,
+        "readers": default_workers(device),
+        "throughput": [],
+    }
     graphs_before = model.options.graphs
     with tempfile.TemporaryDirectory(prefix="graphscribe-bench-") as out_dir:
         for n in batch_sizes:
@@ -265,15 +311,26 @@ def run_throughput(model, files: list[Path], batch_sizes: list[int], reps: int, 
                 texts[graphs] = median["texts"]
                 texts[("memory", graphs)] = dict(zip(audios, (t.text for t in from_memory)))
                 seconds = [p["seconds"] for p in passes]
-                report["throughput"].append({
-                    "batch": n, "graphs": graphs, "rtfx": total / median["seconds"],
-                    "rtfx_min": total / max(seconds), "rtfx_max": total / min(seconds),
-                    "seconds": median["seconds"], "warmup_seconds": warmup,
-                    "capture_ms": model.decoder.capture_seconds * 1e3, "compile_ms": model.decoder.compile_seconds * 1e3,
-                    "stages": median["stages"], "gpu_busy_seconds": median["gpu_busy"],
-                    "peak_gpu_mb": median["peak_gpu_mb"], "peak_rss_mb": median["peak_rss_mb"],
-                    "in_memory_rtfx": total / in_memory, "in_memory_seconds": in_memory,
-                    "failed": median["failed"]})
+                report["throughput"].append(
+                    {
+                        "batch": n,
+                        "graphs": graphs,
+                        "rtfx": total / median["seconds"],
+                        "rtfx_min": total / max(seconds),
+                        "rtfx_max": total / min(seconds),
+                        "seconds": median["seconds"],
+                        "warmup_seconds": warmup,
+                        "capture_ms": model.decoder.capture_seconds * 1e3,
+                        "compile_ms": model.decoder.compile_seconds * 1e3,
+                        "stages": median["stages"],
+                        "gpu_busy_seconds": median["gpu_busy"],
+                        "peak_gpu_mb": median["peak_gpu_mb"],
+                        "peak_rss_mb": median["peak_rss_mb"],
+                        "in_memory_rtfx": total / in_memory,
+                        "in_memory_seconds": in_memory,
+                        "failed": median["failed"],
+                    }
+                )
             same = all(v == texts[modes[0]] for v in texts.values())
             for row in report["throughput"]:
                 if row["batch"] == n:
@@ -293,7 +350,9 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    for i, transcript in model.transcribe_iter(files, batch, batch_seconds, clock=clock, timings=False):  # txt, as the CLI
+    for i, transcript in model.transcribe_iter(
+        files, batch, batch_seconds, clock=clock, timings=False
+    ):  # txt, as the CLI
         if transcript.error is not None:
             failed += 1
             continue
@@ -304,10 +363,17 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     stages = clock.seconds()
-    return {"seconds": seconds, "texts": texts, "failed": failed,
-            "stages": {stage: stages.get(stage, 0.0) for stage in STAGES},
-            "gpu_busy": sum(stages.get(s, 0.0) for s in ("features", "encoder", "decode")) if device.type == "cuda" else None,
-            "peak_gpu_mb": _peak_mb(device), "peak_rss_mb": _peak_rss_mb()}
+    return {
+        "seconds": seconds,
+        "texts": texts,
+        "failed": failed,
+        "stages": {stage: stages.get(stage, 0.0) for stage in STAGES},
+        "gpu_busy": sum(stages.get(s, 0.0) for s in ("features", "encoder", "decode"))
+        if device.type == "cuda"
+        else None,
+        "peak_gpu_mb": _peak_mb(device),
+        "peak_rss_mb": _peak_rss_mb(),
+    }
 
 
 def _header(model, reps: int) -> dict:
@@ -342,21 +408,41 @@ def _peak_rss_mb() -> float | None:
 
 
 def print_throughput(report: dict, console: Console) -> None:
-    table = Table(title=f"graphscribe bench throughput: {report['files']} files, {report['audio_seconds']:.0f} s of "
-                        f"audio; {report['device']}, {report['dtype']}, median of {report['reps']}")
-    columns = ["B", "graphs", "RTFx (min-max)", "from memory", *[f"{s} s" for s in STAGES], "GPU busy s",
-               "peak GPU MB", "peak RSS MB", "same"]
+    table = Table(
+        title=f"graphscribe bench throughput: {report['files']} files, {report['audio_seconds']:.0f} s of "
+        f"audio; {report['device']}, {report['dtype']}, median of {report['reps']}"
+    )
+    columns = [
+        "B",
+        "graphs",
+        "RTFx (min-max)",
+        "from memory",
+        *[f"{s} s" for s in STAGES],
+        "GPU busy s",
+        "peak GPU MB",
+        "peak RSS MB",
+        "same",
+    ]
     for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
     for row in report["throughput"]:
-        table.add_row(str(row["batch"]), "on" if row["graphs"] else "off",
-                      f"{row['rtfx']:.0f} ({row['rtfx_min']:.0f}-{row['rtfx_max']:.0f})", f"{row['in_memory_rtfx']:.0f}",
-                      *[f"{row['stages'][s]:.2f}" for s in STAGES], _seconds(row["gpu_busy_seconds"]),
-                      _mb(row["peak_gpu_mb"]), _mb(row["peak_rss_mb"]), "yes" if row["identical"] else "NO")
+        table.add_row(
+            str(row["batch"]),
+            "on" if row["graphs"] else "off",
+            f"{row['rtfx']:.0f} ({row['rtfx_min']:.0f}-{row['rtfx_max']:.0f})",
+            f"{row['in_memory_rtfx']:.0f}",
+            *[f"{row['stages'][s]:.2f}" for s in STAGES],
+            _seconds(row["gpu_busy_seconds"]),
+            _mb(row["peak_gpu_mb"]),
+            _mb(row["peak_rss_mb"]),
+            "yes" if row["identical"] else "NO",
+        )
     console.print(table)
-    console.print("read: summed over the reader threads; wait: the main thread waiting for reads; features, encoder, "
-                  "decode: GPU time between CUDA events around each stage (CPU: wall time); text: tokens to words; "
-                  "write: output files. from memory: RTFx of transcribe() on the clips already read.")
+    console.print(
+        "read: summed over the reader threads; wait: the main thread waiting for reads; features, encoder, "
+        "decode: GPU time between CUDA events around each stage (CPU: wall time); text: tokens to words; "
+        "write: output files. from memory: RTFx of transcribe() on the clips already read."
+    )
 
 
 def _seconds(value: float | None) -> str:

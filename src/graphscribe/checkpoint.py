@@ -194,8 +194,9 @@ def read_checkpoint(source: str | os.PathLike) -> Checkpoint:
     finally:
         members.close()
     seconds = {"config_tokenizer": read - start, "weights": time.perf_counter() - read}
-    return Checkpoint(source=str(path), config=config, state_dict=state_dict, tokenizer_model=tokenizer_model,
-                      seconds=seconds)
+    return Checkpoint(
+        source=str(path), config=config, state_dict=state_dict, tokenizer_model=tokenizer_model, seconds=seconds
+    )
 
 
 def _read_config(path: Path, members) -> dict:
@@ -234,7 +235,9 @@ def _load_weights(path: Path, members, map_location: str) -> dict[str, torch.Ten
         try:
             state = torch.load(data, map_location=map_location, weights_only=True)
         except Exception as err:  # noqa: BLE001 - pickle/zip errors of many kinds: one message for the user
-            raise CheckpointError(f"{path}: {WEIGHTS_NAME} cannot be loaded safely ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+            raise CheckpointError(
+                f"{path}: {WEIGHTS_NAME} cannot be loaded safely ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+            ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -256,7 +259,8 @@ def _zip_records(f) -> tuple[dict[int, int] | None, str]:
                     return None, f"{info.filename} is compressed"
                 records[info.header_offset + _ZIP_LOCAL_HEADER.size + name_length + extra_length] = info.file_size
                 if info.filename.endswith("/byteorder") and (
-                        info.file_size > 16 or archive.read(info).strip() != sys.byteorder.encode()):
+                    info.file_size > 16 or archive.read(info).strip() != sys.byteorder.encode()
+                ):
                     return None, "saved with the other byte order"
     except (zipfile.BadZipFile, struct.error, OSError, EOFError):
         return None, "not a zip archive: torch's format before 1.6"

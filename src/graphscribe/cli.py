@@ -55,8 +55,16 @@ def _setup_logging() -> None:
     root.propagate = False
 
 
-def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional[bool], batch: Optional[int] = None,
-                 attention: str = "auto", attention_window: int = 256, on_config=None):
+def load_or_exit(
+    model: Optional[str],
+    device: str,
+    dtype: str,
+    graphs: Optional[bool],
+    batch: Optional[int] = None,
+    attention: str = "auto",
+    attention_window: int = 256,
+    on_config=None,
+):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is.
     on_config: see `load_model`."""
     from .model import load_model
@@ -65,12 +73,22 @@ def load_or_exit(model: Optional[str], device: str, dtype: str, graphs: Optional
     primer = prime(device, dtype)  # CUDA's libraries load while the checkpoint does
     source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
     if source == DEMO_NAME:
-        err_console.print("note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
-                          "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
-                          f"or a .nemo file, or set {MODEL_ENV}")
+        err_console.print(
+            "note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
+            "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
+            f"or a .nemo file, or set {MODEL_ENV}"
+        )
     try:
-        loaded = load_model(source, device=device, dtype=dtype, graphs=graphs is not False, batch_size=batch,
-                            attention=attention, attention_window=attention_window, on_config=on_config)
+        loaded = load_model(
+            source,
+            device=device,
+            dtype=dtype,
+            graphs=graphs is not False,
+            batch_size=batch,
+            attention=attention,
+            attention_window=attention_window,
+            on_config=on_config,
+        )
     except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
         if primer is not None:
             primer.join()  # not exiting while it is inside a CUDA library
@@ -140,14 +158,18 @@ _MODEL_HELP = ".nemo file, extracted checkpoint folder, Hugging Face repo id (nv
 _MODEL_DEFAULT = f"${MODEL_ENV}, else demo"
 _DEVICE_HELP = "auto: CUDA when present, else the CPU."
 _DTYPE_HELP = "auto is float32, NeMo's precision. On the CPU, float16 falls back to float32."
-_ATTENTION_HELP = ("Encoder attention. auto: full attention (NeMo's default) unless an input is over 24 min or full "
-                   "attention would not fit in free memory, then local (one note on stderr). full: always full. "
-                   "local: NeMo's rel_pos_local_attn, linear in length. A checkpoint trained with local attention "
-                   "uses its own window (full still forces full).")
+_ATTENTION_HELP = (
+    "Encoder attention. auto: full attention (NeMo's default) unless an input is over 24 min or full "
+    "attention would not fit in free memory, then local (one note on stderr). full: always full. "
+    "local: NeMo's rel_pos_local_attn, linear in length. A checkpoint trained with local attention "
+    "uses its own window (full still forces full)."
+)
 _BATCH_HELP = "Files per batch (longest first)."
 _BATCH_DEFAULT = "64 on CUDA, 8 on the CPU"
-_BATCH_SECONDS_HELP = ("Seconds of padded audio per batch at most: files x the longest one's length, so long files "
-                       "batch narrowly and short ones widely; 0: no cap.")
+_BATCH_SECONDS_HELP = (
+    "Seconds of padded audio per batch at most: files x the longest one's length, so long files "
+    "batch narrowly and short ones widely; 0: no cap."
+)
 _BATCH_SECONDS_DEFAULT = "40 per GiB of GPU memory (3200 on 80 GB), 120 on the CPU"
 _EXAMPLES = """Examples:
 
@@ -160,28 +182,49 @@ _EXAMPLES = """Examples:
 
 
 def transcribe_command(
-    inputs: List[Path] = typer.Argument(..., metavar="FILES_OR_FOLDERS", show_default=False,
-                                        help="Audio files (wav, flac, mp3, ...) or folders, searched recursively."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT,
-                                        help=_MODEL_HELP),
-    batch: Optional[int] = typer.Option(None, "--batch", "-b", min=1, metavar="N", show_default=_BATCH_DEFAULT,
-                                        help=_BATCH_HELP),
-    batch_seconds: Optional[float] = typer.Option(None, "--batch-seconds", min=0, metavar="S",
-                                                  show_default=_BATCH_SECONDS_DEFAULT, help=_BATCH_SECONDS_HELP),
+    inputs: List[Path] = typer.Argument(
+        ...,
+        metavar="FILES_OR_FOLDERS",
+        show_default=False,
+        help="Audio files (wav, flac, mp3, ...) or folders, searched recursively.",
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
+    ),
+    batch: Optional[int] = typer.Option(
+        None, "--batch", "-b", min=1, metavar="N", show_default=_BATCH_DEFAULT, help=_BATCH_HELP
+    ),
+    batch_seconds: Optional[float] = typer.Option(
+        None, "--batch-seconds", min=0, metavar="S", show_default=_BATCH_SECONDS_DEFAULT, help=_BATCH_SECONDS_HELP
+    ),
     device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
     dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
-    graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", show_default="on with CUDA",
-                                          help="Replay the decode steps from CUDA graphs."),
-    fmt: str = typer.Option("txt", "--format", "-f", metavar="txt|json|srt|vtt|tsv",
-                            help="Output format; several comma-separated (srt,json) with --output-dir. "
-                                 "srt, vtt, tsv: subtitle cues from the word times."),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", metavar="DIR", show_default="stdout",
-                                              help="Write one file per input and format here (NAME.srt, ...), "
-                                                   "keeping the folder structure of folder inputs."),
+    graphs: Optional[bool] = typer.Option(
+        None, "--graphs/--no-graphs", show_default="on with CUDA", help="Replay the decode steps from CUDA graphs."
+    ),
+    fmt: str = typer.Option(
+        "txt",
+        "--format",
+        "-f",
+        metavar="txt|json|srt|vtt|tsv",
+        help="Output format; several comma-separated (srt,json) with --output-dir. "
+        "srt, vtt, tsv: subtitle cues from the word times.",
+    ),
+    output_dir: Optional[Path] = typer.Option(
+        None,
+        "--output-dir",
+        "-o",
+        metavar="DIR",
+        show_default="stdout",
+        help="Write one file per input and format here (NAME.srt, ...), keeping the folder structure of folder inputs.",
+    ),
     attention: str = typer.Option("auto", metavar="auto|full|local", help=_ATTENTION_HELP),
-    attention_window: int = typer.Option(256, min=1, metavar="W",
-                                         help="Local attention: encoder frames (80 ms) seen on each side "
-                                              "(NeMo's att_context_size [W, W])."),
+    attention_window: int = typer.Option(
+        256,
+        min=1,
+        metavar="W",
+        help="Local attention: encoder frames (80 ms) seen on each side (NeMo's att_context_size [W, W]).",
+    ),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles."""
     _setup_logging()
@@ -199,8 +242,9 @@ def transcribe_command(
     try:
         with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr
             loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading)
-            targets = ({f: output_paths(output_dir, files, inputs, "." + f) for f in formats}
-                       if output_dir is not None else {})
+            targets = (
+                {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
+            )
             start = time.perf_counter()
             printed, done, audio, failed = _transcribe_files(loaded, reads[0], formats, targets)
             elapsed = time.perf_counter() - start
@@ -231,8 +275,15 @@ def _transcribe_files(loaded, reads: ReadAhead, formats: list[str], targets: dic
     printed: list[Optional[str]] = [None] * len(files)
     done, audio, failed = 0, 0.0, 0
     show_progress = len(files) > 1 and sys.stderr.isatty()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, disable=not show_progress, transient=True) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        disable=not show_progress,
+        transient=True,
+    ) as progress:
         task = progress.add_task("transcribing", total=len(files))
         # txt needs the text alone: the token, word and segment times are left out (host work a file)
         timings = any(f != "txt" for f in formats)
@@ -266,29 +317,48 @@ def _write(target: Path, content: str, console: Console) -> bool:
 
 
 def bench_command(
-    clips: List[Path] = typer.Argument(None, metavar="CLIPS", show_default="7.4 s, 23 s and 77 s of real speech",
-                                       help="Audio clips to benchmark."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT,
-                                        help=_MODEL_HELP),
+    clips: List[Path] = typer.Argument(
+        None, metavar="CLIPS", show_default="7.4 s, 23 s and 77 s of real speech", help="Audio clips to benchmark."
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
+    ),
     device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
     dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
-    reps: Optional[int] = typer.Option(None, min=1, metavar="N", show_default="5; 3 for throughput",
-                                       help="Timed repetitions per row (the median is reported)."),
-    batch_sizes: Optional[str] = typer.Option(None, metavar="N,N,...", show_default="1,8; 8,32,128 for throughput",
-                                              help="Batch sizes, comma-separated."),
-    graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs", show_default="on with CUDA",
-                                          help="Include the CUDA-graph rows (--no-graphs: eager rows only)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
-                                             help="Also write the results as JSON here."),
-    folder: Optional[Path] = typer.Option(None, "--folder", metavar="DIR",
-                                          help="Throughput instead: transcribe the audio files under DIR end to end."),
-    throughput: bool = typer.Option(False, "--throughput",
-                                    help="Throughput on a generated folder of real speech (LibriSpeech-like lengths)."),
+    reps: Optional[int] = typer.Option(
+        None,
+        min=1,
+        metavar="N",
+        show_default="5; 3 for throughput",
+        help="Timed repetitions per row (the median is reported).",
+    ),
+    batch_sizes: Optional[str] = typer.Option(
+        None, metavar="N,N,...", show_default="1,8; 8,32,128 for throughput", help="Batch sizes, comma-separated."
+    ),
+    graphs: Optional[bool] = typer.Option(
+        None,
+        "--graphs/--no-graphs",
+        show_default="on with CUDA",
+        help="Include the CUDA-graph rows (--no-graphs: eager rows only).",
+    ),
+    json_path: Optional[Path] = typer.Option(
+        None, "--json", metavar="FILE", help="Also write the results as JSON here."
+    ),
+    folder: Optional[Path] = typer.Option(
+        None, "--folder", metavar="DIR", help="Throughput instead: transcribe the audio files under DIR end to end."
+    ),
+    throughput: bool = typer.Option(
+        False, "--throughput", help="Throughput on a generated folder of real speech (LibriSpeech-like lengths)."
+    ),
     files: int = typer.Option(256, "--files", min=1, metavar="N", help="Files in the generated folder (--throughput)."),
-    batch_seconds: Optional[float] = typer.Option(None, "--batch-seconds", min=0, metavar="S",
-                                                  show_default=_BATCH_SECONDS_DEFAULT,
-                                                  help="Throughput rows: seconds of padded audio per batch at "
-                                                       "most (see transcribe --help)."),
+    batch_seconds: Optional[float] = typer.Option(
+        None,
+        "--batch-seconds",
+        min=0,
+        metavar="S",
+        show_default=_BATCH_SECONDS_DEFAULT,
+        help="Throughput rows: seconds of padded audio per batch at most (see transcribe --help).",
+    ),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
     --throughput, files per second through the whole pipeline instead."""
@@ -330,8 +400,16 @@ def _batch_sizes(value: str) -> list[int]:
     return sizes
 
 
-def _bench_folder(loaded, folder: Optional[Path], files: int, sizes: list[int], reps: int, modes: list[bool],
-                  batch_seconds: Optional[float], console: Console) -> dict:
+def _bench_folder(
+    loaded,
+    folder: Optional[Path],
+    files: int,
+    sizes: list[int],
+    reps: int,
+    modes: list[bool],
+    batch_seconds: Optional[float],
+    console: Console,
+) -> dict:
     """Throughput rows over the files under `folder`, or over `files` generated clips."""
     import tempfile
 
@@ -340,8 +418,10 @@ def _bench_folder(loaded, folder: Optional[Path], files: int, sizes: list[int], 
     with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated, NATIVE_STDERR.installed():
         if folder is None:
             paths = make_folder(generated, files)
-            err_console.print(f"note: {len(paths)} clips of real speech with LibriSpeech-like lengths "
-                              "(scripts/make_folder.py makes the same folder)")
+            err_console.print(
+                f"note: {len(paths)} clips of real speech with LibriSpeech-like lengths "
+                "(scripts/make_folder.py makes the same folder)"
+            )
         else:
             paths = find_audio_files(folder) if folder.is_dir() else []
             if not paths:

@@ -187,14 +187,20 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
     pre, enc, dec, joint = cfg["preprocessor"], cfg["encoder"], cfg["decoder"], cfg["joint"]
     decoding = cfg.get("decoding") or {}
 
-    _require(_short_target(pre) in ("AudioToMelSpectrogramPreprocessor", ""),
-             f"preprocessor {_short_target(pre)} is not supported (only AudioToMelSpectrogramPreprocessor)")
-    _require(pre.get("normalize", "per_feature") == "per_feature",
-             f"preprocessor normalize={pre.get('normalize')!r} is not supported (only per_feature)")
+    _require(
+        _short_target(pre) in ("AudioToMelSpectrogramPreprocessor", ""),
+        f"preprocessor {_short_target(pre)} is not supported (only AudioToMelSpectrogramPreprocessor)",
+    )
+    _require(
+        pre.get("normalize", "per_feature") == "per_feature",
+        f"preprocessor normalize={pre.get('normalize')!r} is not supported (only per_feature)",
+    )
     _require(int(pre.get("frame_splicing", 1) or 1) == 1, "preprocessor frame_splicing > 1 is not supported")
     _require(pre.get("log", True) is True, "preprocessor log=false is not supported")
-    _require(pre.get("log_zero_guard_type", "add") == "add",
-             f"preprocessor log_zero_guard_type={pre.get('log_zero_guard_type')!r} is not supported (only add)")
+    _require(
+        pre.get("log_zero_guard_type", "add") == "add",
+        f"preprocessor log_zero_guard_type={pre.get('log_zero_guard_type')!r} is not supported (only add)",
+    )
     _require(not pre.get("exact_pad", False), "preprocessor exact_pad=true is not supported")
     sample_rate = _int(pre, "sample_rate", cfg.get("sample_rate", 16000), "preprocessor")
     features = FeatureConfig(
@@ -208,22 +214,33 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         log_zero_guard=_log_zero_guard(pre.get("log_zero_guard_value", 2**-24)),
     )
 
-    _require(_short_target(enc) == "ConformerEncoder", f"encoder {_short_target(enc) or '?'} is not supported (only ConformerEncoder)")
-    _require(enc.get("subsampling", "dw_striding") == "dw_striding",
-             f"encoder subsampling={enc.get('subsampling')!r} is not supported (only dw_striding)")
+    _require(
+        _short_target(enc) == "ConformerEncoder",
+        f"encoder {_short_target(enc) or '?'} is not supported (only ConformerEncoder)",
+    )
+    _require(
+        enc.get("subsampling", "dw_striding") == "dw_striding",
+        f"encoder subsampling={enc.get('subsampling')!r} is not supported (only dw_striding)",
+    )
     local_context = _local_context(enc)
-    _require(enc.get("conv_norm_type", "batch_norm") == "batch_norm",
-             f"encoder conv_norm_type={enc.get('conv_norm_type')!r} is not supported (only batch_norm)")
+    _require(
+        enc.get("conv_norm_type", "batch_norm") == "batch_norm",
+        f"encoder conv_norm_type={enc.get('conv_norm_type')!r} is not supported (only batch_norm)",
+    )
     _require(enc.get("untie_biases", True) is True, "encoder untie_biases=false is not supported")
     _require(not enc.get("causal_downsampling", False), "encoder causal_downsampling is not supported")
     _require(int(enc.get("feat_out", -1) or -1) == -1, "encoder feat_out (an output projection) is not supported")
     _require(enc.get("reduction") in (None, "null"), f"encoder reduction={enc.get('reduction')!r} is not supported")
     _require(not enc.get("global_tokens", 0), "encoder global_tokens (Longformer's global attention) is not supported")
-    _require(not enc.get("global_attn_separate", False),
-             "encoder global_attn_separate=true (Longformer's global attention) is not supported")
-    _require(enc.get("conv_context_size") in (None, "null") or
-             list(enc["conv_context_size"]) == [(int(enc.get("conv_kernel_size", 31)) - 1) // 2] * 2,
-             f"encoder conv_context_size={enc.get('conv_context_size')!r} is not supported (only symmetric)")
+    _require(
+        not enc.get("global_attn_separate", False),
+        "encoder global_attn_separate=true (Longformer's global attention) is not supported",
+    )
+    _require(
+        enc.get("conv_context_size") in (None, "null")
+        or list(enc["conv_context_size"]) == [(int(enc.get("conv_kernel_size", 31)) - 1) // 2] * 2,
+        f"encoder conv_context_size={enc.get('conv_context_size')!r} is not supported (only symmetric)",
+    )
     d_model = _int(enc, "d_model", where="encoder")
     channels = _int(enc, "subsampling_conv_channels", -1, "encoder")
     encoder = EncoderConfig(
@@ -239,38 +256,54 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         use_bias=bool(enc.get("use_bias", True)),
         local_context=local_context,
     )
-    _require(encoder.n_mels == features.n_mels,
-             f"encoder feat_in={encoder.n_mels} does not match preprocessor features={features.n_mels}")
+    _require(
+        encoder.n_mels == features.n_mels,
+        f"encoder feat_in={encoder.n_mels} does not match preprocessor features={features.n_mels}",
+    )
     factor = encoder.subsampling_factor
     _require(factor >= 2 and factor & (factor - 1) == 0, f"encoder subsampling_factor={factor} is not a power of 2")
     _require(d_model % encoder.n_heads == 0, f"encoder d_model={d_model} is not divisible by n_heads={encoder.n_heads}")
 
-    _require(_short_target(dec) == "RNNTDecoder", f"decoder {_short_target(dec) or '?'} is not supported (only RNNTDecoder)")
+    _require(
+        _short_target(dec) == "RNNTDecoder", f"decoder {_short_target(dec) or '?'} is not supported (only RNNTDecoder)"
+    )
     _require(dec.get("blank_as_pad", True) is True, "decoder blank_as_pad=false is not supported")
     _require(dec.get("normalization_mode") in (None, "null"), "decoder normalization_mode is not supported")
     prednet = dec.get("prednet") or {}
-    _require(prednet.get("rnn_hidden_size", -1) in (None, -1, prednet.get("pred_hidden")),
-             f"decoder.prednet rnn_hidden_size={prednet.get('rnn_hidden_size')} (a projected LSTM) is not supported")
+    _require(
+        prednet.get("rnn_hidden_size", -1) in (None, -1, prednet.get("pred_hidden")),
+        f"decoder.prednet rnn_hidden_size={prednet.get('rnn_hidden_size')} (a projected LSTM) is not supported",
+    )
     prediction = PredictionConfig(
         vocab_size=_int(dec, "vocab_size", where="decoder"),
         hidden=_int(prednet, "pred_hidden", where="decoder.prednet"),
         layers=_int(prednet, "pred_rnn_layers", 1, "decoder.prednet"),
     )
 
-    _require(_short_target(joint) == "RNNTJoint", f"joint {_short_target(joint) or '?'} is not supported (only RNNTJoint)")
+    _require(
+        _short_target(joint) == "RNNTJoint", f"joint {_short_target(joint) or '?'} is not supported (only RNNTJoint)"
+    )
     jointnet = joint.get("jointnet") or {}
-    _require(jointnet.get("activation", "relu") == "relu",
-             f"joint activation={jointnet.get('activation')!r} is not supported (only relu)")
+    _require(
+        jointnet.get("activation", "relu") == "relu",
+        f"joint activation={jointnet.get('activation')!r} is not supported (only relu)",
+    )
     num_extra = _int(joint, "num_extra_outputs", 0, "joint")
-    listed = (decoding.get("durations") or (cfg.get("model_defaults") or {}).get("tdt_durations")
-              or ((cfg.get("loss") or {}).get("tdt_kwargs") or {}).get("durations") or [])
+    listed = (
+        decoding.get("durations")
+        or (cfg.get("model_defaults") or {}).get("tdt_durations")
+        or ((cfg.get("loss") or {}).get("tdt_kwargs") or {}).get("durations")
+        or []
+    )
     model_type = str(decoding.get("model_type") or ("tdt" if num_extra and listed else "rnnt"))
     try:
         durations = tuple(int(d) for d in listed) if model_type == "tdt" else ()
     except (TypeError, ValueError):
         raise UnsupportedModelError(f"TDT durations {listed!r} are not a list of whole numbers") from None
-    _require(num_extra == len(durations),
-             f"joint has {num_extra} extra outputs but decoding lists {len(durations)} TDT durations")
+    _require(
+        num_extra == len(durations),
+        f"joint has {num_extra} extra outputs but decoding lists {len(durations)} TDT durations",
+    )
     _require(model_type in ("tdt", "rnnt"), f"decoding model_type={model_type!r} is not supported (tdt or rnnt)")
     if durations:
         _require(min(durations) >= 0, f"TDT durations {list(durations)} must not be negative")
@@ -282,8 +315,10 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         vocab_size=_int(joint, "num_classes", prediction.vocab_size, "joint"),
         num_durations=len(durations),
     )
-    _require(joint_cfg.vocab_size == prediction.vocab_size,
-             f"joint num_classes={joint_cfg.vocab_size} does not match decoder vocab_size={prediction.vocab_size}")
+    _require(
+        joint_cfg.vocab_size == prediction.vocab_size,
+        f"joint num_classes={joint_cfg.vocab_size} does not match decoder vocab_size={prediction.vocab_size}",
+    )
     tokenizer_type = (cfg.get("tokenizer") or {}).get("type", "bpe")
     _require(tokenizer_type == "bpe", f"tokenizer type {tokenizer_type!r} is not supported (only SentencePiece bpe)")
     greedy = decoding.get("greedy") or {}
@@ -293,8 +328,9 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         encoder=encoder,
         prediction=prediction,
         joint=joint_cfg,
-        decoding=DecodingConfig(durations=durations, max_symbols=int(max_symbols) if max_symbols else 10,
-                                **_timestamp_options(decoding)),
+        decoding=DecodingConfig(
+            durations=durations, max_symbols=int(max_symbols) if max_symbols else 10, **_timestamp_options(decoding)
+        ),
     )
 
 
@@ -307,16 +343,24 @@ def _local_context(enc: dict) -> tuple[int, int] | None:
     try:
         left, right = (int(c) for c in context)
     except (TypeError, ValueError):
-        raise UnsupportedModelError(f"encoder att_context_size={enc.get('att_context_size')} is not [left, right]") from None
+        raise UnsupportedModelError(
+            f"encoder att_context_size={enc.get('att_context_size')} is not [left, right]"
+        ) from None
     if kind == "rel_pos":
-        _require((left, right) == (-1, -1),
-                 f"encoder att_context_size={[left, right]} with rel_pos is not supported (only full context [-1, -1])")
+        _require(
+            (left, right) == (-1, -1),
+            f"encoder att_context_size={[left, right]} with rel_pos is not supported (only full context [-1, -1])",
+        )
         return None
-    _require(kind == "rel_pos_local_attn",
-             f"encoder self_attention_model={kind!r} is not supported (only rel_pos and rel_pos_local_attn)")
+    _require(
+        kind == "rel_pos_local_attn",
+        f"encoder self_attention_model={kind!r} is not supported (only rel_pos and rel_pos_local_attn)",
+    )
     _require(max(left, right) > 0, f"encoder att_context_size={[left, right]}: local attention needs a context above 0")
-    _require(min(left, right) >= 0,
-             f"encoder att_context_size={[left, right]} with rel_pos_local_attn is not supported (no unlimited side)")
+    _require(
+        min(left, right) >= 0,
+        f"encoder att_context_size={[left, right]} with rel_pos_local_attn is not supported (no unlimited side)",
+    )
     return left, right
 
 

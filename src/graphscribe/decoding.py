@@ -55,8 +55,18 @@ class Hypothesis:
 class DecodeBuffers:
     """Static state of a batch of N rows, allocated once and written in place by `decode_step`."""
 
-    def __init__(self, n: int, max_frames: int, window: int, joint: Joint, prediction: PredictionNet,
-                 durations: tuple[int, ...], max_symbols: int, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        n: int,
+        max_frames: int,
+        window: int,
+        joint: Joint,
+        prediction: PredictionNet,
+        durations: tuple[int, ...],
+        max_symbols: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
         j, layers, hidden = joint.cfg.hidden, prediction.cfg.layers, prediction.cfg.hidden
         state_dtype = prediction.prediction.embed.weight.dtype  # the prediction net may stay float32
         self.n, self.max_frames, self.window = n, max_frames, window
@@ -89,8 +99,9 @@ class DecodeBuffers:
 
     def grow_records(self, slots: int) -> None:
         """At least `slots` token slots per row, keeping what is recorded (a captured graph must be made again)."""
-        grown = torch.zeros(self.n, max(slots, 2 * self.max_tokens), 3, device=self.records.device,
-                            dtype=self.records.dtype)
+        grown = torch.zeros(
+            self.n, max(slots, 2 * self.max_tokens), 3, device=self.records.device, dtype=self.records.dtype
+        )
         grown[:, : self.max_tokens].copy_(self.records)
         self.records, self.max_tokens = grown, grown.shape[1]
 
@@ -232,8 +243,15 @@ class GreedyDecoder:
     `fused`: the Triton step on CUDA (None: on CUDA when Triton is there); the PyTorch `decode_step` otherwise.
     """
 
-    def __init__(self, prediction: PredictionNet, joint: Joint, cfg: DecodingConfig, graphs: bool,
-                 window: int | None = None, fused: bool | None = None):
+    def __init__(
+        self,
+        prediction: PredictionNet,
+        joint: Joint,
+        cfg: DecodingConfig,
+        graphs: bool,
+        window: int | None = None,
+        fused: bool | None = None,
+    ):
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
         # cuDNN wants the LSTM weights in one chunk (lost by .to(dtype)); otherwise it copies them at every
         # call, which also breaks graph capture.
@@ -291,8 +309,17 @@ class GreedyDecoder:
     def _buffers_for(self, n: int, frames: int, device: torch.device, dtype: torch.dtype) -> DecodeBuffers:
         buf = self._buffers.get(n)
         if buf is None or buf.max_frames < frames or buf.enc.device != device or buf.enc.dtype != dtype:
-            buf = DecodeBuffers(n, frame_capacity(frames), self.window or default_window(n), self.joint, self.prediction,
-                                self.cfg.durations, self.cfg.max_symbols, device, dtype)
+            buf = DecodeBuffers(
+                n,
+                frame_capacity(frames),
+                self.window or default_window(n),
+                self.joint,
+                self.prediction,
+                self.cfg.durations,
+                self.cfg.max_symbols,
+                device,
+                dtype,
+            )
             self._buffers[n] = buf
             self._captured.pop(n, None)
             self._restarts.pop(n, None)
@@ -332,6 +359,7 @@ class GreedyDecoder:
 
         A graph is captured on first use, after eager warm-up calls and `restore()`; `warm_up=False` captures a
         graph again in the middle of a decode (the buffers were regrown), leaving the state as it is."""
+
         def one() -> None:
             step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
 
@@ -418,5 +446,7 @@ def _collect(buf: DecodeBuffers, done: Progress) -> list[Hypothesis]:
     """The records of the rows the last host read counted, as hypotheses: one more host read."""
     b, width = len(done.counts), done.emitted
     records = buf.records[:b, :width].cpu().numpy()  # (B, width, 3)
-    return [Hypothesis(*(records[i, :count, field].tolist() for field in range(3)), done.steps)
-            for i, count in enumerate(done.counts)]
+    return [
+        Hypothesis(*(records[i, :count, field].tolist() for field in range(3)), done.steps)
+        for i, count in enumerate(done.counts)
+    ]

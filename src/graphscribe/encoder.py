@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 _KERNEL, _STRIDE, _PAD = 3, 2, 1  # subsampling convolutions
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
 _GROUP_BYTES = 256 * 2**20  # attention: query rows are grouped so that one group's bias stays near this per batch row
-_EXACT_TEMPORARIES = 8  # float32 attention: (B, H, n, T)-sized tensors alive at once (position term and its shift, scores, ...)
+_EXACT_TEMPORARIES = (
+    8  # float32 attention: (B, H, n, T)-sized tensors alive at once (position term and its shift, scores, ...)
+)
 _CONV_BYTES = 512 * 2**20  # subsampling: time chunks keep the first convolution's output near this per batch row
 _MIN_CHUNK = 64  # subsampling: output frames a chunk has at least (each chunk recomputes one more)
 _INDEX_LIMIT = 2**31 - 1  # elements a tensor of PyTorch's own CUDA convolution kernels may have (32-bit indexing)
@@ -63,8 +65,9 @@ class Subsampling(nn.Module):
         freq = subsampled_lengths(cfg.n_mels, cfg.subsampling_factor)
         self.out = nn.Linear(channels * freq, cfg.d_model)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
-                chunk_frames: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, lengths: torch.Tensor, chunk_frames: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, F) features -> (B, T', D) and (B,) lengths; `chunk_frames`: output frames per chunk (tests)."""
         b, t, f = x.shape
         out_lengths = subsampled_lengths(lengths, self.factor)
@@ -79,8 +82,8 @@ class Subsampling(nn.Module):
             end = min(t_out, start + chunk_frames)
             first = max(0, start - 1)  # output frame `first` sees the chunk's left edge: recomputed, dropped
             offset = first * self.factor
-            part = self._convs(x[:, offset: end * self.factor], lengths - offset)
-            y[:, start:end] = self._project(part[:, :, start - first: end - first])
+            part = self._convs(x[:, offset : end * self.factor], lengths - offset)
+            y[:, start:end] = self._project(part[:, :, start - first : end - first])
         return y, out_lengths
 
     def _convs(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -98,12 +101,14 @@ class Subsampling(nn.Module):
         cudnn = torch.backends.cudnn
         per_row = self.conv[0].out_channels * ((x.shape[2] + 1) // 2) * ((x.shape[3] + 1) // 2)  # largest tensor
         rows = max(1, _INDEX_LIMIT // per_row)
-        with cudnn.flags(enabled=False, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
-                         allow_tf32=cudnn.allow_tf32):
+        with cudnn.flags(
+            enabled=False, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic, allow_tf32=cudnn.allow_tf32
+        ):
             if rows >= x.shape[0]:
                 return self._conv_stack(x, lengths)
-            return torch.cat([self._conv_stack(x[i: i + rows], lengths[i: i + rows])
-                              for i in range(0, x.shape[0], rows)])
+            return torch.cat(
+                [self._conv_stack(x[i : i + rows], lengths[i : i + rows]) for i in range(0, x.shape[0], rows)]
+            )
 
     def _conv_stack(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Padded frames are zero wherever a layer reads across frames: before the first convolution, and each
@@ -157,8 +162,9 @@ def _relu_masked(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 def sinusoids(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     """NeMo's position table for relative positions (P,) -> (P, D) float32: sin on even, cos on odd channels."""
     positions = positions.to(torch.float32)[:, None]
-    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device)
-                    * -(math.log(10000.0) / d_model))
+    div = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device) * -(math.log(10000.0) / d_model)
+    )
     pe = torch.zeros(positions.shape[0], d_model, device=positions.device)
     pe[:, 0::2] = torch.sin(positions * div)
     pe[:, 1::2] = torch.cos(positions * div)
@@ -228,8 +234,9 @@ class RelPositionAttention(nn.Module):
         self.pos_bias_u = nn.Parameter(torch.zeros(n_heads, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(n_heads, self.d_k))
 
-    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding,
-                window: tuple[int, int] | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, window: tuple[int, int] | None
+    ) -> torch.Tensor:
         """x (B, T, D), pos_emb (P, D) from `relative_positions` or `window_positions`, padding of the batch."""
         b, t, _ = x.shape
         h, d_k = self.n_heads, self.d_k
@@ -270,7 +277,7 @@ def full_attention(q_u, q_v, k, v, p, valid, padding: Padding | None = None) -> 
     for start in range(0, t, rows):
         end = min(t, start + rows)
         # query i, key j has position i - j, row (t - 1) - (i - j) of p: this group needs rows t - end ... 2t - 2 - start
-        p_rows = p[:, t - end: 2 * t - 1 - start]  # (H, t + n - 1, d_k)
+        p_rows = p[:, t - end : 2 * t - 1 - start]  # (H, t + n - 1, d_k)
         if exact:
             raw = torch.matmul(q_v[:, :, start:end], p_rows.transpose(-2, -1))  # (B, H, n, t + n - 1)
             scores = (torch.matmul(q_u[:, :, start:end], k.transpose(-2, -1)) + _shifted(raw, t)) / math.sqrt(d_k)
@@ -290,8 +297,9 @@ def _shifted(raw: torch.Tensor, t: int) -> torch.Tensor:
     return raw.as_strided((b, h, n, t), (h * n * cols, n * cols, cols - 1, 1), raw.storage_offset() + n - 1)
 
 
-def _position_bias(q_v: torch.Tensor, p_rows: torch.Tensor, valid: torch.Tensor, scale: float,
-                   width: int) -> torch.Tensor:
+def _position_bias(
+    q_v: torch.Tensor, p_rows: torch.Tensor, valid: torch.Tensor, scale: float, width: int
+) -> torch.Tensor:
     """16-bit full attention's additive bias for n query rows: the shifted position term times `scale`, padded
     keys at -10000. q_v (B, H, n, d_k), p_rows (H, t + n - 1, d_k), valid (B, t) -> (B, H, n, t), a view of rows
     `width` long (aligned for the fused attention kernels)."""
@@ -329,7 +337,7 @@ def local_attention(q_u, q_v, k, v, p, valid, window: tuple[int, int]) -> torch.
     # the position row NeMo adds to each diagonal column (left + right + 1: none)
     column_row = torch.full((2 * w + 1,), left + right + 1, dtype=torch.long, device=device)
     column_row[:left] = torch.arange(left, device=device)
-    column_row[2 * w - right:] = torch.arange(left, left + right + 1, device=device)
+    column_row[2 * w - right :] = torch.arange(left, left + right + 1, device=device)
     p_columns = torch.cat([p, p.new_zeros(h, 1, d_k)], dim=1)[:, column_row]  # (H, 2w + 1, d_k)
     offsets = torch.arange(-w, w + 1, device=device)
     column_seen = (offsets >= -left) & (offsets <= right)  # (2w + 1,)
@@ -356,11 +364,12 @@ def local_attention(q_u, q_v, k, v, p, valid, window: tuple[int, int]) -> torch.
         diagonals.masked_fill_(~seen[:, None], _MASKED_SCORE)
         bias = diagonals.new_full((b, h, g, m, width), _MASKED_SCORE)
         # diagonal column c of query row r is key r + c of the block's n keys
-        bias.as_strided((b, h, g, m, 2 * w + 1), (h * g * m * width, g * m * width, m * width, width + 1, 1),
-                        bias.storage_offset()).copy_(diagonals.view(b, h, g, m, 2 * w + 1))
+        bias.as_strided(
+            (b, h, g, m, 2 * w + 1), (h * g * m * width, g * m * width, m * width, width + 1, 1), bias.storage_offset()
+        ).copy_(diagonals.view(b, h, g, m, 2 * w + 1))
         del diagonals
-        key_blocks = k[:, :, start: end + 2 * w].unfold(2, n, m).transpose(-2, -1).reshape(b, h * g, n, d_k)
-        value_blocks = v[:, :, start: end + 2 * w].unfold(2, n, m).transpose(-2, -1).reshape(b, h * g, n, d_k)
+        key_blocks = k[:, :, start : end + 2 * w].unfold(2, n, m).transpose(-2, -1).reshape(b, h * g, n, d_k)
+        value_blocks = v[:, :, start : end + 2 * w].unfold(2, n, m).transpose(-2, -1).reshape(b, h * g, n, d_k)
         queries = q_u[:, :, start:end].reshape(b, h * g, m, d_k)
         mask = bias.view(b, h * g, m, width)[..., :n]
         out[:, :, start:end] = _attend(queries, key_blocks, value_blocks, mask, scale).reshape(b, h, g * m, d_k)
@@ -474,8 +483,9 @@ class FastConformer(nn.Module):
         self.pre_encode = Subsampling(cfg)
         self.layers = nn.ModuleList(ConformerLayer(cfg) for _ in range(cfg.n_layers))
 
-    def forward(self, features: torch.Tensor, lengths: torch.Tensor, window: tuple[int, int] | None = None,
-                layers=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, features: torch.Tensor, lengths: torch.Tensor, window: tuple[int, int] | None = None, layers=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`layers`: runs the layer stack in place of `run_layers` (`graphs.LayerGraphs`: replayed graphs)."""
         x, lengths = self.pre_encode(features.transpose(1, 2), lengths)  # (B, T', D)
         if self.cfg.xscaling:
@@ -491,16 +501,16 @@ class FastConformer(nn.Module):
         return layers(x, pos_emb, padding, window), lengths
 
 
-def run_layers(layers, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding,
-               window: tuple[int, int] | None) -> torch.Tensor:
+def run_layers(
+    layers, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, window: tuple[int, int] | None
+) -> torch.Tensor:
     """The conformer layers, one after another, eagerly: (B, T', D) -> (B, T', D)."""
     for layer in layers:
         x = layer(x, pos_emb, padding, window)
     return x
 
 
-def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
-                    window: tuple[int, int] | None) -> int:
+def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int, window: tuple[int, int] | None) -> int:
     """Peak bytes to turn a padded batch of `batch` x `samples` audio into encoder output and decoder inputs.
 
     An upper bound for this implementation (checked against measured peaks in the tests): the
@@ -514,7 +524,9 @@ def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
     t = subsampled_lengths(frames, enc.subsampling_factor)  # ints: no tensor ops on the host per batch
     activations = batch * t * enc.d_model * itemsize
     if window is None:  # per row of the batch, as the groups are sized
-        per_row = _EXACT_TEMPORARIES * t if itemsize == 4 else _aligned(t)  # float32: NeMo's products, see full_attention
+        per_row = (
+            _EXACT_TEMPORARIES * t if itemsize == 4 else _aligned(t)
+        )  # float32: NeMo's products, see full_attention
         need = enc.n_heads * t * per_row * itemsize  # every query row in one group
         least = enc.n_heads * per_row * itemsize  # one query row a group
     else:
@@ -524,8 +536,9 @@ def memory_estimate(cfg: ModelConfig, batch: int, samples: int, itemsize: int,
         need, least = per_block * -(-t // m), per_block
     temporaries = 1 if window is None and itemsize == 4 else 3  # SDPA: position term, bias, scores (its math path)
     attention = temporaries * batch * min(need, max(least, _GROUP_BYTES))
-    features = (batch * frames * cfg.features.n_mels * (4 + itemsize)
-                + 16 * 4 * batch * min(samples, _FEATURE_CHUNK_SAMPLES))
+    features = batch * frames * cfg.features.n_mels * (4 + itemsize) + 16 * 4 * batch * min(
+        samples, _FEATURE_CHUNK_SAMPLES
+    )
     audio = batch * samples * 4
     per_frame = _conv_bytes_per_frame(1, enc.subsampling_channels, enc.subsampling_factor, enc.n_mels, itemsize)
     convolutions = 3 * batch * per_frame * min(t, max(_MIN_CHUNK, _CONV_BYTES // per_frame))  # output, ReLU, mask

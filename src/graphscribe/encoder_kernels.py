@@ -31,9 +31,24 @@ _MASKED_SCORE = tl.constexpr(_NEMO_MASKED_SCORE)  # a kernel reads a module glob
 
 
 @triton.jit
-def _glu_depthwise_kernel(h_ptr, valid_ptr, w_ptr, conv_bias_ptr, bn_w_ptr, bn_b_ptr, mean_ptr, var_ptr, out_ptr,
-                          T, C, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+def _glu_depthwise_kernel(
+    h_ptr,
+    valid_ptr,
+    w_ptr,
+    conv_bias_ptr,
+    bn_w_ptr,
+    bn_b_ptr,
+    mean_ptr,
+    var_ptr,
+    out_ptr,
+    T,
+    C,
+    eps,
+    K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a large batch of long clips passes 2^31 elements
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # output frames
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)  # channels
@@ -60,8 +75,15 @@ def _glu_depthwise_kernel(h_ptr, valid_ptr, w_ptr, conv_bias_ptr, bn_w_ptr, bn_b
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=(t < T)[:, None] & c_ok[None, :])
 
 
-def glu_depthwise(h: torch.Tensor, valid: torch.Tensor, conv: torch.nn.Conv1d, norm: torch.nn.BatchNorm1d,
-                  block_t: int = 32, block_c: int = 64, warps: int = 4) -> torch.Tensor:
+def glu_depthwise(
+    h: torch.Tensor,
+    valid: torch.Tensor,
+    conv: torch.nn.Conv1d,
+    norm: torch.nn.BatchNorm1d,
+    block_t: int = 32,
+    block_c: int = 64,
+    warps: int = 4,
+) -> torch.Tensor:
     """silu(norm(conv(glu(h) with padded frames zeroed))) for h (B, T, 2C) -> (B, T, C), time on axis 1.
 
     `conv` is the depthwise convolution (weight (C, 1, K), odd K, "same" padding), `norm` the batch norm in
@@ -74,15 +96,47 @@ def glu_depthwise(h: torch.Tensor, valid: torch.Tensor, conv: torch.nn.Conv1d, n
     out = h.new_empty(b, t, c)
     grid = (b, triton.cdiv(t, block_t), triton.cdiv(c, block_c))
     bias = conv.bias if conv.bias is not None else conv.weight
-    _glu_depthwise_kernel[grid](h, valid.contiguous(), conv.weight, bias, norm.weight, norm.bias, norm.running_mean,
-                                norm.running_var, out, t, c, norm.eps, K=k, HAS_BIAS=conv.bias is not None,
-                                BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps)
+    _glu_depthwise_kernel[grid](
+        h,
+        valid.contiguous(),
+        conv.weight,
+        bias,
+        norm.weight,
+        norm.bias,
+        norm.running_mean,
+        norm.running_var,
+        out,
+        t,
+        c,
+        norm.eps,
+        K=k,
+        HAS_BIAS=conv.bias is not None,
+        BLOCK_T=block_t,
+        BLOCK_C=block_c,
+        num_warps=warps,
+    )
     return out
 
 
 @triton.jit
-def _first_conv_kernel(x_ptr, len0_ptr, len1_ptr, w_ptr, bias_ptr, out_ptr, sxb, sxt, sxf, T0, F0, T1, F1, C,
-                       BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def _first_conv_kernel(
+    x_ptr,
+    len0_ptr,
+    len1_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    sxb,
+    sxt,
+    sxf,
+    T0,
+    F0,
+    T1,
+    F1,
+    C,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
     pos = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)  # output (frame, frequency) pairs, frame-major
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)  # channels
@@ -107,8 +161,15 @@ def _first_conv_kernel(x_ptr, len0_ptr, len1_ptr, w_ptr, bias_ptr, out_ptr, sxb,
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=c_ok[:, None] & (pos < T1 * F1)[None, :])
 
 
-def first_conv(x: torch.Tensor, lengths: torch.Tensor, lengths1: torch.Tensor, conv: torch.nn.Conv2d,
-               block_p: int = 64, block_c: int = 64, warps: int = 4) -> torch.Tensor:
+def first_conv(
+    x: torch.Tensor,
+    lengths: torch.Tensor,
+    lengths1: torch.Tensor,
+    conv: torch.nn.Conv2d,
+    block_p: int = 64,
+    block_c: int = 64,
+    warps: int = 4,
+) -> torch.Tensor:
     """relu(conv(x)) with frames past `lengths1` zeroed, for x (B, 1, T, F) with frames past `lengths` taken as
     zeros -> (B, C, T / 2, F / 2) (3 x 3 kernel, stride 2, padding 1). `block_p` outputs x `block_c` channels a
     program."""
@@ -117,15 +178,32 @@ def first_conv(x: torch.Tensor, lengths: torch.Tensor, lengths1: torch.Tensor, c
     t1, f1 = (t0 - 1) // 2 + 1, (f0 - 1) // 2 + 1
     out = x.new_empty(b, c, t1, f1)
     grid = (b, triton.cdiv(t1 * f1, block_p), triton.cdiv(c, block_c))
-    _first_conv_kernel[grid](x, lengths.contiguous(), lengths1.contiguous(), conv.weight, conv.bias, out,
-                             x.stride(0), x.stride(2), x.stride(3), t0, f0, t1, f1, c, BLOCK_P=block_p,
-                             BLOCK_C=block_c, num_warps=warps)
+    _first_conv_kernel[grid](
+        x,
+        lengths.contiguous(),
+        lengths1.contiguous(),
+        conv.weight,
+        conv.bias,
+        out,
+        x.stride(0),
+        x.stride(2),
+        x.stride(3),
+        t0,
+        f0,
+        t1,
+        f1,
+        c,
+        BLOCK_P=block_p,
+        BLOCK_C=block_c,
+        num_warps=warps,
+    )
     return out
 
 
 @triton.jit
-def _position_bias_kernel(raw_ptr, valid_ptr, out_ptr, B, H, N, T, P, WIDTH, scale,
-                          BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+def _position_bias_kernel(
+    raw_ptr, valid_ptr, out_ptr, B, H, N, T, P, WIDTH, scale, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr
+):
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets, as above
     b = bh // H
     h = bh % H
@@ -143,8 +221,15 @@ def _position_bias_kernel(raw_ptr, valid_ptr, out_ptr, B, H, N, T, P, WIDTH, sca
         tl.store(dst_row[:, None] + j[None, :], x.to(out_ptr.dtype.element_ty), mask=m)
 
 
-def position_bias(raw: torch.Tensor, valid: torch.Tensor, scale: float, width: int, block_i: int = 16,
-                  block_j: int = 256, warps: int = 4) -> torch.Tensor:
+def position_bias(
+    raw: torch.Tensor,
+    valid: torch.Tensor,
+    scale: float,
+    width: int,
+    block_i: int = 16,
+    block_j: int = 256,
+    warps: int = 4,
+) -> torch.Tensor:
     """Full attention's bias for a group of n query rows from the position term of each head.
 
     raw (H, B, n, t + n - 1): q_v p^T of rows start ... start + n - 1 against positions t - end ... 2t - 2 - start
@@ -155,6 +240,19 @@ def position_bias(raw: torch.Tensor, valid: torch.Tensor, scale: float, width: i
     t = valid.shape[1]
     out = raw.new_empty(b, h, n, width)
     grid = (b * h, triton.cdiv(n, block_i))
-    _position_bias_kernel[grid](raw.contiguous(), valid.contiguous(), out, b, h, n, t, p, width, scale,
-                                BLOCK_I=block_i, BLOCK_J=block_j, num_warps=warps)
+    _position_bias_kernel[grid](
+        raw.contiguous(),
+        valid.contiguous(),
+        out,
+        b,
+        h,
+        n,
+        t,
+        p,
+        width,
+        scale,
+        BLOCK_I=block_i,
+        BLOCK_J=block_j,
+        num_warps=warps,
+    )
     return out[..., :t]

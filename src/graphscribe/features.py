@@ -45,8 +45,13 @@ class LogMel(nn.Module):
 
     @torch.autocast("cuda", enabled=False)
     @torch.autocast("cpu", enabled=False)
-    def forward(self, audio: torch.Tensor, num_samples: torch.Tensor, chunk_frames: int | None = None,
-                fixed_shapes: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        audio: torch.Tensor,
+        num_samples: torch.Tensor,
+        chunk_frames: int | None = None,
+        fixed_shapes: bool | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         audio = audio.float()  # (B, L)
         frames = feature_lengths(num_samples, cfg.hop_length)  # (B,)
@@ -69,16 +74,24 @@ class LogMel(nn.Module):
         cfg = self.cfg
         half = cfg.n_fft // 2  # center=True: frame f covers samples f * hop - half ... f * hop + half - 1
         first, stop = start * cfg.hop_length - half - 1, (end - 1) * cfg.hop_length + half  # one more for pre-emphasis
-        x = F.pad(audio[:, max(first, 0): min(stop, audio.shape[1])],
-                  (max(0, -first), max(0, stop - audio.shape[1])))  # zeros outside the signal (NeMo's constant pad)
+        x = F.pad(
+            audio[:, max(first, 0) : min(stop, audio.shape[1])], (max(0, -first), max(0, stop - audio.shape[1]))
+        )  # zeros outside the signal (NeMo's constant pad)
         if cfg.preemph:
             x = x[:, 1:] - cfg.preemph * x[:, :-1]  # x[t] - 0.97 x[t - 1]; the first sample less 0.97 * 0
         else:
             x = x[:, 1:]
         index = torch.arange(first + 1, stop, device=audio.device)
         x = x.masked_fill((index[None, :] < 0) | (index[None, :] >= num_samples[:, None]), 0.0)
-        spec = torch.stft(x, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
-                          window=self.window, center=False, return_complex=True)  # (B, n_fft // 2 + 1, end - start)
+        spec = torch.stft(
+            x,
+            n_fft=cfg.n_fft,
+            hop_length=cfg.hop_length,
+            win_length=cfg.win_length,
+            window=self.window,
+            center=False,
+            return_complex=True,
+        )  # (B, n_fft // 2 + 1, end - start)
         power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(cfg.mag_power)  # NeMo's |X| then ^p: bit-equal
         mel = torch.matmul(self.fb, power)  # (B, n_mels, end - start)
         return torch.log(mel + cfg.log_zero_guard)
@@ -89,8 +102,9 @@ def _normalize_per_feature(x: torch.Tensor, frames: torch.Tensor, std_guard: flo
     count = frames[:, None].to(x.dtype)  # (B, 1)
     chunks = [(s, min(x.shape[-1], s + _NORM_CHUNK_FRAMES)) for s in range(0, x.shape[-1], _NORM_CHUNK_FRAMES)]
 
-    valid = [(torch.arange(start, end, device=x.device)[None, :] < frames[:, None])[:, None, :]
-             for start, end in chunks]  # (B, 1, end - start) each, made once for the three passes
+    valid = [
+        (torch.arange(start, end, device=x.device)[None, :] < frames[:, None])[:, None, :] for start, end in chunks
+    ]  # (B, 1, end - start) each, made once for the three passes
 
     total = x.new_zeros(x.shape[:2])  # (B, n_mels)
     for (start, end), mask in zip(chunks, valid):

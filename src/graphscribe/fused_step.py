@@ -83,7 +83,7 @@ class Tiles:
 
     @property
     def net_arithmetic(self) -> str:
-        """"fma", or the tensor-core products of the prediction net's float32 weights: "ieee" or "tf32x3"."""
+        """ "fma", or the tensor-core products of the prediction net's float32 weights: "ieee" or "tf32x3"."""
         return "fma" if self.net == "fma" else self.fp32 or "tf32x3"
 
     @property
@@ -196,12 +196,33 @@ def _hh_block(h, w_hh, hh, q0, n0, N, H, BM: tl.constexpr, BQ: tl.constexpr, BK:
 
 
 @triton.jit(do_not_specialize=["N", "T", "W"])
-def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,), (N,)
-                  w_out, b_out,  # (O, J), (O,): O = V + 1 token logits (blank last), then D durations
-                  tok_val, tok_idx, dur_val, dur_idx,  # (N * W, NBJ) and (N * W, NBD): max and index per column block
-                  N, T, W, J, V1, O, NBJ,
-                  BM: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, TDT: tl.constexpr,
-                  NBD: tl.constexpr, SKIP: tl.constexpr, PDL: tl.constexpr):
+def _joint_kernel(
+    enc,
+    g,
+    t,
+    active,  # (N, T, J) projected frames, (N, J), (N,), (N,)
+    w_out,
+    b_out,  # (O, J), (O,): O = V + 1 token logits (blank last), then D durations
+    tok_val,
+    tok_idx,
+    dur_val,
+    dur_idx,  # (N * W, NBJ) and (N * W, NBD): max and index per column block
+    N,
+    T,
+    W,
+    J,
+    V1,
+    O,  # noqa: E741 - the kernel names its sizes by letter
+    NBJ,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    FP32: tl.constexpr,
+    TDT: tl.constexpr,
+    NBD: tl.constexpr,
+    SKIP: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pid = tl.program_id(0)  # joint columns [pid * BC, pid * BC + BC)
     r = tl.program_id(1) * BM + tl.arange(0, BM)  # rows r = n * W + w: frame t[n] + w of batch row n
     _wait_for_previous(PDL)
@@ -238,13 +259,40 @@ def _joint_kernel(enc, g, t, active,  # (N, T, J) projected frames, (N, J), (N,)
 
 
 @triton.jit(do_not_specialize=["W", "max_tokens", "blank_id", "max_symbols"])
-def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx,  # partials of kernel 1
-                    t, lengths, active, last_frame, run, count, row_steps, records,  # row state (N,), records (N, max_tokens, 3)
-                    emit_out,  # (N,) out: whether the row emitted
-                    table, hh, h, c, h_out, c_out,  # (V + 1, 4H) first layer's input half; (N, 4H) its W_hh h; (N, H) x 4
-                    W, NBJ, H, max_tokens, blank_id, max_symbols,
-                    WB: tl.constexpr, NB: tl.constexpr, NBD: tl.constexpr, HB: tl.constexpr, TDT: tl.constexpr,
-                    DURATIONS: tl.constexpr, PDL: tl.constexpr):
+def _advance_kernel(
+    tok_val,
+    tok_idx,
+    dur_val,
+    dur_idx,  # partials of kernel 1
+    t,
+    lengths,
+    active,
+    last_frame,
+    run,
+    count,
+    row_steps,
+    records,  # row state (N,), records (N, max_tokens, 3)
+    emit_out,  # (N,) out: whether the row emitted
+    table,
+    hh,
+    h,
+    c,
+    h_out,
+    c_out,  # (V + 1, 4H) first layer's input half; (N, 4H) its W_hh h; (N, H) x 4
+    W,
+    NBJ,
+    H,
+    max_tokens,
+    blank_id,
+    max_symbols,
+    WB: tl.constexpr,
+    NB: tl.constexpr,
+    NBD: tl.constexpr,
+    HB: tl.constexpr,
+    TDT: tl.constexpr,
+    DURATIONS: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """DURATIONS: the TDT durations packed 8 bits each (duration i is (DURATIONS >> 8 i) & 255): no lookup load."""
     row = tl.program_id(0)
     _wait_for_previous(PDL)
@@ -269,8 +317,12 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx,  # partials of kernel 1
     j = tl.arange(0, HB)
     ok = j < H
     r = hh + row * 4 * H + j
-    hi, hf, hg, ho = (tl.load(r, mask=ok, other=0.0), tl.load(r + H, mask=ok, other=0.0),
-                      tl.load(r + 2 * H, mask=ok, other=0.0), tl.load(r + 3 * H, mask=ok, other=0.0))
+    hi, hf, hg, ho = (
+        tl.load(r, mask=ok, other=0.0),
+        tl.load(r + H, mask=ok, other=0.0),
+        tl.load(r + 2 * H, mask=ok, other=0.0),
+        tl.load(r + 3 * H, mask=ok, other=0.0),
+    )
     c_old = tl.load(c + row * H + j, mask=ok, other=0.0)
     h_old = tl.load(h + row * H + j, mask=ok, other=0.0)
 
@@ -325,11 +377,28 @@ def _advance_kernel(tok_val, tok_idx, dur_val, dur_idx,  # partials of kernel 1
 
 
 @triton.jit(do_not_specialize=["N"])
-def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h below; (4H, H); (4H,); (N, 4H); (N, H) x 4
-                 w_hh_below, hh_below,  # (4H, H), (N, 4H) out: the layer below's W_hh h for the next step
-                 N, H, NBU,
-                 BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr, SKIP: tl.constexpr,
-                 PDL: tl.constexpr):
+def _lstm_kernel(
+    x,
+    w_ih,
+    bias,
+    hh,
+    h,
+    c,
+    h_out,
+    c_out,
+    emit,  # (N, H) new h below; (4H, H); (4H,); (N, 4H); (N, H) x 4
+    w_hh_below,
+    hh_below,  # (4H, H), (N, 4H) out: the layer below's W_hh h for the next step
+    N,
+    H,
+    NBU,
+    BM: tl.constexpr,
+    BU: tl.constexpr,
+    BK: tl.constexpr,
+    FP32: tl.constexpr,
+    SKIP: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
     _wait_for_previous(PDL)
@@ -363,11 +432,26 @@ def _lstm_kernel(x, w_ih, bias, hh, h, c, h_out, c_out, emit,  # (N, H) new h be
 
 
 @triton.jit(do_not_specialize=["N"])
-def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J, H); (J,); (N, J) out; (N,)
-                    w_hh_top, hh_top,  # (4H, H), (N, 4H) out: the top layer's W_hh h for the next step
-                    N, H, J, NBP,
-                    BM: tl.constexpr, BC: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
-                    SKIP: tl.constexpr, PDL: tl.constexpr):
+def _project_kernel(
+    x,
+    w_pred,
+    b_pred,
+    g,
+    emit,  # (N, H) top layer's new h; (J, H); (J,); (N, J) out; (N,)
+    w_hh_top,
+    hh_top,  # (4H, H), (N, 4H) out: the top layer's W_hh h for the next step
+    N,
+    H,
+    J,
+    NBP,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    BQ: tl.constexpr,
+    BK: tl.constexpr,
+    FP32: tl.constexpr,
+    SKIP: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pid = tl.program_id(0)
     n0 = tl.program_id(1) * BM
     _wait_for_previous(PDL)
@@ -380,18 +464,41 @@ def _project_kernel(x, w_pred, b_pred, g, emit,  # (N, H) top layer's new h; (J,
             bias = tl.load(b_pred + j, mask=j_ok, other=0.0).to(tl.float32)
             acc = _products(x, n, n_ok, w_pred, j, j_ok, H, BM, BC, BK, FP32)
             emitted = tl.load(emit + n, mask=n_ok, other=0) != 0
-            tl.store(g + n[:, None] * J + j[None, :], acc + bias[None, :], mask=(n_ok & emitted)[:, None] & j_ok[None, :])
+            tl.store(
+                g + n[:, None] * J + j[None, :], acc + bias[None, :], mask=(n_ok & emitted)[:, None] & j_ok[None, :]
+            )
         else:  # W_hh h of the top layer, from its new state, for the next step
             _hh_block(x, w_hh_top, hh_top, (pid - NBP) * BQ, n0, N, H, BM, BQ, BK, FP32)
 
 
 @triton.jit(do_not_specialize=["N"])
-def _hh_kernel(h, w_hh, hh, N, H, NBQ,  # (L, N, H), (L, 4H, H), (L, N, 4H) out
-               BM: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
+def _hh_kernel(
+    h,
+    w_hh,
+    hh,
+    N,
+    H,
+    NBQ,  # (L, N, H), (L, 4H, H), (L, N, 4H) out
+    BM: tl.constexpr,
+    BQ: tl.constexpr,
+    BK: tl.constexpr,
+    FP32: tl.constexpr,
+):
     """W_hh h of every layer for the start state (the steps then compute it for the state they make)."""
     layer = tl.program_id(0) // NBQ
-    _hh_block(h + layer * N * H, w_hh + layer * 4 * H * H, hh + layer * N * 4 * H, (tl.program_id(0) % NBQ) * BQ,
-              tl.program_id(1) * BM, N, H, BM, BQ, BK, FP32)
+    _hh_block(
+        h + layer * N * H,
+        w_hh + layer * 4 * H * H,
+        hh + layer * N * 4 * H,
+        (tl.program_id(0) % NBQ) * BQ,
+        tl.program_id(1) * BM,
+        N,
+        H,
+        BM,
+        BQ,
+        BK,
+        FP32,
+    )
 
 
 def _next_pow2(n: int) -> int:
@@ -406,8 +513,16 @@ class FusedStep:
     `tiles` is given, which then serve every class but one row's). `start(buf)` must follow every `buf.restart` (it
     computes W_hh h of the start state)."""
 
-    def __init__(self, prediction: PredictionNet, joint: Joint, dtype: torch.dtype, durations: tuple[int, ...],
-                 tiles: Tiles | None = None, one_row: Tiles | None = None, tall: dict[int, Tiles] | None = None):
+    def __init__(
+        self,
+        prediction: PredictionNet,
+        joint: Joint,
+        dtype: torch.dtype,
+        durations: tuple[int, ...],
+        tiles: Tiles | None = None,
+        one_row: Tiles | None = None,
+        tall: dict[int, Tiles] | None = None,
+    ):
         lstm = prediction.prediction.dec_rnn.lstm
         self.layers, self.hidden = lstm.num_layers, lstm.hidden_size
         default = HALF_TILES if dtype in (torch.bfloat16, torch.float16) else FP32_TILES
@@ -422,15 +537,17 @@ class FusedStep:
         with torch.no_grad():
             weight = lambda name: getattr(lstm, name).detach()  # noqa: E731
             embed = prediction.prediction.embed.weight.detach().float()  # (V + 1, H)
-            self.table = torch.addmm(weight("bias_ih_l0").float() + weight("bias_hh_l0").float(), embed,
-                                     weight("weight_ih_l0").float().t()).contiguous()  # (V + 1, 4H)
+            self.table = torch.addmm(
+                weight("bias_ih_l0").float() + weight("bias_hh_l0").float(), embed, weight("weight_ih_l0").float().t()
+            ).contiguous()  # (V + 1, 4H)
             # The prediction net stays float32 whatever the dtype, as `Transducer.to_inference` keeps it: with
             # 16-bit LSTM weights a long recording's state drifted until blank won every frame (bench/: 38 of 180
             # minutes transcribed in bfloat16, all 180 with these weights in float32).
             self.w_hh = torch.stack([weight(f"weight_hh_l{i}") for i in range(self.layers)]).float().contiguous()
             self.w_ih = [weight(f"weight_ih_l{i}").float().contiguous() for i in range(1, self.layers)]
-            self.bias = [(weight(f"bias_ih_l{i}") + weight(f"bias_hh_l{i}")).float().contiguous()
-                         for i in range(1, self.layers)]
+            self.bias = [
+                (weight(f"bias_ih_l{i}") + weight(f"bias_hh_l{i}")).float().contiguous() for i in range(1, self.layers)
+            ]
             self.w_pred = joint.pred.weight.detach().float().contiguous()  # (J, H)
             self.b_pred = joint.pred.bias.detach().float().contiguous()
             self.w_out = out.weight.detach().to(dtype).contiguous()  # (O, J)
@@ -439,8 +556,11 @@ class FusedStep:
             raise ValueError(f"TDT durations {durations} do not pack into 8 bits each")
         self.packed_durations = sum(d << (8 * i) for i, d in enumerate(durations))
         # programmatic dependent launch: Hopper and later, not under the CPU interpreter
-        self.pdl = (self.table.is_cuda and torch.cuda.get_device_capability(self.table.device)[0] >= 9
-                    and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+        self.pdl = (
+            self.table.is_cuda
+            and torch.cuda.get_device_capability(self.table.device)[0] >= 9
+            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+        )
 
     def joint_blocks(self, tiles: Tiles) -> tuple[int, int]:
         """The joint's column blocks, and how many of them hold duration columns (after the V + 1 token columns)."""
@@ -460,11 +580,14 @@ class FusedStep:
             partial, durations = (n * w, blocks), (n * w, _next_pow2(duration_blocks))
             gates = (self.layers, n, 4 * self.hidden)
             buf.scratch = dict(
-                tok_val=torch.empty(partial, device=device), tok_idx=torch.empty(partial, device=device, dtype=torch.int32),
+                tok_val=torch.empty(partial, device=device),
+                tok_idx=torch.empty(partial, device=device, dtype=torch.int32),
                 dur_val=torch.full(durations, float("-inf"), device=device),
                 dur_idx=torch.zeros(durations, device=device, dtype=torch.int32),
-                hh=torch.empty(gates, device=device), emit=torch.zeros(n, device=device, dtype=torch.int32),
-                states=((buf.h, buf.c), (torch.empty_like(buf.h), torch.empty_like(buf.c))))  # read one, write the other
+                hh=torch.empty(gates, device=device),
+                emit=torch.zeros(n, device=device, dtype=torch.int32),
+                states=((buf.h, buf.c), (torch.empty_like(buf.h), torch.empty_like(buf.c))),
+            )  # read one, write the other
         return buf.scratch
 
     def state(self, buf) -> tuple[torch.Tensor, torch.Tensor]:
@@ -484,9 +607,19 @@ class FusedStep:
         h = s["states"][buf.parity][0]
         gate_blocks = triton.cdiv(self.hidden, tiles.units)
         _hh_kernel[(self.layers * gate_blocks, triton.cdiv(buf.n, tiles.net_rows))](
-            h, self.w_hh, s["hh"], buf.n, self.hidden, gate_blocks,
-            BM=tiles.net_rows, BQ=4 * tiles.units, BK=tiles.net_k or tiles.k, FP32=tiles.net_arithmetic,
-            num_warps=tiles.net_warps or tiles.warps, num_stages=tiles.gate_stages)
+            h,
+            self.w_hh,
+            s["hh"],
+            buf.n,
+            self.hidden,
+            gate_blocks,
+            BM=tiles.net_rows,
+            BQ=4 * tiles.units,
+            BK=tiles.net_k or tiles.k,
+            FP32=tiles.net_arithmetic,
+            num_warps=tiles.net_warps or tiles.warps,
+            num_stages=tiles.gate_stages,
+        )
 
     def __call__(self, buf, prediction=None, joint=None, blank_id: int = 0, max_symbols: int = 10) -> None:
         s, tiles = self._scratch(buf), self.tiles_for(buf.n)
@@ -500,27 +633,111 @@ class FusedStep:
         blocks, duration_blocks = self.joint_blocks(tiles)
         launch = dict(PDL=pdl, launch_pdl=pdl, SKIP=tiles.skip)
         # the prediction net's float32 weights
-        net = dict(launch, BM=tiles.net_rows, BK=tiles.net_k or tiles.k, FP32=tiles.net_arithmetic,
-                   num_warps=tiles.net_warps or tiles.warps, num_stages=tiles.gate_stages)
+        net = dict(
+            launch,
+            BM=tiles.net_rows,
+            BK=tiles.net_k or tiles.k,
+            FP32=tiles.net_arithmetic,
+            num_warps=tiles.net_warps or tiles.warps,
+            num_stages=tiles.gate_stages,
+        )
         _joint_kernel[(blocks, triton.cdiv(n * w, tiles.rows))](
-            buf.enc, buf.g, buf.t, buf.active, self.w_out, self.b_out,
-            s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
-            n, buf.max_frames, w, self.joint_hidden, self.vocab, self.outputs, blocks,
-            BM=tiles.rows, BC=tiles.joint_cols, BK=tiles.k, FP32=tiles.fp32 or "", TDT=self.tdt,
-            NBD=_next_pow2(duration_blocks), num_warps=tiles.warps, num_stages=tiles.stages, **launch)
+            buf.enc,
+            buf.g,
+            buf.t,
+            buf.active,
+            self.w_out,
+            self.b_out,
+            s["tok_val"],
+            s["tok_idx"],
+            s["dur_val"],
+            s["dur_idx"],
+            n,
+            buf.max_frames,
+            w,
+            self.joint_hidden,
+            self.vocab,
+            self.outputs,
+            blocks,
+            BM=tiles.rows,
+            BC=tiles.joint_cols,
+            BK=tiles.k,
+            FP32=tiles.fp32 or "",
+            TDT=self.tdt,
+            NBD=_next_pow2(duration_blocks),
+            num_warps=tiles.warps,
+            num_stages=tiles.stages,
+            **launch,
+        )
         _advance_kernel[(n,)](
-            s["tok_val"], s["tok_idx"], s["dur_val"], s["dur_idx"],
-            buf.t, buf.lengths, buf.active, buf.last_frame, buf.run, buf.count, buf.row_steps, buf.records,
-            s["emit"], self.table, hh[0], h[0], c[0], h_out[0], c_out[0],
-            w, blocks, hidden, buf.max_tokens, blank_id, max_symbols,
-            WB=_next_pow2(w), NB=_next_pow2(blocks), NBD=_next_pow2(duration_blocks),
-            HB=_next_pow2(hidden), TDT=self.tdt, DURATIONS=self.packed_durations, num_warps=tiles.advance_warps,
-            PDL=pdl, launch_pdl=pdl)
+            s["tok_val"],
+            s["tok_idx"],
+            s["dur_val"],
+            s["dur_idx"],
+            buf.t,
+            buf.lengths,
+            buf.active,
+            buf.last_frame,
+            buf.run,
+            buf.count,
+            buf.row_steps,
+            buf.records,
+            s["emit"],
+            self.table,
+            hh[0],
+            h[0],
+            c[0],
+            h_out[0],
+            c_out[0],
+            w,
+            blocks,
+            hidden,
+            buf.max_tokens,
+            blank_id,
+            max_symbols,
+            WB=_next_pow2(w),
+            NB=_next_pow2(blocks),
+            NBD=_next_pow2(duration_blocks),
+            HB=_next_pow2(hidden),
+            TDT=self.tdt,
+            DURATIONS=self.packed_durations,
+            num_warps=tiles.advance_warps,
+            PDL=pdl,
+            launch_pdl=pdl,
+        )
         for i in range(1, layers):  # layer i, and W_hh h of layer i - 1 for the next step
             _lstm_kernel[(2 * gate_blocks, row_blocks)](
-                h_out[i - 1], self.w_ih[i - 1], self.bias[i - 1], hh[i], h[i], c[i], h_out[i], c_out[i], s["emit"],
-                self.w_hh[i - 1], hh[i - 1], n, hidden, gate_blocks, BU=tiles.units, **net)
+                h_out[i - 1],
+                self.w_ih[i - 1],
+                self.bias[i - 1],
+                hh[i],
+                h[i],
+                c[i],
+                h_out[i],
+                c_out[i],
+                s["emit"],
+                self.w_hh[i - 1],
+                hh[i - 1],
+                n,
+                hidden,
+                gate_blocks,
+                BU=tiles.units,
+                **net,
+            )
         top = layers - 1  # the projection, and W_hh h of the top layer for the next step
         _project_kernel[(proj_blocks + gate_blocks, row_blocks)](
-            h_out[top], self.w_pred, self.b_pred, buf.g, s["emit"], self.w_hh[top], hh[top],
-            n, hidden, self.joint_hidden, proj_blocks, BC=tiles.proj_cols, BQ=4 * tiles.units, **net)
+            h_out[top],
+            self.w_pred,
+            self.b_pred,
+            buf.g,
+            s["emit"],
+            self.w_hh[top],
+            hh[top],
+            n,
+            hidden,
+            self.joint_hidden,
+            proj_blocks,
+            BC=tiles.proj_cols,
+            BQ=4 * tiles.units,
+            **net,
+        )

@@ -57,8 +57,14 @@ def pool_of(live: list["CapturedSteps"]):
 class CapturedSteps:
     """`steps` calls of `step()` captured once; `replay()` runs them again on the current stream."""
 
-    def __init__(self, step: Callable[[], None], steps: int, pool, before_capture: Callable[[], None] | None = None,
-                 warm_up: bool = True):
+    def __init__(
+        self,
+        step: Callable[[], None],
+        steps: int,
+        pool,
+        before_capture: Callable[[], None] | None = None,
+        warm_up: bool = True,
+    ):
         start = time.perf_counter()
         if warm_up:  # not needed again once the step ran in this process (capturing runs nothing)
             side = torch.cuda.Stream()
@@ -122,8 +128,9 @@ class LayerGraphs:
         frames = x.shape[0] * x.shape[1]
         return self.enabled and window is None and x.is_cuda and frames <= self.MAX_FRAMES.get(x.element_size(), 0)
 
-    def __call__(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding,
-                 window: tuple[int, int] | None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, window: tuple[int, int] | None
+    ) -> torch.Tensor:
         """x (B, T, D) after subsampling, pos_emb (2T - 1, D), the batch's `Padding` -> (B, T, D) after every layer."""
         if not self.applies(x, window):
             return run_layers(self.layers, x, pos_emb, padding, window)
@@ -133,8 +140,9 @@ class LayerGraphs:
         try:
             graph = self._graph_for(x, pos_emb, padding)
         except RuntimeError as err:  # capture is an optimisation: run the rest eagerly rather than fail
-            log.warning("CUDA graph capture of the encoder layer failed (%s); running it eagerly",
-                        str(err).splitlines()[0])
+            log.warning(
+                "CUDA graph capture of the encoder layer failed (%s); running it eagerly", str(err).splitlines()[0]
+            )
             self.release()
             self.enabled = False
             return run_layers(self.layers[1:], x, pos_emb, padding, None)
@@ -212,7 +220,7 @@ def _pack(module: nn.Module) -> torch.Tensor:
     flat = torch.empty(sum(sizes), dtype=tensors[0].dtype, device=tensors[0].device)
     offset = 0
     for t, size in zip(tensors, sizes):
-        view = flat[offset: offset + t.numel()].view(t.shape)
+        view = flat[offset : offset + t.numel()].view(t.shape)
         view.copy_(t)
         t.data = view
         offset += size

@@ -53,7 +53,9 @@ class Joint(nn.Module):
         self.cfg = cfg
         self.enc = nn.Linear(cfg.encoder_hidden, cfg.hidden)
         self.pred = nn.Linear(cfg.pred_hidden, cfg.hidden)
-        self.joint_net = nn.Sequential(nn.ReLU(), nn.Identity(), nn.Linear(cfg.hidden, cfg.vocab_size + 1 + cfg.num_durations))
+        self.joint_net = nn.Sequential(
+            nn.ReLU(), nn.Identity(), nn.Linear(cfg.hidden, cfg.vocab_size + 1 + cfg.num_durations)
+        )
 
     @property
     def num_token_logits(self) -> int:

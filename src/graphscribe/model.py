@@ -103,8 +103,9 @@ def empty_transducer(cfg: ModelConfig, dtype: torch.dtype) -> Transducer:
     return module.to_inference(torch.device("meta"), dtype)
 
 
-def load_state(module: Transducer, state_dict: dict[str, torch.Tensor], source: str,
-               device: torch.device | None = None) -> None:
+def load_state(
+    module: Transducer, state_dict: dict[str, torch.Tensor], source: str, device: torch.device | None = None
+) -> None:
     """Strict loading of our modules' weights, with one line naming what is missing or misshapen.
 
     With `device`, the module is an `empty_transducer`: it takes the given tensors themselves, each
@@ -125,7 +126,8 @@ def load_state(module: Transducer, state_dict: dict[str, torch.Tensor], source: 
     for key, tensor in given.items():
         if tuple(tensor.shape) != tuple(wanted[key].shape):
             raise CheckpointError(
-                f"{source}: weight {key} has shape {tuple(tensor.shape)}, the config implies {tuple(wanted[key].shape)}")
+                f"{source}: weight {key} has shape {tuple(tensor.shape)}, the config implies {tuple(wanted[key].shape)}"
+            )
     if device is None:
         module.load_state_dict(given, strict=True)
         return
@@ -199,8 +201,10 @@ class Transcript:
             "text": self.text,
             "audio_seconds": round(self.audio_seconds, 4),
             "seconds": round(self.seconds, 4),
-            "tokens": [{"id": t.id, "piece": t.piece, "frame": t.frame, "start": round(t.start, 3), "end": round(t.end, 3)}
-                       for t in self.tokens],
+            "tokens": [
+                {"id": t.id, "piece": t.piece, "frame": t.frame, "start": round(t.start, 3), "end": round(t.end, 3)}
+                for t in self.tokens
+            ],
             "words": [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)} for w in self.words],
             "segments": [{"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3)} for s in self.segments],
         }
@@ -218,8 +222,10 @@ class Model:
         if options.attention_window < 1:
             raise ValueError(f"--attention-window {options.attention_window}: use 1 or more frames")
         if options.attention == "full" and self.cfg.encoder.local_context is not None:
-            log.warning(f"{source}: trained with local attention {list(self.cfg.encoder.local_context)}; "
-                        "--attention full runs it with full attention, which is not what NeMo computes for it")
+            log.warning(
+                f"{source}: trained with local attention {list(self.cfg.encoder.local_context)}; "
+                "--attention full runs it with full attention, which is not what NeMo computes for it"
+            )
         self.source = source
         self.device = resolve_device(options.device)
         self.dtype = resolve_dtype(options.dtype, self.device)
@@ -237,8 +243,13 @@ class Model:
         decoding = self.cfg.decoding
         self._window_stride = self.cfg.features.hop_length / self.cfg.features.sample_rate  # seconds
         self._subsampling = self.cfg.encoder.subsampling_factor
-        self.word_rules = WordRules(tokenizer.punctuation, tokenizer.wordpiece, decoding.word_separator,
-                                    decoding.segment_separators, decoding.segment_gap)
+        self.word_rules = WordRules(
+            tokenizer.punctuation,
+            tokenizer.wordpiece,
+            decoding.word_separator,
+            decoding.segment_separators,
+            decoding.segment_gap,
+        )
 
     def use_graphs(self, enabled: bool) -> None:
         """Decode and encode with (CUDA only) or without captured graphs from now on: a fresh decoder (fresh
@@ -283,8 +294,9 @@ class Model:
         return self.module.preprocessor.featurizer(audio, lengths)
 
     @torch.inference_mode()
-    def encoder_output(self, features: torch.Tensor, lengths: torch.Tensor,
-                       window: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encoder_output(
+        self, features: torch.Tensor, lengths: torch.Tensor, window: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, n_mels, T) features and (B,) frames -> (B, T', D) encoder output in the model dtype and (B,) lengths.
 
         window: None for full attention, (left, right) frames for local attention (`attention_for` chooses).
@@ -331,8 +343,10 @@ class Model:
         names = sources or ["<array>"] * len(samples)
         listed = ", ".join(f"{n} ({k / self.sample_rate / 60:.1f} min)" for n, k in zip(names[:3], samples))
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-        log.warning(f"{listed}{more}: {reason}: local attention, {window[0]} frames each side "
-                    "(NeMo's rel_pos_local_attn; --attention full to keep full attention)")
+        log.warning(
+            f"{listed}{more}: {reason}: local attention, {window[0]} frames each side "
+            "(NeMo's rel_pos_local_attn; --attention full to keep full attention)"
+        )
         return window
 
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
@@ -342,21 +356,28 @@ class Model:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
         return frame * self._window_stride * self._subsampling
 
-    def finish(self, source: str, samples: int, hyp: Hypothesis, seconds: float,
-               timings: bool = True) -> Transcript:
+    def finish(self, source: str, samples: int, hyp: Hypothesis, seconds: float, timings: bool = True) -> Transcript:
         """A hypothesis of `samples` samples of audio as a Transcript; `timings=False`: text and token ids only
         (no tokens, words, segments)."""
-        common = dict(source=source, text=self.tokenizer.decode(hyp.token_ids), token_ids=list(hyp.token_ids),
-                      audio_seconds=samples / self.sample_rate, seconds=seconds)
+        common = dict(
+            source=source,
+            text=self.tokenizer.decode(hyp.token_ids),
+            token_ids=list(hyp.token_ids),
+            audio_seconds=samples / self.sample_rate,
+            seconds=seconds,
+        )
         if not timings:
             return Transcript(**common)
         tdt = self.cfg.decoding.is_tdt
         pieces = [self.tokenizer.piece(i) for i in hyp.token_ids]
         spans = token_spans(hyp.frames, hyp.durations, tdt)
-        tokens = [Token(i, p, s, self.frame_seconds(s), self.frame_seconds(e), e)
-                  for i, p, (s, e) in zip(hyp.token_ids, pieces, spans)]
-        words, segments = words_and_segments(pieces, spans, self.tokenizer.decode_pieces, self.word_rules, tdt,
-                                             self.frame_seconds)
+        tokens = [
+            Token(i, p, s, self.frame_seconds(s), self.frame_seconds(e), e)
+            for i, p, (s, e) in zip(hyp.token_ids, pieces, spans)
+        ]
+        words, segments = words_and_segments(
+            pieces, spans, self.tokenizer.decode_pieces, self.word_rules, tdt, self.frame_seconds
+        )
         return Transcript(**common, tokens=tokens, words=words, segments=segments)
 
     # ------------------------------------------------------------------ API
@@ -368,8 +389,14 @@ class Model:
         seconds = (time.perf_counter() - start) / len(audios)
         return [self.finish(s, a.numel(), h, seconds) for s, a, h in zip(sources, audios, hyps)]
 
-    def transcribe_iter(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None,
-                        clock: StageClock | None = None, timings: bool = True):
+    def transcribe_iter(
+        self,
+        inputs,
+        batch_size: int | None = None,
+        batch_seconds: float | None = None,
+        clock: StageClock | None = None,
+        timings: bool = True,
+    ):
         """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
         Batches hold at most `batch_size` inputs and `batch_seconds` of padded audio (inputs x the longest
@@ -381,12 +408,21 @@ class Model:
         """
         if batch_seconds is None:
             batch_seconds = self.options.batch_seconds
-        reads = read_ahead(list(inputs), self.sample_rate, self.device, batch_size or self.options.batch_size,
-                           batch_seconds, clock, read=self.read, dtype=self.dtype)
+        reads = read_ahead(
+            list(inputs),
+            self.sample_rate,
+            self.device,
+            batch_size or self.options.batch_size,
+            batch_seconds,
+            clock,
+            read=self.read,
+            dtype=self.dtype,
+        )
         yield from transcribe_stream(self, reads, clock, timings)
 
-    def transcribe(self, inputs, batch_size: int | None = None, batch_seconds: float | None = None,
-                   timings: bool = True) -> list[Transcript]:
+    def transcribe(
+        self, inputs, batch_size: int | None = None, batch_seconds: float | None = None, timings: bool = True
+    ) -> list[Transcript]:
         """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order (`timings`: as
         `transcribe_iter`)."""
         items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
@@ -409,10 +445,17 @@ def available_memory(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "auto", graphs: bool = True,
-               batch_size: int | None = None, batch_seconds: float | None = None, attention: str = "auto",
-               attention_window: int = 256,
-               on_config: Callable[[ModelConfig, torch.device, torch.dtype], None] | None = None) -> Model:
+def load_model(
+    source: str | os.PathLike,
+    device: str = "auto",
+    dtype: str = "auto",
+    graphs: bool = True,
+    batch_size: int | None = None,
+    batch_seconds: float | None = None,
+    attention: str = "auto",
+    attention_window: int = 256,
+    on_config: Callable[[ModelConfig, torch.device, torch.dtype], None] | None = None,
+) -> Model:
     """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
 
     batch_size, batch_seconds: `transcribe`'s defaults (None: the device's, see `Model.transcribe_iter`).
@@ -429,8 +472,10 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
     cfg = model_config_from_nemo(checkpoint.config)
     tokenizer = Tokenizer(checkpoint.tokenizer_model, checkpoint.source)
     if tokenizer.vocab_size != cfg.prediction.vocab_size:
-        raise CheckpointError(f"{checkpoint.source}: the tokenizer has {tokenizer.vocab_size} pieces, "
-                              f"the decoder expects {cfg.prediction.vocab_size}")
+        raise CheckpointError(
+            f"{checkpoint.source}: the tokenizer has {tokenizer.vocab_size} pieces, "
+            f"the decoder expects {cfg.prediction.vocab_size}"
+        )
     clock.lap("read")
     target = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target)
@@ -445,13 +490,24 @@ def load_model(source: str | os.PathLike, device: str = "auto", dtype: str = "au
     if target.type == "cuda":
         torch.cuda.synchronize(target)
     clock.lap("place")
-    options = RunOptions(device=str(target), dtype=_DTYPE_NAMES[target_dtype], graphs=graphs, batch_size=batch_size,
-                         batch_seconds=batch_seconds, attention=attention, attention_window=attention_window)
+    options = RunOptions(
+        device=str(target),
+        dtype=_DTYPE_NAMES[target_dtype],
+        graphs=graphs,
+        batch_size=batch_size,
+        batch_seconds=batch_seconds,
+        attention=attention,
+        attention_window=attention_window,
+    )
     model = Model(module, tokenizer, options, checkpoint.source)
     clock.lap("model")
     weights = checkpoint.seconds["weights"]
-    model.load_seconds = {"config_tokenizer": clock.seconds.pop("read") - weights, "weights": weights,
-                          **clock.seconds, "total": clock.total()}
+    model.load_seconds = {
+        "config_tokenizer": clock.seconds.pop("read") - weights,
+        "weights": weights,
+        **clock.seconds,
+        "total": clock.total(),
+    }
     return model
 
 

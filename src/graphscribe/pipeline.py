@@ -73,8 +73,11 @@ def plan_batches(seconds: list[float], batch_size: int, batch_seconds: float | N
     batches: list[list[int]] = []
     for i in order:
         current = batches[-1] if batches else None
-        full = current is None or len(current) >= batch_size or (
-            bool(batch_seconds) and (len(current) + 1) * seconds[current[0]] > batch_seconds)
+        full = (
+            current is None
+            or len(current) >= batch_size
+            or (bool(batch_seconds) and (len(current) + 1) * seconds[current[0]] > batch_seconds)
+        )
         if full:
             batches.append([i])
         else:
@@ -95,7 +98,7 @@ class Batch:
 
     def row(self, r: int) -> "Batch":
         n = int(self.lengths[r])
-        return Batch([self.indices[r]], [self.sources[r]], self.audio[r: r + 1, :n], self.lengths[r: r + 1])
+        return Batch([self.indices[r]], [self.sources[r]], self.audio[r : r + 1, :n], self.lengths[r : r + 1])
 
 
 class StageClock:
@@ -157,9 +160,19 @@ class ReadAhead:
     stopping early, closes it too).
     """
 
-    def __init__(self, items: list, read: Callable[[object], torch.Tensor], sample_rate: int, batch_size: int,
-                 batch_seconds: float | None, pin: bool, workers: int, clock: StageClock | None = None,
-                 read_ahead: int = READ_AHEAD, pad_to: int = 0):
+    def __init__(
+        self,
+        items: list,
+        read: Callable[[object], torch.Tensor],
+        sample_rate: int,
+        batch_size: int,
+        batch_seconds: float | None,
+        pin: bool,
+        workers: int,
+        clock: StageClock | None = None,
+        read_ahead: int = READ_AHEAD,
+        pad_to: int = 0,
+    ):
         self.items, self.read, self.sample_rate, self.pin, self.pad_to = items, read, sample_rate, pin, pad_to
         self.clock = clock or StageClock(torch.device("cpu"), enabled=False)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="graphscribe-read")
@@ -168,8 +181,9 @@ class ReadAhead:
         self._room = threading.Semaphore(read_ahead + 1)  # batches handed out but not yet taken, at most
         self._buffers = _HostBuffers(keep=read_ahead + 3, pin=pin)
         self._closed = threading.Event()
-        self._feeder = threading.Thread(target=self._feed, args=(max(1, batch_size), batch_seconds),
-                                        name="graphscribe-feed", daemon=True)
+        self._feeder = threading.Thread(
+            target=self._feed, args=(max(1, batch_size), batch_seconds), name="graphscribe-feed", daemon=True
+        )
         self._feeder.start()
 
     def _feed(self, batch_size: int, batch_seconds: float | None) -> None:
@@ -239,9 +253,15 @@ class ReadAhead:
         padded = storage[: len(ok) * width].view(len(ok), width)
         for row, (_, audio) in enumerate(ok):  # (B, L)
             padded[row, : audio.numel()].copy_(audio)
-            padded[row, audio.numel():].zero_()
-        return Batch([i for i, _ in ok], [_name(self.items[i]) for i, _ in ok], padded,
-                     lengths.pin_memory() if self.pin else lengths, failed, storage)
+            padded[row, audio.numel() :].zero_()
+        return Batch(
+            [i for i, _ in ok],
+            [_name(self.items[i]) for i, _ in ok],
+            padded,
+            lengths.pin_memory() if self.pin else lengths,
+            failed,
+            storage,
+        )
 
 
 class _HostBuffers:
@@ -267,7 +287,7 @@ class _HostBuffers:
         with self._lock:
             self._free.append(buffer)
             self._free.sort(key=torch.Tensor.numel, reverse=True)
-            del self._free[self.keep:]
+            del self._free[self.keep :]
 
 
 @dataclass
@@ -283,22 +303,37 @@ class _Job:
     seconds: float = 0.0  # host time spent on it
 
 
-def read_ahead(items: list, sample_rate: int, device: torch.device, batch_size: int | None = None,
-               batch_seconds: float | None = None, clock: StageClock | None = None,
-               read: Callable[[object], torch.Tensor] | None = None, dtype: torch.dtype | None = None) -> ReadAhead:
+def read_ahead(
+    items: list,
+    sample_rate: int,
+    device: torch.device,
+    batch_size: int | None = None,
+    batch_seconds: float | None = None,
+    clock: StageClock | None = None,
+    read: Callable[[object], torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
+) -> ReadAhead:
     """A `ReadAhead` of `items` (paths or arrays) for a model at `sample_rate` on `device` in `dtype`, reading from
     now on. batch_size, batch_seconds None: the device's (`default_batching`); read: `audio.read_input` at the
     rate; batch shapes rounded up to PAD_SECONDS on CUDA in 16 bits (dtype None: float32)."""
     pad = device.type == "cuda" and dtype is not None and dtype.itemsize == 2
     files, seconds = default_batching(device)
-    return ReadAhead(items, read or functools.partial(read_input, sample_rate=sample_rate), sample_rate,
-                     batch_size or files, seconds if batch_seconds is None else batch_seconds,
-                     pin=device.type == "cuda", workers=default_workers(device), clock=clock,
-                     pad_to=round(PAD_SECONDS * sample_rate) if pad else 0)
+    return ReadAhead(
+        items,
+        read or functools.partial(read_input, sample_rate=sample_rate),
+        sample_rate,
+        batch_size or files,
+        seconds if batch_seconds is None else batch_seconds,
+        pin=device.type == "cuda",
+        workers=default_workers(device),
+        clock=clock,
+        pad_to=round(PAD_SECONDS * sample_rate) if pad else 0,
+    )
 
 
-def transcribe_stream(model: Model, reads: ReadAhead, clock: StageClock | None = None,
-                      timings: bool = True) -> Iterator[tuple[int, Transcript]]:
+def transcribe_stream(
+    model: Model, reads: ReadAhead, clock: StageClock | None = None, timings: bool = True
+) -> Iterator[tuple[int, Transcript]]:
     """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
     leaves out the token, word and segment times (text and token ids only: less host work a file)."""
     from .model import Transcript  # here: model.py imports this module
@@ -384,8 +419,9 @@ def _decode(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> _J
     return job
 
 
-def _finish(model: Model, job: _Job, clock: StageClock, streams: _Streams,
-            timings: bool) -> Iterator[tuple[int, Transcript]]:
+def _finish(
+    model: Model, job: _Job, clock: StageClock, streams: _Streams, timings: bool
+) -> Iterator[tuple[int, Transcript]]:
     """A decoded job's transcripts; one that ran out of memory is redone one input at a time."""
     batch = job.batch
     if job.out_of_memory:
@@ -395,8 +431,10 @@ def _finish(model: Model, job: _Job, clock: StageClock, streams: _Streams,
         return
     start = time.perf_counter()
     with clock.host("text"):
-        transcripts = [model.finish(source, int(n), hyp, 0.0, timings)
-                       for n, source, hyp in zip(batch.lengths.tolist(), batch.sources, job.hyps)]
+        transcripts = [
+            model.finish(source, int(n), hyp, 0.0, timings)
+            for n, source, hyp in zip(batch.lengths.tolist(), batch.sources, job.hyps)
+        ]
     seconds = (job.seconds + time.perf_counter() - start) / len(transcripts)  # its batch's host time, shared
     for transcript in transcripts:
         transcript.seconds = seconds
@@ -413,9 +451,13 @@ def _alone(model: Model, batch: Batch, clock: StageClock, streams: _Streams, tim
         return result
     minutes = int(batch.lengths[0]) / model.sample_rate / 60
     source = batch.sources[0]
-    return batch.indices[0], Transcript(source=source, error=(
-        f"{source}: out of {model.device.type.upper()} memory for {minutes:.1f} min of audio; "
-        "try --attention local, a smaller --attention-window, or split the file"))
+    return batch.indices[0], Transcript(
+        source=source,
+        error=(
+            f"{source}: out of {model.device.type.upper()} memory for {minutes:.1f} min of audio; "
+            "try --attention local, a smaller --attention-window, or split the file"
+        ),
+    )
 
 
 def _out_of_memory_or_raise(model: Model, err: Exception) -> None:

@@ -41,8 +41,9 @@ def _prime(device: torch.device, dtype: torch.dtype) -> None:
         x = torch.zeros(1, 1, 16, 16, device=device, dtype=dtype)  # the CUDA context, if the loader has not made it
         F.conv2d(x, torch.zeros(1, 1, 3, 3, device=device, dtype=dtype))  # cuDNN
         torch.mm(x[0, 0], x[0, 0])  # cuBLAS
-        torch.stft(torch.zeros(1024, device=device), 512, window=torch.ones(512, device=device),
-                   return_complex=True)  # cuFFT
+        torch.stft(
+            torch.zeros(1024, device=device), 512, window=torch.ones(512, device=device), return_complex=True
+        )  # cuFFT
         torch.cuda.synchronize(device)
     except RuntimeError as err:  # a library that fails here fails again, with its message, where it is used
         log.debug("priming CUDA libraries: %s", err)

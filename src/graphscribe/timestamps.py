@@ -60,9 +60,14 @@ def token_spans(frames: Sequence[int], durations: Sequence[int], tdt: bool) -> l
     return [(f, f + (d if tdt else 1)) for f, d in zip(frames, durations)]
 
 
-def words_and_segments(pieces: Sequence[str], spans: Sequence[tuple[int, int]], decode: Callable[[list[str]], str],
-                       rules: WordRules, tdt: bool, frame_seconds: Callable[[int], float]
-                       ) -> tuple[list[Word], list[Segment]]:
+def words_and_segments(
+    pieces: Sequence[str],
+    spans: Sequence[tuple[int, int]],
+    decode: Callable[[list[str]], str],
+    rules: WordRules,
+    tdt: bool,
+    frame_seconds: Callable[[int], float],
+) -> tuple[list[Word], list[Segment]]:
     """Tokens (vocabulary pieces and their frame spans) -> NeMo's words and segments.
 
     `decode` turns a list of pieces into text (SentencePiece's decode_pieces); `frame_seconds`
@@ -96,7 +101,7 @@ def _lone_separator(items: list[_Piece], i: int, rules: WordRules) -> bool:
     """A separator token starts a word unless the next token of text (not empty, not a separator) is a mark."""
     if items[i].text != rules.word_separator:
         return False
-    following = next((it.text for it in items[i + 1:] if it.text and it.text != rules.word_separator), None)
+    following = next((it.text for it in items[i + 1 :] if it.text and it.text != rules.word_separator), None)
     return following not in rules.punctuation
 
 

@@ -58,8 +58,13 @@ class Tokenizer:
 
 def _punctuation(pieces: list[str]) -> frozenset[str]:
     """Punctuation marks that the vocabulary can emit on their own (NeMo's supported_punctuation)."""
-    return frozenset(ch for piece in pieces if not _SPECIAL_PIECE.match(piece)
-                     for ch in piece if unicodedata.category(ch).startswith("P"))
+    return frozenset(
+        ch
+        for piece in pieces
+        if not _SPECIAL_PIECE.match(piece)
+        for ch in piece
+        if unicodedata.category(ch).startswith("P")
+    )
 
 
 def _space_before_punctuation(marks: frozenset[str]) -> re.Pattern | None:

@@ -58,10 +58,12 @@ def cues(transcript: Transcript) -> list[Cue]:
 def _ends_cue(group: list[Word], word: Word) -> bool:
     """Does `word` start a new cue after `group`?"""
     last = group[-1].word.strip()
-    return (last[-1] in SEGMENT_SEPARATORS
-            or word.start - group[-1].end >= PAUSE_SECONDS
-            or word.end - group[0].start > MAX_CUE_SECONDS
-            or _wrap([w.word.strip() for w in group] + [word.word.strip()]) is None)
+    return (
+        last[-1] in SEGMENT_SEPARATORS
+        or word.start - group[-1].end >= PAUSE_SECONDS
+        or word.end - group[0].start > MAX_CUE_SECONDS
+        or _wrap([w.word.strip() for w in group] + [word.word.strip()]) is None
+    )
 
 
 def _wrap(words: list[str]) -> list[str] | None:
@@ -95,14 +97,18 @@ def write_json(transcript: Transcript) -> str:
 
 
 def write_srt(transcript: Transcript) -> str:
-    blocks = [f"{n}\n{_clock(c.start, ',')} --> {_clock(c.end, ',')}\n" + "\n".join(c.lines) + "\n"
-              for n, c in enumerate(cues(transcript), 1)]
+    blocks = [
+        f"{n}\n{_clock(c.start, ',')} --> {_clock(c.end, ',')}\n" + "\n".join(c.lines) + "\n"
+        for n, c in enumerate(cues(transcript), 1)
+    ]
     return "\n".join(blocks)
 
 
 def write_vtt(transcript: Transcript) -> str:
-    blocks = [f"{n}\n{_clock(c.start, '.')} --> {_clock(c.end, '.')}\n" + "\n".join(map(_vtt_escape, c.lines)) + "\n"
-              for n, c in enumerate(cues(transcript), 1)]
+    blocks = [
+        f"{n}\n{_clock(c.start, '.')} --> {_clock(c.end, '.')}\n" + "\n".join(map(_vtt_escape, c.lines)) + "\n"
+        for n, c in enumerate(cues(transcript), 1)
+    ]
     return "\n".join(["WEBVTT\n", *blocks])
 
 
@@ -118,7 +124,11 @@ def write_tsv(transcript: Transcript) -> str:
 
 
 WRITERS: dict[str, Callable[["Transcript"], str]] = {
-    "txt": write_txt, "json": write_json, "srt": write_srt, "vtt": write_vtt, "tsv": write_tsv,
+    "txt": write_txt,
+    "json": write_json,
+    "srt": write_srt,
+    "vtt": write_vtt,
+    "tsv": write_tsv,
 }
 FORMATS = tuple(WRITERS)
 LINE_FORMATS = ("txt", "json")  # one line per input: several inputs can share stdout
