@@ -27,15 +27,17 @@ import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import torch
 
 from .audio import AudioError, audio_seconds, read_input
+from .scheduler import plan_batches
+from .transcript import Transcript
 
 if TYPE_CHECKING:
     from .decoding import Hypothesis
-    from .model import Model, Transcript
+    from .model import Model
 
 READ_AHEAD = 2  # batches read ahead of the one being transcribed
 # Reader threads at most: FLAC decodes at thousands of times real time per thread, and every reader's Python takes
@@ -64,25 +66,6 @@ def default_batching(device: torch.device) -> tuple[int, float]:
         gib = torch.cuda.get_device_properties(device).total_memory / 2**30
         return BATCH_FILES["cuda"], round(SECONDS_PER_GIB * gib)
     return BATCH_FILES["cpu"], CPU_BATCH_SECONDS
-
-
-def plan_batches(seconds: list[float], batch_size: int, batch_seconds: float | None) -> list[list[int]]:
-    """Input indices, longest first, cut into batches of at most `batch_size` inputs and `batch_seconds` of
-    padded audio (inputs x the longest one's seconds; 0 or None: no cap). A longer input gets a batch alone."""
-    order = sorted(range(len(seconds)), key=lambda i: -seconds[i])  # stable: equal lengths keep input order
-    batches: list[list[int]] = []
-    for i in order:
-        current = batches[-1] if batches else None
-        full = (
-            current is None
-            or len(current) >= batch_size
-            or (bool(batch_seconds) and (len(current) + 1) * seconds[current[0]] > batch_seconds)
-        )
-        if full:
-            batches.append([i])
-        else:
-            current.append(i)
-    return batches
 
 
 @dataclass
@@ -153,7 +136,8 @@ class ReadAhead:
     batch being transcribed. Reading starts when it is made: the CLI makes one as soon as the checkpoint's config
     is read (`load_model`'s on_config), so the first batches are read while the weights go to the GPU.
 
-    A feeding thread reads the inputs' lengths (file headers), plans the batches (`plan_batches`), and hands each
+    A feeding thread reads the inputs' lengths (file headers), plans the batches (`plan_batches`; or takes them
+    from `batches`, index lists handed out elsewhere, such as a device worker's share of one plan), and hands each
     batch's inputs to the reader threads (`read`: an input -> (L,) float32 samples at the model's rate, raising
     AudioError) and the batch to one collating thread, which copies its reads into a padded (pinned) buffer; the
     main thread only takes finished batches. Iterate once; `close` stops the threads (iterating to the end, or
@@ -172,6 +156,7 @@ class ReadAhead:
         clock: StageClock | None = None,
         read_ahead: int = READ_AHEAD,
         pad_to: int = 0,
+        batches: Iterable[list[int]] | None = None,
     ):
         self.items, self.read, self.sample_rate, self.pin, self.pad_to = items, read, sample_rate, pin, pad_to
         self.clock = clock or StageClock(torch.device("cpu"), enabled=False)
@@ -179,7 +164,8 @@ class ReadAhead:
         self._collator = ThreadPoolExecutor(1, thread_name_prefix="graphscribe-collate")
         self._batches: queue.SimpleQueue = queue.SimpleQueue()  # futures of collated batches; then None or an error
         self._room = threading.Semaphore(read_ahead + 1)  # batches handed out but not yet taken, at most
-        self._buffers = _HostBuffers(keep=read_ahead + 3, pin=pin)
+        self._buffers = HostBuffers(keep=read_ahead + 3, pin=pin)
+        self._given = batches
         self._closed = threading.Event()
         self._feeder = threading.Thread(
             target=self._feed, args=(max(1, batch_size), batch_seconds), name="graphscribe-feed", daemon=True
@@ -188,8 +174,11 @@ class ReadAhead:
 
     def _feed(self, batch_size: int, batch_seconds: float | None) -> None:
         try:
-            seconds = list(self._pool.map(lambda item: _estimated_seconds(item, self.sample_rate), self.items))
-            for indices in plan_batches(seconds, batch_size, batch_seconds):
+            planned = self._given
+            if planned is None:
+                seconds = list(self._pool.map(lambda item: _estimated_seconds(item, self.sample_rate), self.items))
+                planned = plan_batches(seconds, batch_size, batch_seconds)
+            for indices in planned:
                 self._room.acquire()
                 if self._closed.is_set():
                     return
@@ -244,27 +233,39 @@ class ReadAhead:
             if isinstance(audio, AudioError):
                 failed.append((i, str(audio)))
             else:
-                ok.append((i, audio))
-        lengths = torch.tensor([a.numel() for _, a in ok], dtype=torch.long)  # (B,)
-        width = max((a.numel() for _, a in ok), default=0)
-        if self.pad_to:
-            width = -(-width // self.pad_to) * self.pad_to
-        storage = self._buffers.take(len(ok) * width)
-        padded = storage[: len(ok) * width].view(len(ok), width)
-        for row, (_, audio) in enumerate(ok):  # (B, L)
-            padded[row, : audio.numel()].copy_(audio)
-            padded[row, audio.numel() :].zero_()
-        return Batch(
-            [i for i, _ in ok],
-            [_name(self.items[i]) for i, _ in ok],
-            padded,
-            lengths.pin_memory() if self.pin else lengths,
-            failed,
-            storage,
-        )
+                ok.append((i, _name(self.items[i]), audio))
+        return collate(ok, self._buffers, self.pad_to, self.pin, failed)
 
 
-class _HostBuffers:
+def collate(
+    rows: list[tuple[int, str, torch.Tensor]],
+    buffers: HostBuffers,
+    pad_to: int = 0,
+    pin: bool = False,
+    failed: list[tuple[int, str]] | None = None,
+) -> Batch:
+    """(index, source, (L,) samples) rows -> one Batch: the samples zero-padded into a (B, L) buffer from
+    `buffers`, L rounded up to a multiple of `pad_to` samples (0: the longest row's length)."""
+    lengths = torch.tensor([a.numel() for _, _, a in rows], dtype=torch.long)  # (B,)
+    width = max((a.numel() for _, _, a in rows), default=0)
+    if pad_to:
+        width = -(-width // pad_to) * pad_to
+    storage = buffers.take(len(rows) * width)
+    padded = storage[: len(rows) * width].view(len(rows), width)
+    for row, (_, _, audio) in enumerate(rows):  # (B, L)
+        padded[row, : audio.numel()].copy_(audio)
+        padded[row, audio.numel() :].zero_()
+    return Batch(
+        [i for i, _, _ in rows],
+        [source for _, source, _ in rows],
+        padded,
+        lengths.pin_memory() if pin else lengths,
+        list(failed or []),
+        storage,
+    )
+
+
+class HostBuffers:
     """Host buffers for the batches' audio, reused batch after batch (pinned ones when the model is on CUDA):
     pinning new memory (cudaHostAlloc) took 5-30 ms a batch and holds up the main thread's CUDA calls meanwhile
     (bench/h100-session26), and PyTorch's pinned-memory cache keeps blocks by power-of-two size, so batches
@@ -336,8 +337,6 @@ def transcribe_stream(
 ) -> Iterator[tuple[int, Transcript]]:
     """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
     leaves out the token, word and segment times (text and token ids only: less host work a file)."""
-    from .model import Transcript  # here: model.py imports this module
-
     clock = clock or StageClock(model.device, enabled=False)
     items = reads.items
     streams = _Streams(model.device)
@@ -443,8 +442,6 @@ def _finish(
 
 def _alone(model: Model, batch: Batch, clock: StageClock, streams: _Streams, timings: bool) -> tuple[int, Transcript]:
     """One input, start to end; an error if it does not fit in memory either."""
-    from .model import Transcript  # here: model.py imports this module
-
     job = _decode(model, _start(model, batch, clock), clock, streams)
     if not job.out_of_memory:
         [result] = _finish(model, job, clock, streams, timings)

@@ -1,0 +1,125 @@
+"""Which inputs run together: the one batching rule of the folder job, the server and the device workers.
+
+Inputs wait with their lengths in seconds; `take` hands out the next batch: the longest input waiting, then the
+next longest while the batch has fewer than `rows` inputs and `seconds` of padded audio (inputs x the longest
+one's length). Taking every batch of a closed scheduler gives the same plan as sorting all inputs longest first
+and cutting greedily (`plan_batches`); inputs that arrive over time (requests, a worker asking for more) are
+batched by the same rule among those waiting at that moment.
+
+    folder job:  put every file, close, take until None      (pipeline.ReadAhead's feeding thread)
+    devices:     one scheduler in the parent; each worker takes its next batch when it frees up
+    server:      put each request as its audio is decoded; the batching thread takes with `wait`
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+import time
+from typing import Generic, Hashable, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Scheduler(Generic[K]):
+    """Keys waiting with their lengths, taken as batches longest first. Safe to use from several threads.
+
+    rows: inputs per batch at most. seconds: padded seconds per batch at most (0 or None: no cap); an input
+    longer than the cap gets a batch alone. alone_over: inputs longer than this (seconds) always run alone
+    (hours of audio with local attention do not share a batch's memory).
+    """
+
+    def __init__(self, rows: int, seconds: float | None = None, alone_over: float | None = None):
+        if rows < 1:
+            raise ValueError(f"rows {rows}: use 1 or more")
+        self.rows, self.seconds, self.alone_over = rows, seconds or None, alone_over
+        self._waiting: list[tuple[float, int, K]] = []  # (-seconds, arrival number, key): longest, then oldest first
+        self._arrived: dict[int, float] = {}  # arrival number -> monotonic time it was put
+        self._count = itertools.count()
+        self._closed = False
+        self._changed = threading.Condition()
+
+    def put(self, key: K, seconds: float) -> None:
+        """`key` waits to be transcribed; `seconds` is its length (0 when unknown: it sorts last)."""
+        with self._changed:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            n = next(self._count)
+            bisect.insort(self._waiting, (-float(seconds), n, key))
+            self._arrived[n] = time.monotonic()
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """No more inputs: `take` empties what waits, then returns None."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        with self._changed:
+            return len(self._waiting)
+
+    def take(self, wait: float = 0.0, timeout: float | None = None) -> list[K] | None:
+        """The next batch of keys, longest first; None once closed and empty, or after `timeout` seconds with
+        nothing waiting.
+
+        wait: seconds a batch that is not full may wait for company, counted from the arrival of the oldest input
+        waiting (a server's --max-wait-ms); it is cut short by closing or by the batch filling up.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while not self._waiting:
+                if self._closed:
+                    return None
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._changed.wait(left)
+            if wait > 0:
+                oldest = min(self._arrived.values())
+                while not self._closed and not self._full():
+                    left = oldest + wait - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
+            return self._cut()
+
+    def _full(self) -> bool:
+        return len(self._plan()) < len(self._waiting) or len(self._waiting) >= self.rows
+
+    def _plan(self) -> list[int]:
+        """Positions in `_waiting` of the batch `take` would hand out now."""
+        longest = -self._waiting[0][0]
+        if self.alone_over is not None and longest > self.alone_over:
+            return [0]
+        chosen = [0]
+        for k in range(1, len(self._waiting)):
+            if len(chosen) >= self.rows:
+                break
+            if self.seconds is not None and (len(chosen) + 1) * longest > self.seconds:
+                break
+            chosen.append(k)
+        return chosen
+
+    def _cut(self) -> list[K]:
+        chosen = self._plan()  # a prefix of the waiting list: the longest ones
+        batch = self._waiting[: len(chosen)]
+        del self._waiting[: len(chosen)]
+        for _, n, _ in batch:
+            del self._arrived[n]
+        return [key for _, _, key in batch]
+
+
+def plan_batches(seconds: list[float], batch_size: int, batch_seconds: float | None) -> list[list[int]]:
+    """Input indices, longest first, cut into batches of at most `batch_size` inputs and `batch_seconds` of
+    padded audio (0 or None: no cap), as a `Scheduler` given them all at once hands them out."""
+    scheduler: Scheduler[int] = Scheduler(batch_size, batch_seconds)
+    for i, s in enumerate(seconds):
+        scheduler.put(i, s)
+    scheduler.close()
+    return list(iter(scheduler.take, None))

@@ -1,0 +1,52 @@
+"""One input's result: its text, token ids, and token, word and segment times."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .timestamps import Segment, Word
+
+
+@dataclass
+class Token:
+    id: int
+    piece: str
+    frame: int  # encoder frame
+    start: float  # seconds
+    end: float  # seconds
+    end_frame: int  # encoder frame: TDT frame + predicted duration, RNN-T frame + 1 (NeMo's end offset)
+
+
+@dataclass
+class Transcript:
+    """One input's result; `error` is set (and the rest empty) when the input could not be transcribed."""
+
+    source: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)
+    words: list[Word] = field(default_factory=list)  # NeMo's word timestamps
+    segments: list[Segment] = field(default_factory=list)  # NeMo's segment timestamps (sentences)
+    audio_seconds: float = 0.0
+    seconds: float = 0.0  # processing time: its batch's time divided by the batch size
+    error: str | None = None
+
+    @property
+    def frames(self) -> list[int]:
+        return [t.frame for t in self.tokens]
+
+    def to_json(self) -> dict:
+        if self.error is not None:
+            return {"path": self.source, "error": self.error}
+        return {
+            "path": self.source,
+            "text": self.text,
+            "audio_seconds": round(self.audio_seconds, 4),
+            "seconds": round(self.seconds, 4),
+            "tokens": [
+                {"id": t.id, "piece": t.piece, "frame": t.frame, "start": round(t.start, 3), "end": round(t.end, 3)}
+                for t in self.tokens
+            ],
+            "words": [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)} for w in self.words],
+            "segments": [{"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3)} for s in self.segments],
+        }
