@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--voices", choices=["heldout", "train"], default="heldout")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtypes", default="auto", help="comma-separated: each is evaluated on the same clips")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--write-wavs", type=Path, metavar="DIR", help="also save the clips and transcripts.json here")
@@ -83,12 +84,26 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give a MODEL, or --write-wavs DIR to only synthesise")
         write_wavs(args.write_wavs, args.seed, sentences, voices, clips)
         return 0
-    model = gs.load_model(args.model, device=args.device, batch_size=args.batch_size)
-    start = time.perf_counter()
-    results = model.transcribe(clips)
-    decode_seconds = time.perf_counter() - start
-    hyps = [r.text for r in results]
+    by_dtype = {}
+    for dtype in args.dtypes.split(","):
+        model = gs.load_model(args.model, device=args.device, dtype=dtype, batch_size=args.batch_size)
+        model.transcribe(clips[: args.batch_size])  # first uses (kernels, graphs) outside the timed pass
+        start = time.perf_counter()
+        results = model.transcribe(clips)
+        by_dtype[dtype] = (model, [r.text for r in results], time.perf_counter() - start)
+        del model
+    first = next(iter(by_dtype))
+    model, hyps, decode_seconds = by_dtype[first]
     wer = speech.word_error_rate(sentences, hyps)
+    per_dtype = {
+        dtype: {
+            "wer": speech.word_error_rate(sentences, texts),
+            "errors": sum(speech.word_errors(s, h)[0] for s, h in zip(sentences, texts)),
+            "texts_unlike_" + first: sum(a != b for a, b in zip(texts, hyps)),
+            "decode_seconds": seconds,
+        }
+        for dtype, (_, texts, seconds) in by_dtype.items()
+    }
     rows = []
     for i, (sentence, voice, hyp) in enumerate(zip(sentences, voices, hyps)):
         errors, words = speech.word_errors(sentence, hyp)
@@ -102,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pitch": voice.pitch,
                 "gap": voice.gap,
                 "hyp": hyp,
+                "hyps": {dtype: texts[i] for dtype, (_, texts, _) in by_dtype.items()},
                 "errors": errors,
                 "words": words,
             }
@@ -115,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "synth_seconds": synth_seconds,
         "decode_seconds": decode_seconds,
         "device": str(model.device),
+        "dtypes": per_dtype,
         "seed": args.seed,
         "voices": args.voices,
         "rows": rows,
@@ -125,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         f"WER {wer:.2%} on {len(rows)} held-out utterances ({audio_seconds:.0f} s of audio, {args.voices} voices), "
         f"decoded in {decode_seconds:.1f} s on {model.device}"
     )
+    for dtype, row in per_dtype.items():
+        print(
+            f"  {dtype}: WER {row['wer']:.2%} ({row['errors']} word errors), "
+            f"{row['texts_unlike_' + first]} texts unlike {first}'s, {row['decode_seconds']:.2f} s"
+        )
     if args.write_wavs:
         write_wavs(args.write_wavs, args.seed, sentences, voices, clips)
     if args.json:

@@ -45,7 +45,14 @@ READ_AHEAD = 2  # batches read ahead of the one being transcribed
 # against 2.76-2.84 s with 8 (bfloat16, batch 128, alternating CLI runs; 16 were slower than 8 again),
 # bench/h100-session18/run6.
 MAX_READERS = 4
-BATCH_FILES = {"cuda": 64, "cpu": 8}  # default files per batch by device type
+# Default files per batch: on CUDA by the model's dtype, measured with the plain command (a 0.6b model on an H100,
+# LibriSpeech-like files, bench/2026-11-defaults): float32 32 rows (64: 4% slower), 16 bits 64 rows (128 and 256
+# no faster, and a new size class's first uses cost more).
+BATCH_FILES = {"cuda-float32": 32, "cuda-16bit": 64, "cpu": 8}
+# Torch's intra-op threads in a process whose model is on a GPU: the host side only copies and resamples, and
+# one thread per core spins against the readers and the thread that feeds the GPU (a float32 folder ran 3x slower
+# with two such processes on one host; bfloat16 on 4096 files 6761 -> 7535 RTFx with 4, loading 2.2 -> 1.1 s).
+GPU_HOST_THREADS = 4
 # Default caps on padded audio per batch. A 0.6b model's features and encoder take about 7 MB per padded second in
 # float32 (measured on the CPU; the first subsampling convolution's output is the largest tensor), so 40 s per GiB
 # of GPU memory uses about a quarter of it (3200 s, ~22 GB, on an 80 GB H100).
@@ -60,12 +67,21 @@ PAD_SECONDS = 1.28
 CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
 
 
-def default_batching(device: torch.device) -> tuple[int, float]:
-    """Files and padded seconds per batch when not given: wide on CUDA (capped by its memory), small on the CPU."""
+def default_batching(device: torch.device, dtype: torch.dtype | None = None) -> tuple[int, float]:
+    """Files and padded seconds per batch when not given: wide on CUDA (capped by its memory; fewer files in
+    float32, dtype None), small on the CPU."""
     if device.type == "cuda":
         gib = torch.cuda.get_device_properties(device).total_memory / 2**30
-        return BATCH_FILES["cuda"], round(SECONDS_PER_GIB * gib)
+        wide = dtype is not None and dtype.itemsize == 2
+        return BATCH_FILES["cuda-16bit" if wide else "cuda-float32"], round(SECONDS_PER_GIB * gib)
     return BATCH_FILES["cpu"], CPU_BATCH_SECONDS
+
+
+def limit_host_threads(device: torch.device) -> None:
+    """In a process of ours whose model is on a GPU: torch's CPU threads down to GPU_HOST_THREADS, unless the
+    user chose a number (OMP_NUM_THREADS). Call before loading (placing the weights uses them too)."""
+    if device.type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(min(GPU_HOST_THREADS, torch.get_num_threads()))
 
 
 @dataclass
@@ -318,7 +334,7 @@ def read_ahead(
     now on. batch_size, batch_seconds None: the device's (`default_batching`); read: `audio.read_input` at the
     rate; batch shapes rounded up to PAD_SECONDS on CUDA in 16 bits (dtype None: float32)."""
     pad = device.type == "cuda" and dtype is not None and dtype.itemsize == 2
-    files, seconds = default_batching(device)
+    files, seconds = default_batching(device, dtype)
     return ReadAhead(
         items,
         read or functools.partial(read_input, sample_rate=sample_rate),

@@ -30,7 +30,12 @@ def prime(device: str, dtype: str) -> threading.Thread | None:
         return None
     if target.type != "cuda" or (target.index or 0) >= torch.cuda.device_count():
         return None
-    half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, torch.float32)
+    from .model import resolve_dtype  # here: model.py's imports are not needed to decide whether to prime
+
+    try:
+        half = resolve_dtype(dtype, target)
+    except ValueError:
+        return None
     thread = threading.Thread(target=_prime, args=(target, half), name="graphscribe-prime", daemon=True)
     thread.start()
     return thread
