@@ -79,7 +79,9 @@ def test_reading_stays_a_few_batches_ahead(model, short_folder, monkeypatch):
         batches_taken = -(-taken // batch)
         most_ahead = max(most_ahead, -(-len(started) // batch) - batches_taken)
     assert taken == len(short_folder) == len(started)
-    assert 1 <= most_ahead <= READ_AHEAD + 1
+    # the readers' READ_AHEAD batches, the one being transcribed, and one whose transcripts are still being made
+    # on the finisher thread (timings) while the next is decoded
+    assert 1 <= most_ahead <= READ_AHEAD + 2
 
 
 def test_reading_starts_before_the_first_batch_is_asked_for(short_folder):

@@ -18,6 +18,7 @@ retried one input at a time, and an input that alone does not fit gets an error.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -352,24 +353,73 @@ def transcribe_stream(
     model: Model, reads: ReadAhead, clock: StageClock | None = None, timings: bool = True
 ) -> Iterator[tuple[int, Transcript]]:
     """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
-    leaves out the token, word and segment times (text and token ids only: less host work a file)."""
+    leaves out the token, word and segment times (text and token ids only: less host work a file).
+
+    With timings, a batch's transcripts are made on a thread of their own (`_Finisher`) while this one queues and
+    decodes the next batches: the token, word and segment times cost about a millisecond of Python a file, which
+    here would hold back the GPU's next launches, and this thread spends most of a batch waiting for the GPU."""
     clock = clock or StageClock(model.device, enabled=False)
     items = reads.items
     streams = _Streams(model.device)
+    finisher = _Finisher(model, clock, timings) if timings else None
     try:
         encoded: _Job | None = None  # queued up to its encoder, not decoded yet
         for batch in reads:
             job = _start(model, batch, clock)  # queued on the GPU: it runs while `encoded` is decoded
             if encoded is not None:
-                yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams, timings)
+                decoded = _decode(model, encoded, clock, streams)
+                if finisher is None or decoded.out_of_memory:  # one at a time runs the GPU: here, in order
+                    yield from finisher.drain() if finisher else ()
+                    yield from _finish(model, decoded, clock, streams, timings)
+                else:
+                    finisher.submit(decoded)
+                    yield from finisher.ready()
                 reads.recycle(encoded.batch)  # decoded, so copied to the GPU long ago
-            for i, error in batch.failed:
-                yield i, Transcript(source=_name(items[i]), error=error)
+            failed = [(i, Transcript(source=_name(items[i]), error=error)) for i, error in batch.failed]
+            if finisher is None:
+                yield from failed
+            else:
+                finisher.add(failed)
             encoded = job
         if encoded is not None:
-            yield from _finish(model, _decode(model, encoded, clock, streams), clock, streams, timings)
+            decoded = _decode(model, encoded, clock, streams)
+            yield from finisher.drain() if finisher else ()
+            yield from _finish(model, decoded, clock, streams, timings)
     finally:  # also when the caller stops early: reads not started are dropped
+        if finisher is not None:
+            finisher.close()
         reads.close()
+
+
+class _Finisher:
+    """Decoded batches made into transcripts on one thread, handed back in the order they were given."""
+
+    def __init__(self, model: Model, clock: StageClock, timings: bool):
+        self.model, self.clock, self.timings = model, clock, timings
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="graphscribe-finish")
+        self._queue: collections.deque[Future] = collections.deque()
+
+    def submit(self, job: _Job) -> None:
+        self._queue.append(self._pool.submit(lambda: list(_finish(self.model, job, self.clock, None, self.timings))))
+
+    def add(self, results: list[tuple[int, Transcript]]) -> None:
+        if not results:
+            return
+        done: Future = Future()
+        done.set_result(results)
+        self._queue.append(done)
+
+    def ready(self) -> Iterator[tuple[int, Transcript]]:
+        """What is done already, in order; waits only to keep at most two batches unfinished."""
+        while self._queue and (self._queue[0].done() or len(self._queue) > 2):
+            yield from self._queue.popleft().result()
+
+    def drain(self) -> Iterator[tuple[int, Transcript]]:
+        while self._queue:
+            yield from self._queue.popleft().result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _Streams:
