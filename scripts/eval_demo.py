@@ -13,19 +13,15 @@ for tests that run without espeak-ng. Needs `python scripts/demo_speech.py prepa
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import sys
 import time
 from pathlib import Path
 
-import graphscribe as gs
+import demo_speech as speech  # scripts/, beside this one
 
-_SPEC = importlib.util.spec_from_file_location("demo_speech", Path(__file__).resolve().parent / "demo_speech.py")
-speech = importlib.util.module_from_spec(_SPEC)
-sys.modules["demo_speech"] = speech  # forked synthesis workers find their job function by module name
-_SPEC.loader.exec_module(speech)
+import graphscribe as gs
 
 
 def heldout_set(n: int, seed: int, voices: str = "heldout"):

@@ -487,7 +487,7 @@ def _fit_duration_bias(logits: torch.Tensor, target: torch.Tensor, rounds: int =
     """A bias for duration logits (N, D) so that their argmax is spread like `target` (D,)."""
     bias = torch.zeros(logits.shape[1])
     scale = float(logits.std())
-    for _ in range(rounds):
+    for step in range(rounds):  # noqa: B007 - the rounds it took are returned
         picks = torch.bincount((logits + bias).argmax(1), minlength=logits.shape[1]).float()
         freq = (picks + 1) / (picks.sum() + logits.shape[1])
         bias += 0.2 * scale * (target.log() - freq.log())
@@ -621,7 +621,7 @@ def _tune_blank_bias(
 
     lo, hi = float(margin.quantile(0.05)), float(margin.quantile(0.999))  # low bias: many tokens
     best = None
-    for step in range(rounds):
+    for step in range(rounds):  # noqa: B007 - the rounds it took are returned
         bias = (lo + hi) / 2
         stats = decode_all(bias)
         error = abs(stats["tokens_per_frame"] - target_rate)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import io
 import json
 import math
@@ -35,7 +34,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import demo_speech as speech  # scripts/, beside this one
+import make_checkpoint as mc
 import sentencepiece as spm
+import tdt_loss as losses
 import torch
 import torch.nn.functional as F
 import torchaudio.functional as AF
@@ -44,21 +46,6 @@ from torch.nn.utils.rnn import pad_sequence
 from graphscribe.checkpoint import read_checkpoint
 from graphscribe.config import model_config_from_nemo
 from graphscribe.model import Transducer, load_model, load_state
-
-SCRIPTS = Path(__file__).resolve().parent
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # forked synthesis workers find their job function by module name
-    spec.loader.exec_module(module)
-    return module
-
-
-speech = _script("demo_speech")
-losses = _script("tdt_loss")
-mc = _script("make_checkpoint")
 
 PRESET = "graphscribe-demo"
 VOCAB = 1024

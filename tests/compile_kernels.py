@@ -50,7 +50,7 @@ def main() -> None:
                     dur_val=F32,
                     dur_idx=I32,
                 ),
-                dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2, SKIP=tdt),
+                dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2),
             )
             compile_kernel(
                 fs._advance_kernel,
@@ -96,12 +96,12 @@ def main() -> None:
                     w_hh_below=F32,
                     hh_below=F32,
                 ),
-                dict(mm, PDL=True, SKIP=net.net != "fma", BU=net.units),
+                dict(mm, PDL=True, BU=net.units),
             )
             compile_kernel(
                 fs._project_kernel,
                 dict(x=F32, w_pred=F32, b_pred=F32, g=weights, emit=I32, w_hh_top=F32, hh_top=F32),
-                dict(mm, PDL=True, SKIP=net.net != "fma", BC=net.proj_cols, BQ=4 * net.units),
+                dict(mm, PDL=True, BC=net.proj_cols, BQ=4 * net.units),
             )
             compile_kernel(fs._hh_kernel, dict(h=F32, w_hh=F32, hh=F32), dict(mm, BQ=4 * net.units))
     for half in ("*bf16", "*fp16"):  # the encoder's kernels (16-bit activations and weights)

@@ -3,12 +3,11 @@ the released models' configs parse into their known shapes, and the archives loo
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
 import tarfile
 from pathlib import Path
 
+import make_checkpoint as mk  # scripts/ (pytest's pythonpath)
 import pytest
 import sentencepiece as spm
 import torch
@@ -22,17 +21,6 @@ FIXTURE = ROOT / "tests" / "fixtures" / "nemo-tdt-tiny"
 CLIPS = [
     FIXTURE / "clips" / name for name in ("short_2s.wav", "quarter_second.wav", "librispeech_2086-149220-0033.wav")
 ]
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("make_checkpoint", ROOT / "scripts" / "make_checkpoint.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-mk = _load_script()
 
 
 def _members(path: Path) -> dict[str, bytes]:

@@ -1,18 +1,11 @@
 """The training script's TDT loss: brute force over all alignments, RNN-T against torchaudio, gradients."""
 
-import importlib.util
 import math
 import random
-from pathlib import Path
 
 import pytest
+import tdt_loss as tdt  # scripts/ (pytest's pythonpath)
 import torch
-
-_SPEC = importlib.util.spec_from_file_location(
-    "tdt_loss", Path(__file__).resolve().parents[1] / "scripts" / "tdt_loss.py"
-)
-tdt = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(tdt)
 
 
 def brute_force_tdt(token_lp, dur_lp, target, frames, durations, blank):

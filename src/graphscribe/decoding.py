@@ -38,9 +38,9 @@ log = logging.getLogger(__name__)
 
 STEPS_PER_CHECK = 4  # decode steps run (or replayed) at a time; even: the fused step's state alternates buffers
 # Of the steps the rate so far predicts, the share a round queues before its host read (`round_steps`). On the H100
-# (bench/h100-session17/, one row) 0.7 and 1.0 took the same time within noise on the 7.4 s and 77 s tiers (a
-# finished row's step is cheap), and 0.7 queues the fewest steps after a clip's end: 7.4 s 36 for 34 needed (1.0:
-# 40; session 15's rate of the last round alone: 48), at the cost of more host reads on long clips (77 s: 9, 1.0: 5).
+# (one row) 0.7 and 1.0 took the same time within noise on the 7.4 s and 77 s tiers (a finished row's step is
+# cheap), and 0.7 queues the fewest steps after a clip's end: 7.4 s 36 for 34 needed (1.0: 40; the rate of the last
+# round alone: 48), at the cost of more host reads on long clips (77 s: 9, 1.0: 5).
 ROUND_SHARE = 0.7
 
 
@@ -219,7 +219,7 @@ def frame_capacity(frames: int) -> int:
     return max(64, 1 << math.ceil(math.log2(max(frames, 1)))) if frames <= 4096 else -(-frames // 4096) * 4096
 
 
-# Frames a step looks at, by batch size class, measured on the H100 (bench/h100-fused/tune.md): a wider window
+# Frames a step looks at, by batch size class, measured on the H100 (scripts/experiments/tune_step.py): a wider window
 # skips more blanks per step, but multiplies the joint's rows; from 16 rows on, one frame a step is fastest.
 WINDOWS = {1: 8, 2: 4, 4: 2, 8: 2}
 
@@ -391,7 +391,7 @@ class GreedyDecoder:
         """Prediction state and projected output after the start symbol (blank), as NeMo starts, for n rows.
 
         The same for every row and every batch: computed once for one row and repeated, so that a row starts from
-        the same bits in any batch (cuDNN's LSTM gave other bits from 32 rows on than at 2-16; bench/h100-session20/),
+        the same bits in any batch (cuDNN's LSTM gave other bits from 32 rows on than at 2-16),
         and a decode does not pay for it again. Views of the kept tensors: a captured restart reads them."""
         one = self._start.get((device, dtype))
         if one is None:

@@ -92,7 +92,7 @@ class Subsampling(nn.Module):
         On CUDA through PyTorch's own kernels (im2col and a GEMM per row, a direct depthwise kernel), not
         cuDNN's: cuDNN builds execution plans for every input shape it has not seen, 75-110 ms a batch at
         B=128 in bfloat16 and 8 ms at B=8 in float32 on the H100, and a folder's batches nearly all have a
-        shape of their own (bench/h100-session18). The same float32 bits as cuDNN's (tests/test_gpu.py), so
+        shape of their own. The same float32 bits as cuDNN's (tests/test_gpu.py), so
         NeMo's tokens stay. Those kernels index in 32 bits, so a large batch goes through in groups of rows:
         each row is computed alone either way."""
         x = x.unsqueeze(1)  # (B, 1, T, F)
@@ -377,7 +377,7 @@ def local_attention(q_u, q_v, k, v, p, valid, window: tuple[int, int]) -> torch.
 
 
 # scaled_dot_product_attention's kernels with an additive bias on CUDA, cuDNN's left out: it builds a graph for
-# every new shape (about 70 ms of host time each on the H100, bench/h100-session17/), and a folder gives the encoder
+# every new shape (about 70 ms of host time each on the H100), and a folder gives the encoder
 # a new shape almost every batch. The memory-efficient kernel takes any shape as it comes.
 _CUDA_BIAS_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

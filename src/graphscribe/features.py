@@ -20,7 +20,7 @@ def feature_lengths(num_samples: torch.Tensor, hop_length: int) -> torch.Tensor:
 
 CHUNK_SAMPLES = 2**22  # samples of each row turned into features at once (about 4 min of 16 kHz audio)
 # On CUDA the STFT runs on stretches of fixed sizes: cuFFT makes a plan for every new number of transforms (6-25 ms
-# of the host's time at batch 8-128, bench/h100-session26), so a batch of a new length paid one; stretches of
+# of the host's time at batch 8-128 on the H100), so a batch of a new length paid one; stretches of
 # FIXED_FRAMES frames, the last one rounded up to a power of two (at least MIN_FIXED_FRAMES), need a handful
 # of plans per batch size.
 FIXED_FRAMES = 512

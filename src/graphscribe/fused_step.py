@@ -23,8 +23,8 @@ otherwise short of memory traffic; `FusedStep.start` computes it once for the st
 Every matrix kernel has a second grid axis over blocks of batch rows, so a large batch reads
 each weight tile from L2 in parallel rather than once per row block in turn, and a block whose
 rows have all finished (or did not emit) skips its products. At one row too: the check's load
-costs little next to the steps queued after a clip's end, which it makes cheap (bench/h100-session17:
-7.4 s alone 2.0 instead of 2.2-2.5 ms, 77 s the same).
+costs little next to the steps queued after a clip's end, which it makes cheap (H100: 7.4 s alone 2.0
+instead of 2.2-2.5 ms, 77 s the same).
 
 The LSTM state is double-buffered: a step reads one copy and writes the other (rows that do
 not emit copy theirs), so no program overwrites what another program of its launch still
@@ -79,7 +79,6 @@ class Tiles:
     #                as the joint's; "fma": CUDA cores, one batch row per program, each sum in k order per lane
     net_k: int = 0  # reduction chunk of the prediction net's products (0: k)
     net_warps: int = 0  # per program of the prediction net's kernels (0: warps)
-    skip: bool = True  # the has-work checks before the products (False: every block computes, for measuring)
 
     @property
     def net_arithmetic(self) -> str:
@@ -91,24 +90,23 @@ class Tiles:
         return 1 if self.net == "fma" else self.rows
 
 
-# Chosen from the H100 sweeps in bench/h100-fused/ (tuning/: k 64 and a 4-warp advance kernel; round 2: 32
-# projection columns, the best single change at B = 1, 8 and 128 in float32). 3xTF32: 2.7x faster than IEEE FMA
+# Chosen from H100 sweeps (scripts/experiments/tune_step.py): k 64, a 4-warp advance kernel, and 32 projection
+# columns, the best single change at B = 1, 8 and 128 in float32. 3xTF32: 2.7x faster than IEEE FMA
 # products, the same tokens. 64-row tiles were faster at B = 128 and slower at B = 1: 16 rows up to 32-row batches,
 # taller ones from 64 (`TALL`).
 FP32_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32="tf32x3", advance_warps=4)
 HALF_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32=None, advance_warps=4)
 # One batch row (the 1-row size class, a single clip): a tensor-core tile of 16 rows would carry 15 empty ones, and
 # the prediction net's products read their weights at ~1 TB/s. On the CUDA cores, 8 gate rows and 128 k per
-# program, 8 warps, an LSTM layer's 6.5 MB took 3.2 us instead of 6.7 (bench/h100-session15/gemv/). So a clip
+# program, 8 warps, an LSTM layer's 6.5 MB took 3.2 us instead of 6.7. So a clip
 # decoded alone and the same clip in a batch of 2 or more differ in the last bits of the LSTM state (both float32
 # products, summed in different orders), as NeMo's cuBLAS GEMMs of different shapes do. The joint's programs get
-# 8 warps: 77 s decoded in 9.6 instead of 12.5 ms in bfloat16, 14.5 instead of 14.9 in float32 (alternating rounds,
-# bench/h100-session15/one-row-warps/).
+# 8 warps: 77 s decoded in 9.6 instead of 12.5 ms in bfloat16, 14.5 instead of 14.9 in float32 (alternating rounds).
 ONE_ROW = dict(units=2, proj_cols=8, net="fma", net_k=128, net_warps=8, warps=8)
 # Batches of 64 rows and more, by the least size class: taller tiles, so that each weight tile is read from L2 once
 # for 64 or 128 batch rows rather than once per 16 (at 128 rows a step read its 42 MB of weights 8 times from L2).
 # The 77 s tier decoded at B=128 in 46.9 instead of 73.7 ms in float32 and 29.2 instead of 41.0 in bfloat16; at B=64
-# in 31.3 / 21.6 instead of 41.2 / 26.7; at B=32 16 rows stay the faster in float32 (bench/h100-session20/). The
+# in 31.3 / 21.6 instead of 41.2 / 26.7; at B=32 16 rows stay the faster in float32. The
 # bits do not change: a row's LSTM state after the 77 s tier is the same in 16-, 32-, 64- and 128-row tiles.
 TALL = {64: dict(rows=64), 128: dict(rows=128, warps=8)}
 
@@ -147,16 +145,6 @@ def _cell(gi, gf, gg, go, c):
 def _any_set(flags, rows, N):
     """Whether any of flags[rows] (rows < N) is set."""
     return tl.sum(tl.load(flags + rows, mask=rows < N, other=0).to(tl.int32)) > 0
-
-
-@triton.jit
-def _has_work(flags, rows, N, SKIP: tl.constexpr):
-    """Whether a block of batch rows has work: any of flags[rows] (rows < N) set. Without SKIP always (the stores
-    mask a finished row's results)."""
-    if SKIP:
-        return _any_set(flags, rows, N)
-    else:
-        return N > 0
 
 
 @triton.jit
@@ -220,7 +208,6 @@ def _joint_kernel(
     FP32: tl.constexpr,
     TDT: tl.constexpr,
     NBD: tl.constexpr,
-    SKIP: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)  # joint columns [pid * BC, pid * BC + BC)
@@ -228,7 +215,7 @@ def _joint_kernel(
     _wait_for_previous(PDL)
     r_ok = r < N * W
     n = r // W
-    if _has_work(active, tl.where(r_ok, n, N), N, SKIP):  # a block of finished (or spare) rows skips its products
+    if _any_set(active, tl.where(r_ok, n, N), N):  # a block of finished (or spare) rows skips its products
         cols = pid * BC + tl.arange(0, BC)
         col_ok = cols < O
         bias = tl.load(b_out + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -396,7 +383,6 @@ def _lstm_kernel(
     BU: tl.constexpr,
     BK: tl.constexpr,
     FP32: tl.constexpr,
-    SKIP: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -404,7 +390,7 @@ def _lstm_kernel(
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
-    any_emit = _has_work(emit, n, N, SKIP)  # no row of the block emitted: its state and W_hh h stay as they are
+    any_emit = _any_set(emit, n, N)  # no row of the block emitted: its state and W_hh h stay as they are
     if pid < NBU:  # hidden units [pid * BU, pid * BU + BU) of this layer
         units = pid * BU + tl.arange(0, BU)
         u_ok = units < H
@@ -449,7 +435,6 @@ def _project_kernel(
     BQ: tl.constexpr,
     BK: tl.constexpr,
     FP32: tl.constexpr,
-    SKIP: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -457,7 +442,7 @@ def _project_kernel(
     _wait_for_previous(PDL)
     n = n0 + tl.arange(0, BM)
     n_ok = n < N
-    if _has_work(emit, n, N, SKIP):
+    if _any_set(emit, n, N):
         if pid < NBP:  # projection columns [pid * BC, pid * BC + BC)
             j = pid * BC + tl.arange(0, BC)
             j_ok = j < J
@@ -541,8 +526,8 @@ class FusedStep:
                 weight("bias_ih_l0").float() + weight("bias_hh_l0").float(), embed, weight("weight_ih_l0").float().t()
             ).contiguous()  # (V + 1, 4H)
             # The prediction net stays float32 whatever the dtype, as `Transducer.to_inference` keeps it: with
-            # 16-bit LSTM weights a long recording's state drifted until blank won every frame (bench/: 38 of 180
-            # minutes transcribed in bfloat16, all 180 with these weights in float32).
+            # 16-bit LSTM weights a long recording's state drifted until blank won every frame (38 of 180
+            # minutes transcribed in bfloat16, all 180 with these weights in float32; bench/2026-11-long-audio/).
             self.w_hh = torch.stack([weight(f"weight_hh_l{i}") for i in range(self.layers)]).float().contiguous()
             self.w_ih = [weight(f"weight_ih_l{i}").float().contiguous() for i in range(1, self.layers)]
             self.bias = [
@@ -631,7 +616,7 @@ class FusedStep:
         proj_blocks = triton.cdiv(self.joint_hidden, tiles.proj_cols)
         row_blocks = triton.cdiv(n, tiles.net_rows)
         blocks, duration_blocks = self.joint_blocks(tiles)
-        launch = dict(PDL=pdl, launch_pdl=pdl, SKIP=tiles.skip)
+        launch = dict(PDL=pdl, launch_pdl=pdl)
         # the prediction net's float32 weights
         net = dict(
             launch,

@@ -103,7 +103,7 @@ class LayerGraphs:
 
     Only for full attention on batches of at most `MAX_FRAMES` encoder frames: on larger ones the GPU is the
     bottleneck anyway, and copying the weights (one layer's, every layer) costs more than the launches save
-    (`scripts/encoder_graphs.py` on the H100, bench/h100-session16: float32 B=8 x 4 s 39.7 -> 24.5 ms, bfloat16
+    (the encoder alone on the H100: float32 B=8 x 4 s 39.7 -> 24.5 ms, bfloat16
     B=32 x 10 s 35.0 -> 27.9 ms; past the limits float32 B=8 x 10 s 39.9 -> 41.4 ms, bfloat16 B=32 x 20 s
     55.0 -> 56.2 ms). The graphs of the last `KEEP` shapes share one memory
     pool; replays run in stream order, and what one layer hands the next lives in each graph's own static

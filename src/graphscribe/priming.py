@@ -2,7 +2,7 @@
 
 A process's first transcription on CUDA pays, besides its own work, for loading cuFFT (the features'
 STFT), cuDNN (the subsampling convolutions) and cuBLAS, and for Triton hashing its own 400 MB library
-to key its kernel cache: about 0.8 s on the lent H100 (bench/h100-session14/). None of it needs the
+to key its kernel cache: about 0.8 s on an H100. None of it needs the
 model, and none of it holds the GIL for long (dlopen, file reads and hashing release it), so the CLI
 starts `prime` before loading the checkpoint and the two overlap. Nothing here changes a result: the
 libraries are loaded once per process whichever thread loads them first.
