@@ -67,7 +67,7 @@ def load_or_exit(
 ):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is.
     on_config: see `load_model`."""
-    from .model import load_model, resolve_device
+    from .model import load_model
     from .pipeline import limit_host_threads
     from .priming import prime
 
@@ -80,7 +80,7 @@ def load_or_exit(
             f"or a .nemo file, or set {MODEL_ENV}"
         )
     try:
-        limit_host_threads(resolve_device(device))
+        limit_host_threads(device)
         loaded = load_model(
             source,
             device=device,

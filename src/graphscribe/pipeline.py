@@ -43,8 +43,7 @@ if TYPE_CHECKING:
 READ_AHEAD = 2  # batches read ahead of the one being transcribed
 # Reader threads at most: FLAC decodes at thousands of times real time per thread, and every reader's Python takes
 # the GIL from the main thread, which launches the GPU's work: 4 readers transcribed the 512-file folder in 2.24-2.59 s
-# against 2.76-2.84 s with 8 (bfloat16, batch 128, alternating CLI runs; 16 were slower than 8 again),
-# bench/h100-session18/run6.
+# against 2.76-2.84 s with 8 on an H100 (bfloat16, batch 128, alternating CLI runs; 16 were slower than 8 again).
 MAX_READERS = 4
 # Default files per batch: on CUDA by the model's dtype, measured with the plain command (a 0.6b model on an H100,
 # LibriSpeech-like files, bench/2026-11-defaults): float32 32 rows (64: 4% slower), 16 bits 64 rows (128 and 256
@@ -63,7 +62,7 @@ SECONDS_PER_GIB = 40.0
 # per new shape), and one clip at a time in a long-lived process reuses shapes too. Padded frames are masked, so
 # they change a result only through rounding: not in float32, whose results are NeMo's own products on NeMo's
 # shapes (the GPU tests' tiny model then gave other tokens than NeMo). The CLI in bfloat16 at batch 128 went from
-# 5.73-5.94 to 5.42-5.58 s on 4096 files (bench/h100-session26 run 2).
+# 5.73-5.94 to 5.42-5.58 s on 4096 files on an H100.
 PAD_SECONDS = 1.28
 CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
 
@@ -78,10 +77,11 @@ def default_batching(device: torch.device, dtype: torch.dtype | None = None) -> 
     return BATCH_FILES["cpu"], CPU_BATCH_SECONDS
 
 
-def limit_host_threads(device: torch.device) -> None:
-    """In a process of ours whose model is on a GPU: torch's CPU threads down to GPU_HOST_THREADS, unless the
-    user chose a number (OMP_NUM_THREADS). Call before loading (placing the weights uses them too)."""
-    if device.type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
+def limit_host_threads(device: str) -> None:
+    """In a process of ours whose model goes to a GPU (`--device` auto or cuda with CUDA present): torch's CPU
+    threads down to GPU_HOST_THREADS, unless the user chose a number (OMP_NUM_THREADS). Call before loading
+    (placing the weights uses them too)."""
+    if device != "cpu" and torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(min(GPU_HOST_THREADS, torch.get_num_threads()))
 
 
@@ -285,7 +285,7 @@ def collate(
 class HostBuffers:
     """Host buffers for the batches' audio, reused batch after batch (pinned ones when the model is on CUDA):
     pinning new memory (cudaHostAlloc) took 5-30 ms a batch and holds up the main thread's CUDA calls meanwhile
-    (bench/h100-session26), and PyTorch's pinned-memory cache keeps blocks by power-of-two size, so batches
+    on an H100, and PyTorch's pinned-memory cache keeps blocks by power-of-two size, so batches
     shrinking longest-first asked it for new ones. At most `keep` free buffers are kept (the largest)."""
 
     def __init__(self, keep: int, pin: bool):
