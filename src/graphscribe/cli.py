@@ -524,17 +524,65 @@ def _bench_folder(
     return report
 
 
+def ray_command(
+    source: str = typer.Argument(
+        ..., metavar="INPUT", help="A folder, a text file of paths or URIs (one a line), or Parquet with a path column."
+    ),
+    output_dir: str = typer.Argument(
+        ..., metavar="OUTPUT_DIR", help="Parquet parts go here; inputs with a row without error there are skipped."
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
+    ),
+    gpus_per_actor: float = typer.Option(1.0, min=0, metavar="G", help="GPUs per model actor (0.5: two share one)."),
+    actors: Optional[int] = typer.Option(
+        None, min=1, metavar="N", show_default="the cluster's GPUs / G; 1 on CPUs", help="Model actors."
+    ),
+    batch: Optional[int] = typer.Option(
+        None, "--batch", "-b", min=1, metavar="N", show_default=_BATCH_DEFAULT, help=_BATCH_HELP
+    ),
+    batch_seconds: Optional[float] = typer.Option(
+        None, "--batch-seconds", min=0, metavar="S", show_default=_BATCH_SECONDS_DEFAULT, help=_BATCH_SECONDS_HELP
+    ),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda", help="auto: CUDA where the cluster has GPUs."),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
+) -> None:
+    """Transcribe with Ray Data on the cluster ray.init() finds (local when there is none): Parquet rows of path,
+    text, token_ids, words, segments, audio_seconds, error."""
+    _setup_logging()
+    try:
+        import ray  # noqa: F401
+
+        from .ray_data import transcribe_ray
+    except ImportError:
+        _fail_usage("transcribe ray needs Ray: pip install 'graphscribe[ray]'")
+    try:
+        skipped, written = transcribe_ray(
+            source, output_dir, model_source(model), device, actors, gpus_per_actor, dtype, batch, batch_seconds
+        )
+    except (ValueError, OSError) as err:
+        _fail_usage(str(err))
+    if skipped:
+        err_console.print(f"skipped {skipped} inputs done in {escape(output_dir)} already")
+    err_console.print(f"wrote {written} rows to {escape(output_dir)}")
+
+
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 transcribe_app.command(epilog=_EXAMPLES)(transcribe_command)
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 bench_app.command()(bench_command)
+ray_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+ray_app.command()(ray_command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: `transcribe bench ...` runs the benchmark, anything else transcribes."""
+    """Entry point: `transcribe bench ...` runs the benchmark, `transcribe ray ...` a Ray Data job, anything else
+    transcribes."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "bench":
         bench_app(args[1:], prog_name="transcribe bench")
+    elif args and args[0] == "ray":
+        ray_app(args[1:], prog_name="transcribe ray")
     else:
         transcribe_app(args, prog_name="transcribe")
 
