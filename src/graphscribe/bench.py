@@ -451,3 +451,93 @@ def _seconds(value: float | None) -> str:
 
 def _mb(value: float | None) -> str:
     return f"{value:.0f}" if value is not None else "-"
+
+
+# ---------------------------------------------------------------------------- several devices
+
+
+def run_device_scaling(
+    source: str,
+    devices: list[str],
+    files: list[Path],
+    options,
+    batch_size: int | None,
+    batch_seconds: float | None,
+    reps: int,
+) -> dict:
+    """RTFx on the first 1, 2, ... n of `devices` (`devices.DevicePool`: one worker process and model each, one
+    shared plan): files in, transcripts back in the parent (text only, no output files). Per device count: a
+    warm-up pass (the new worker's model load, its captures, the OS's file cache), then the median of `reps`
+    timed passes, with each device's files, audio seconds and busy seconds in the median pass."""
+    from .devices import DevicePool
+
+    pool = DevicePool(source, devices, options)
+    report = {
+        "model": source,
+        "devices": devices,
+        "device": [torch.cuda.get_device_name(torch.device(d)) if d != "cpu" else "cpu" for d in devices],
+        "dtype": options.dtype,
+        "torch": torch.__version__,
+        "graphscribe": __version__,
+        "reps": reps,
+        "files": len(files),
+        "batch": batch_size,
+        "batch_seconds": batch_seconds,
+        "scaling": [],
+    }
+    try:
+        texts_one = None
+        for n in range(1, len(devices) + 1):
+            start = time.perf_counter()
+            list(pool.transcribe(files, batch_size, batch_seconds, timings=False, workers=n))
+            warmup = time.perf_counter() - start
+            passes = []
+            for _ in range(reps):
+                start = time.perf_counter()
+                run = pool.transcribe(files, batch_size, batch_seconds, timings=False, workers=n)
+                results = list(run)
+                passes.append((time.perf_counter() - start, run, results))
+            seconds, run, results = sorted(passes, key=lambda p: p[0])[(len(passes) - 1) // 2]
+            audio = sum(t.audio_seconds for _, t in results if t.error is None)
+            texts = {i: t.text for i, t in results if t.error is None}
+            texts_one = texts_one or texts
+            report["audio_seconds"] = audio
+            report["scaling"].append(
+                {
+                    "devices": n,
+                    "rtfx": audio / seconds,
+                    "rtfx_min": audio / max(p[0] for p in passes),
+                    "rtfx_max": audio / min(p[0] for p in passes),
+                    "seconds": seconds,
+                    "warmup_seconds": warmup,
+                    "failed": sum(t.error is not None for _, t in results),
+                    "identical": texts == texts_one,
+                    "per_device": [s.to_json() for s in run.device_stats],
+                }
+            )
+    finally:
+        pool.close()
+    return report
+
+
+def print_device_scaling(report: dict, console: Console) -> None:
+    table = Table(
+        title=f"graphscribe bench devices: {report['files']} files, {report.get('audio_seconds', 0):.0f} s of audio; "
+        f"{', '.join(report['device'])}; {report['dtype']}, median of {report['reps']}"
+    )
+    for column in ("devices", "RTFx (min-max)", "s", "warm-up s", "per device: files / busy s", "same"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in report["scaling"]:
+        table.add_row(
+            str(row["devices"]),
+            f"{row['rtfx']:.0f} ({row['rtfx_min']:.0f}-{row['rtfx_max']:.0f})",
+            f"{row['seconds']:.2f}",
+            f"{row['warmup_seconds']:.2f}",
+            "  ".join(f"{d['device']} {d['files']}/{d['busy_seconds']:.2f}" for d in row["per_device"]),
+            "yes" if row["identical"] else "NO",
+        )
+    console.print(table)
+    console.print(
+        "s: wall time of a pass, files in to transcripts back in the parent (text only); busy s: from a worker's "
+        "first batch to its last result; same: every file's text as on one device."
+    )

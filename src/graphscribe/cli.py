@@ -55,6 +55,18 @@ def _setup_logging() -> None:
     root.propagate = False
 
 
+def model_source(model: Optional[str]) -> str:
+    """--model, else $GRAPHSCRIBE_MODEL, else the demo model (with a note saying so)."""
+    source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
+    if source == DEMO_NAME:
+        err_console.print(
+            "note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
+            "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
+            f"or a .nemo file, or set {MODEL_ENV}"
+        )
+    return source
+
+
 def load_or_exit(
     model: Optional[str],
     device: str,
@@ -72,13 +84,7 @@ def load_or_exit(
     from .priming import prime
 
     primer = prime(device, dtype)  # CUDA's libraries load while the checkpoint does
-    source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
-    if source == DEMO_NAME:
-        err_console.print(
-            "note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
-            "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
-            f"or a .nemo file, or set {MODEL_ENV}"
-        )
+    source = model_source(model)
     try:
         limit_host_threads(device)
         loaded = load_model(
@@ -159,6 +165,10 @@ def parse_formats(value: str, output_dir: Optional[Path], n_files: int) -> list[
 _MODEL_HELP = ".nemo file, extracted checkpoint folder, Hugging Face repo id (nvidia/parakeet-tdt-0.6b-v3), or demo."
 _MODEL_DEFAULT = f"${MODEL_ENV}, else demo"
 _DEVICE_HELP = "auto: CUDA when present, else the CPU."
+_DEVICES_HELP = (
+    "Several devices of this host, one worker process and model each, sharing one longest-first plan: "
+    "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."
+)
 _DTYPE_HELP = (
     "auto: bfloat16 on CUDA GPUs that have it (same word error rate, about twice as fast), float32 elsewhere. "
     "float32 gives NeMo's exact token ids. On the CPU, float16 falls back to float32."
@@ -203,6 +213,9 @@ def transcribe_command(
         None, "--batch-seconds", min=0, metavar="S", show_default=_BATCH_SECONDS_DEFAULT, help=_BATCH_SECONDS_HELP
     ),
     device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
+    devices: Optional[str] = typer.Option(
+        None, metavar="all|cuda:0,cuda:1,...", show_default=False, help=_DEVICES_HELP
+    ),
     dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
     graphs: Optional[bool] = typer.Option(
         None, "--graphs/--no-graphs", show_default="on with CUDA", help="Replay the decode steps from CUDA graphs."
@@ -239,22 +252,24 @@ def transcribe_command(
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
-    reads: list[ReadAhead] = []
-
-    def start_reading(cfg, target, target_dtype) -> None:  # the first batches are read while the weights load
-        reads.append(read_ahead(files, cfg.features.sample_rate, target, batch, batch_seconds, dtype=target_dtype))
-
+    several = _devices_or_exit(devices, device)
+    if len(several) == 1:  # one device: this process, as with --device
+        device = several[0]
+    running: list = []  # what to close: the readers, or the device workers
+    # txt needs the text alone: the token, word and segment times are left out (host work a file)
+    timings = any(f != "txt" for f in formats)
+    model_args = (model, device, dtype, graphs, batch, batch_seconds, attention, attention_window)
     try:
         with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr
-            loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading)
+            loaded, results = _results(files, several, *model_args, timings=timings, running=running)
             targets = (
                 {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
             )
             start = time.perf_counter()
-            printed, done, audio, failed = _transcribe_files(loaded, reads[0], formats, targets)
+            printed, done, audio, failed = _transcribe_files(results, files, formats, targets)
             elapsed = time.perf_counter() - start
     finally:
-        for r in reads:
+        for r in running:
             r.close()
 
     for text in printed:
@@ -273,10 +288,53 @@ def transcribe_command(
     raise typer.Exit(1 if failed else 0)
 
 
-def _transcribe_files(loaded, reads: ReadAhead, formats: list[str], targets: dict[str, list[Path]]):
-    """Transcribe and write as results come; -> stdout text per file (None: written or failed), files done,
+def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
+    """--devices as device names ([] when not given); a bad value exits 2 with one line, before any loading."""
+    if devices is None:
+        return []
+    if device != "auto":
+        _fail_usage(f"--device {device} --devices {devices}: give one of them")
+    from .devices import parse_devices
+
+    try:
+        return parse_devices(devices)
+    except ValueError as err:
+        _fail_usage(str(err))
+
+
+def _results(
+    files, devices, model, device, dtype, graphs, batch, batch_seconds, attention, attention_window, timings, running
+):
+    """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
+    Transcript) in plan order). One device: this process, reading while the weights load; several: a worker process
+    per device (`devices.transcribe_on_devices`). What it starts is put in `running`, for the caller to close."""
+    if len(devices) > 1:
+        from .config import RunOptions
+        from .devices import LoadError, transcribe_on_devices
+
+        options = RunOptions(
+            dtype=dtype, graphs=graphs is not False, attention=attention, attention_window=attention_window
+        )
+        run = transcribe_on_devices(files, devices, model_source(model), options, batch, batch_seconds, timings)
+        running.append(run)
+        try:
+            run.wait_loaded()
+        except LoadError as err:
+            _fail_usage(str(err))
+        return run, iter(run)
+    reads: list[ReadAhead] = []
+
+    def start_reading(cfg, target, target_dtype) -> None:  # the first batches are read while the weights load
+        reads.append(read_ahead(files, cfg.features.sample_rate, target, batch, batch_seconds, dtype=target_dtype))
+        running.append(reads[-1])
+
+    loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading)
+    return loaded, transcribe_stream(loaded, reads[0], timings=timings)
+
+
+def _transcribe_files(results, files: list[Path], formats: list[str], targets: dict[str, list[Path]]):
+    """Write as `results` ((index, Transcript)) come; -> stdout text per file (None: written or failed), files done,
     audio seconds done, failures. Only the stdout text is kept, so memory does not grow with the outputs."""
-    files = reads.items
     printed: list[Optional[str]] = [None] * len(files)
     done, audio, failed = 0, 0.0, 0
     show_progress = len(files) > 1 and sys.stderr.isatty()
@@ -290,9 +348,7 @@ def _transcribe_files(loaded, reads: ReadAhead, formats: list[str], targets: dic
         transient=True,
     ) as progress:
         task = progress.add_task("transcribing", total=len(files))
-        # txt needs the text alone: the token, word and segment times are left out (host work a file)
-        timings = any(f != "txt" for f in formats)
-        for i, transcript in transcribe_stream(loaded, reads, timings=timings):
+        for i, transcript in results:
             progress.advance(task)
             if transcript.error is not None:
                 failed += 1
@@ -364,6 +420,12 @@ def bench_command(
         show_default=_BATCH_SECONDS_DEFAULT,
         help="Throughput rows: seconds of padded audio per batch at most (see transcribe --help).",
     ),
+    devices: Optional[str] = typer.Option(
+        None,
+        metavar="all|cuda:0,cuda:1,...",
+        show_default=False,
+        help="Throughput on the first 1, 2, ... n of these devices (see transcribe --help), with --folder or --throughput.",
+    ),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
     --throughput, files per second through the whole pipeline instead."""
@@ -373,6 +435,15 @@ def bench_command(
         _fail_usage("bench: give CLIPS, or --folder / --throughput, not both")
     sizes = _batch_sizes(batch_sizes or ("8,32,128" if folder_mode else "1,8"))
     reps = reps or (3 if folder_mode else 5)
+    if devices is not None:
+        if not folder_mode:
+            _fail_usage("bench --devices: with --folder or --throughput")
+        several = _devices_or_exit(devices, device)
+        with NATIVE_STDERR.installed():
+            batch = max(sizes) if batch_sizes else None  # None: the devices' default
+            report = _bench_devices(several, model, dtype, graphs, folder, files, batch, reps, batch_seconds)
+        _write_report(report, json_path)
+        return
     loaded = load_or_exit(model, device, dtype, graphs=False)
     want_graphs = graphs is not False
     modes = [False, True] if want_graphs and loaded.device.type == "cuda" else [False]
@@ -390,9 +461,30 @@ def bench_command(
             _fail_usage(str(err))
         report = run_bench(loaded, tiers, sizes, reps, modes)
         print_table(report, console)
+    _write_report(report, json_path)
+
+
+def _write_report(report: dict, json_path: Optional[Path]) -> None:
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, batch_seconds) -> dict:
+    """`bench --devices`: RTFx per device count on the folder (or a generated one), at --batch-sizes' largest."""
+    import tempfile
+
+    from .bench import make_folder, print_device_scaling, run_device_scaling
+    from .config import RunOptions
+
+    with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated:
+        paths = make_folder(generated, files) if folder is None else find_audio_files(folder) if folder.is_dir() else []
+        if not paths:
+            _fail_usage(f"--folder {folder}: no audio files there")
+        options = RunOptions(dtype=dtype, graphs=graphs is not False)
+        report = run_device_scaling(model_source(model), devices, paths, options, batch, batch_seconds, reps)
+    print_device_scaling(report, Console(width=None if sys.stdout.isatty() else 240))
+    return report
 
 
 def _batch_sizes(value: str) -> list[int]:
@@ -437,17 +529,65 @@ def _bench_folder(
     return report
 
 
+def ray_command(
+    source: str = typer.Argument(
+        ..., metavar="INPUT", help="A folder, a text file of paths or URIs (one a line), or Parquet with a path column."
+    ),
+    output_dir: str = typer.Argument(
+        ..., metavar="OUTPUT_DIR", help="Parquet parts go here; inputs with a row without error there are skipped."
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
+    ),
+    gpus_per_actor: float = typer.Option(1.0, min=0, metavar="G", help="GPUs per model actor (0.5: two share one)."),
+    actors: Optional[int] = typer.Option(
+        None, min=1, metavar="N", show_default="the cluster's GPUs / G; 1 on CPUs", help="Model actors."
+    ),
+    batch: Optional[int] = typer.Option(
+        None, "--batch", "-b", min=1, metavar="N", show_default=_BATCH_DEFAULT, help=_BATCH_HELP
+    ),
+    batch_seconds: Optional[float] = typer.Option(
+        None, "--batch-seconds", min=0, metavar="S", show_default=_BATCH_SECONDS_DEFAULT, help=_BATCH_SECONDS_HELP
+    ),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda", help="auto: CUDA where the cluster has GPUs."),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
+) -> None:
+    """Transcribe with Ray Data on the cluster ray.init() finds (local when there is none): Parquet rows of path,
+    text, token_ids, words, segments, audio_seconds, error."""
+    _setup_logging()
+    try:
+        import ray  # noqa: F401
+
+        from .ray_data import transcribe_ray
+    except ImportError:
+        _fail_usage("transcribe ray needs Ray: pip install 'graphscribe[ray]'")
+    try:
+        skipped, written = transcribe_ray(
+            source, output_dir, model_source(model), device, actors, gpus_per_actor, dtype, batch, batch_seconds
+        )
+    except (ValueError, OSError) as err:
+        _fail_usage(str(err))
+    if skipped:
+        err_console.print(f"skipped {skipped} inputs done in {escape(output_dir)} already")
+    err_console.print(f"wrote {written} rows to {escape(output_dir)}")
+
+
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 transcribe_app.command(epilog=_EXAMPLES)(transcribe_command)
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 bench_app.command()(bench_command)
+ray_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+ray_app.command()(ray_command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: `transcribe bench ...` runs the benchmark, anything else transcribes."""
+    """Entry point: `transcribe bench ...` runs the benchmark, `transcribe ray ...` a Ray Data job, anything else
+    transcribes."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "bench":
         bench_app(args[1:], prog_name="transcribe bench")
+    elif args and args[0] == "ray":
+        ray_app(args[1:], prog_name="transcribe ray")
     else:
         transcribe_app(args, prog_name="transcribe")
 

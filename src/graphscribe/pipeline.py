@@ -195,10 +195,14 @@ class ReadAhead:
             if planned is None:
                 seconds = list(self._pool.map(lambda item: _estimated_seconds(item, self.sample_rate), self.items))
                 planned = plan_batches(seconds, batch_size, batch_seconds)
-            for indices in planned:
-                self._room.acquire()
+            batches = iter(planned)
+            while True:
+                self._room.acquire()  # before asking for a batch: batches handed out elsewhere wait there till then
                 if self._closed.is_set():
                     return
+                indices = next(batches, None)
+                if indices is None:
+                    break
                 reads = [self._pool.submit(self._read, i) for i in indices]
                 self._batches.put(self._collator.submit(self._collate, indices, reads))
         except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -330,10 +334,13 @@ def read_ahead(
     clock: StageClock | None = None,
     read: Callable[[object], torch.Tensor] | None = None,
     dtype: torch.dtype | None = None,
+    batches: Iterable[list[int]] | None = None,
+    ahead: int = READ_AHEAD,
 ) -> ReadAhead:
     """A `ReadAhead` of `items` (paths or arrays) for a model at `sample_rate` on `device` in `dtype`, reading from
     now on. batch_size, batch_seconds None: the device's (`default_batching`); read: `audio.read_input` at the
-    rate; batch shapes rounded up to PAD_SECONDS on CUDA in 16 bits (dtype None: float32)."""
+    rate; batch shapes rounded up to PAD_SECONDS on CUDA in 16 bits (dtype None: float32). batches: index lists
+    handed out elsewhere instead of its own plan (a device worker's); ahead: batches read ahead."""
     pad = device.type == "cuda" and dtype is not None and dtype.itemsize == 2
     files, seconds = default_batching(device, dtype)
     return ReadAhead(
@@ -345,7 +352,9 @@ def read_ahead(
         pin=device.type == "cuda",
         workers=default_workers(device),
         clock=clock,
+        read_ahead=ahead,
         pad_to=round(PAD_SECONDS * sample_rate) if pad else 0,
+        batches=batches,
     )
 
 

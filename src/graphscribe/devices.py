@@ -1,0 +1,534 @@
+"""Several devices on one host: one worker process per device, each with its own model, pulling batches from one
+longest-first plan held by the parent.
+
+    parent:  file headers -> Scheduler (closed, so it hands out `plan_batches`' plan) -> the next batch to whichever
+             worker asks -> finished batches put back in plan order -> (index, Transcript), as one device yields them
+    worker:  load_model (its readers start at the config) -> ReadAhead(batches=asked of the parent)
+             -> transcribe_stream -> each batch's transcripts to the parent in one message
+
+A worker asks for its next batch when its readers have room (WORKER_READ_AHEAD), so the devices finish together
+without a static split. Every worker talks to the parent over a pipe of its own: one killed mid-message breaks
+only its own pipe. A worker that dies (a signal, the OOM killer) or raises loses nothing done elsewhere: the
+batches it held go to another worker, once; a batch whose second worker dies too, or that no worker is left for,
+yields one error per file ("FILE: lost: the worker on cuda:1 died (signal 9)").
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .audio import audio_seconds
+from .config import RunOptions
+from .pipeline import GPU_HOST_THREADS, default_batching
+from .scheduler import Scheduler
+from .transcript import Transcript
+
+log = logging.getLogger(__name__)
+
+# Batches a worker's readers run ahead of the one on its device: few, so that the tail of the plan is shared out
+# and the devices finish together (a worker holds at most this + 1 batches not yet on its device).
+WORKER_READ_AHEAD = 1
+ATTEMPTS = 2  # workers a batch may go to: a second death sends no batch to a third
+_DEVICE = re.compile(r"cpu|cuda(?::(\d+))?")
+
+
+def parse_devices(value: str) -> list[str]:
+    """`--devices`: all (every CUDA device) or a comma list of cpu, cuda, cuda:N -> torch device names, such as
+    ["cuda:0", "cuda:1"]; cpu may repeat (one worker each). ValueError with one line for a bad value."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if value.strip().lower() == "all":
+        if count == 0:
+            raise ValueError("--devices all: this machine has no CUDA device (cpu,cpu runs two CPU workers)")
+        return [f"cuda:{i}" for i in range(count)]
+    devices: list[str] = []
+    for name in (v.strip().lower() for v in value.split(",")):
+        match = _DEVICE.fullmatch(name)
+        if match is None:
+            raise ValueError(f"--devices {value}: {name or 'an empty name'}: use all, or a comma list of cpu, cuda:N")
+        if name == "cpu":
+            devices.append(name)
+            continue
+        if count == 0:
+            raise ValueError(f"--devices {value}: {name}: CUDA is not available on this machine")
+        index = int(match.group(1) or 0)
+        if index >= count:
+            raise ValueError(f"--devices {value}: {name}: this machine has {count} CUDA device(s)")
+        if f"cuda:{index}" in devices:
+            raise ValueError(f"--devices {value}: cuda:{index} is listed twice")
+        devices.append(f"cuda:{index}")
+    return devices
+
+
+class LoadError(ValueError):
+    """No worker could load the model; the message is the first worker's reason."""
+
+
+@dataclass
+class DeviceStats:
+    """One worker's figures over a run (`DeviceRun.stats`)."""
+
+    device: str
+    files: int = 0  # transcribed
+    audio_seconds: float = 0.0
+    busy_seconds: float = 0.0  # from its first batch taken to its last result sent (summed over its jobs)
+    load_seconds: float | None = None
+    ended: str | None = None  # why the worker ended early: died, failed, could not load
+
+    def to_json(self) -> dict:
+        return {
+            "device": self.device,
+            "files": self.files,
+            "audio_seconds": round(self.audio_seconds, 3),
+            "busy_seconds": round(self.busy_seconds, 3),
+            "load_seconds": None if self.load_seconds is None else round(self.load_seconds, 3),
+            "ended": self.ended,
+        }
+
+
+class _Worker:
+    """The parent's side of one worker process."""
+
+    def __init__(self, context, device: str, source: str, options: RunOptions, threads: int):
+        self.device = device
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_work,
+            args=(child, source, replace(options, device=device), threads),
+            name=f"graphscribe-{device}",
+        )
+        self.process.start()
+        child.close()  # the worker's end lives in the worker only: its death is our EOF
+        self.alive = True
+        self.loaded = False
+        self.load_seconds: float | None = None
+        self.reason: str | None = None  # a worker's own account of its end (crash, load error)
+        self.held: set[int] = set()  # batches handed to it and not yet back
+
+    def send(self, message) -> None:
+        try:
+            self.conn.send(message)
+        except OSError:  # it died: its sentinel tells the dispatcher
+            pass
+
+    def ended(self) -> str:
+        if self.reason is not None:
+            return self.reason
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            return f"the worker on {self.device} died (signal {-code})"
+        return f"the worker on {self.device} died (exit code {code})"
+
+
+class DevicePool:
+    """Worker processes, one per device, each loading its own model (all at once, at the first `transcribe`).
+
+    source: the checkpoint (`load_model`'s source); options: dtype, graphs, attention for every worker (its
+    device is its own). Use `transcribe` for each set of files, then `close`.
+    """
+
+    def __init__(self, source: str, devices: list[str], options: RunOptions = RunOptions()):
+        self.devices = list(devices)
+        from .model import resolve_dtype  # here: loading model.py is the workers' business, not the parent's
+
+        self.default_batching = [
+            default_batching(torch.device(d), resolve_dtype(options.dtype, torch.device(d))) for d in self.devices
+        ]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        share = max(1, cores // len(self.devices))
+        context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+        self.workers = [
+            _Worker(context, d, str(source), options, min(GPU_HOST_THREADS, share) if d != "cpu" else share)
+            for d in self.devices
+        ]
+        self._seen_logs: set[str] = set()
+
+    def transcribe(
+        self,
+        files: list,
+        batch_size: int | None = None,
+        batch_seconds: float | None = None,
+        timings: bool = True,
+        workers: int | None = None,
+    ) -> DeviceRun:
+        """(index, Transcript) for every file, in the order one device's `transcribe_stream` yields them, from the
+        first `workers` workers (None: all). batch_size, batch_seconds: the batching rule's (None: the devices'
+        defaults, the smallest of them)."""
+        rows = batch_size or min(b for b, _ in self.default_batching)
+        seconds = min(s for _, s in self.default_batching) if batch_seconds is None else batch_seconds
+        return DeviceRun(self, [str(f) for f in files], rows, seconds, timings, self.workers[:workers])
+
+    def close(self) -> None:
+        """Stop the workers and wait for them."""
+        for worker in self.workers:
+            if worker.process.is_alive():
+                worker.send(("stop",))
+        for worker in self.workers:
+            worker.process.join(timeout=30)
+            if worker.process.is_alive():  # stuck in a job it was never told the end of
+                worker.process.kill()
+                worker.process.join()
+            worker.conn.close()
+
+    def _log(self, message: str) -> None:
+        if message not in self._seen_logs:  # every worker warns of the same dtype fallback: said once
+            self._seen_logs.add(message)
+            log.warning(message)
+
+
+_END = object()
+
+
+class DeviceRun:
+    """One set of files through a `DevicePool`: iterate for (index, Transcript); `stats` per worker, `wait_loaded`.
+
+    A dispatcher thread answers the workers (batches to those that ask, results in), so handing out goes on while
+    the consumer writes; results wait for the batches before them in the plan: at most the batches in flight.
+    """
+
+    def __init__(self, pool: DevicePool, files: list[str], rows: int, seconds: float, timings: bool, workers):
+        self.pool, self.files, self.workers = pool, files, list(workers)
+        self.stats = {w: DeviceStats(w.device, load_seconds=w.load_seconds) for w in self.workers}
+        self.close_pool = False  # `transcribe_on_devices`: the pool is this run's alone
+        self._rows, self._seconds, self._timings = rows, seconds, timings
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self._loaded = threading.Event()
+        self._load_error: str | None = None
+        self._cancelled = False
+        self._started = time.perf_counter()
+        for worker in self.workers:
+            worker.send(("job", files, timings))  # before planning: reading starts as soon as a worker has a config
+        self._thread = threading.Thread(target=self._dispatch, name="graphscribe-devices", daemon=True)
+        self._thread.start()
+
+    @property
+    def device_stats(self) -> list[DeviceStats]:
+        return list(self.stats.values())
+
+    @property
+    def load_seconds(self) -> dict[str, float]:
+        """{"total": seconds until the last worker to load had its model} (the CLI's summary)."""
+        loads = [s.load_seconds for s in self.stats.values() if s.load_seconds is not None]
+        return {"total": max(loads, default=0.0)}
+
+    def wait_loaded(self) -> None:
+        """Return once one worker has its model; LoadError if none could load it."""
+        self._loaded.wait()
+        if self._load_error is not None and not any(w.loaded for w in self.workers):
+            raise LoadError(self._load_error)
+
+    def close(self) -> None:
+        """Stop early: the workers are killed (a pool of its own is closed either way)."""
+        if self._thread.is_alive():
+            self._cancelled = True
+            for worker in self.workers:
+                if worker.process.is_alive():
+                    worker.process.kill()
+            self._thread.join()
+            self.pool.close()
+        elif self.close_pool:
+            self.pool.close()
+
+    def __iter__(self) -> Iterator[tuple[int, Transcript]]:
+        try:
+            while (item := self._out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            self._thread.join()
+        finally:  # also when the consumer stops early or fails: nothing more is wanted
+            self.close()
+
+    # ------------------------------------------------------------------ the dispatcher thread
+    def _dispatch(self) -> None:
+        try:
+            self._plan()
+            self._serve()
+            self._out.put(_END)
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
+            self._out.put(err)
+        finally:
+            self._loaded.set()
+
+    def _plan(self) -> None:
+        self.scheduler: Scheduler[int] = Scheduler(self._rows, self._seconds or None)
+        with ThreadPoolExecutor(4, thread_name_prefix="graphscribe-headers") as pool:
+            lengths = list(pool.map(audio_seconds, self.files))
+        for i, length in enumerate(lengths):
+            self.scheduler.put(i, length or 0.0)  # as `pipeline._estimated_seconds` orders a path
+        self.scheduler.close()
+        self.batches: dict[int, list[int]] = {}  # plan position -> indices
+        self.attempts: dict[int, int] = {}
+        self.retry: deque[int] = deque()
+        self.results: dict[int, list[tuple[int, Transcript]]] = {}  # back, waiting for the batches before them
+        self.next_out = 0
+        self.yielded = 0
+        self.idle: set[_Worker] = set()  # told the end of the job and done with it
+
+    def _serve(self) -> None:
+        while not self._cancelled:
+            busy = [w for w in self.workers if w.alive and w not in self.idle]
+            if not busy:
+                if self.yielded == len(self.files):
+                    return
+                self._lose_the_rest()  # no worker is left (idle ones were given the batches to redo)
+                continue
+            ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
+            for worker in busy:
+                if worker.conn in ready or worker.process.sentinel in ready:
+                    self._receive(worker)
+
+    def _receive(self, worker: _Worker) -> None:
+        """Every message waiting from `worker`; then, if its process has ended, its batches go elsewhere."""
+        try:
+            while worker.conn.poll():
+                self._handle(worker, worker.conn.recv())
+        except (EOFError, OSError):
+            worker.process.join()
+        if worker.process.exitcode is not None and worker.alive:
+            self._died(worker)
+
+    def _handle(self, worker: _Worker, message: tuple) -> None:
+        kind = message[0]
+        stats = self.stats[worker]
+        if kind == "want":
+            self._hand_out(worker)
+        elif kind == "batch":
+            _, seq, results = message
+            worker.held.discard(seq)
+            stats.files += sum(t.error is None for _, t in results)
+            stats.audio_seconds += sum(t.audio_seconds for _, t in results)
+            self._finished(seq, results)
+        elif kind == "job_done":
+            stats.busy_seconds += message[1]
+            self.idle.add(worker)
+            self._redo_on_idle()
+        elif kind == "ready":
+            worker.loaded = True
+            worker.load_seconds = stats.load_seconds = message[1]
+            self._loaded.set()
+        elif kind == "log":
+            self.pool._log(message[1])
+        elif kind == "load_error":
+            worker.reason = f"the worker on {worker.device} could not load the model ({message[1]})"
+            if self._load_error is None:
+                self._load_error = message[1]
+        elif kind == "crash":
+            worker.reason = f"the worker on {worker.device} failed ({message[1]})"
+
+    def _hand_out(self, worker: _Worker) -> None:
+        """A batch to redo, else the plan's next, else the end of the job: a worker's pipeline wants its next batch
+        (or the end) before it finishes the one on its device, so nobody is kept waiting."""
+        if self.retry:
+            seq = self.retry.popleft()
+        else:
+            indices = self.scheduler.take()
+            if indices is None:
+                worker.send(("end",))
+                return
+            seq = len(self.batches)
+            self.batches[seq] = indices
+        self.attempts[seq] = self.attempts.get(seq, 0) + 1
+        worker.held.add(seq)
+        worker.send(("batch", seq, self.batches[seq]))
+
+    def _redo_on_idle(self) -> None:
+        """Batches to redo with no worker left in the job: idle workers start it again (they are asked for them)."""
+        for worker in list(self.idle):
+            if self.retry and worker.alive:
+                self.idle.discard(worker)
+                worker.send(("job", self.files, self._timings))
+
+    def _died(self, worker: _Worker) -> None:
+        worker.alive = False
+        self.idle.discard(worker)
+        reason = worker.ended()
+        self.stats[worker].ended = reason
+        if not self._cancelled:
+            if not worker.loaded:  # the batches never ran on it
+                for seq in worker.held:
+                    self.attempts[seq] -= 1
+            others = any(w.alive for w in self.workers)
+            redo = sorted(seq for seq in worker.held if others and self.attempts[seq] < ATTEMPTS)
+            if worker.loaded or worker.held:
+                where = "go to another worker" if others else "are lost: no worker is left"
+                self.pool._log(f"{reason}; {len(redo) if others else len(worker.held)} of its batches {where}")
+            self.retry.extend(redo)
+            for seq in sorted(worker.held - set(redo)):
+                self._lose(seq, reason)
+            self._redo_on_idle()
+        worker.held.clear()
+        if not any(w.alive for w in self.workers):
+            self._loaded.set()
+
+    def _lose_the_rest(self) -> None:
+        why = next((w.ended() for w in reversed(self.workers) if not w.alive), "no worker is left")
+        while self.retry:
+            self._lose(self.retry.popleft(), why)
+        while (indices := self.scheduler.take()) is not None:
+            seq = len(self.batches)
+            self.batches[seq] = indices
+            self._lose(seq, why)
+
+    def _lose(self, seq: int, reason: str) -> None:
+        lost = [
+            (i, Transcript(source=self.files[i], error=f"{self.files[i]}: lost: {reason}")) for i in self.batches[seq]
+        ]
+        self._finished(seq, lost)
+
+    def _finished(self, seq: int, results: list[tuple[int, Transcript]]) -> None:
+        self.results[seq] = results
+        while self.next_out in self.results:  # plan order: a batch waits for those before it
+            for item in self.results.pop(self.next_out):
+                self._out.put(item)
+                self.yielded += 1
+            self.next_out += 1
+
+
+def transcribe_on_devices(
+    files: list,
+    devices: list[str],
+    source: str,
+    options: RunOptions = RunOptions(),
+    batch_size: int | None = None,
+    batch_seconds: float | None = None,
+    timings: bool = True,
+) -> DeviceRun:
+    """Transcribe `files` on several devices of this host: (index, Transcript) in the order one device yields them,
+    each file once. One worker process per device loads its own model from `source` (options: dtype, graphs,
+    attention; see `load_model`); batch_size, batch_seconds: `transcribe`'s --batch, --batch-seconds. The run's
+    `stats` give each device's files, audio and busy seconds; `wait_loaded()` raises LoadError if no worker
+    could load the model. The workers end with the run."""
+    run = DevicePool(source, devices, options).transcribe(files, batch_size, batch_seconds, timings)
+    run.close_pool = True
+    return run
+
+
+# ---------------------------------------------------------------------------- the worker process
+
+
+class _Sender:
+    """The worker's end of its pipe, shared by its threads (readers log, the feeder asks, the main thread sends)."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message) -> None:
+        with self._lock:
+            self.conn.send(message)
+
+
+class _PipeLog(logging.Handler):
+    """A worker's warnings go to the parent, which prints each distinct one once, between its own lines."""
+
+    def __init__(self, sender: _Sender):
+        super().__init__(logging.WARNING)
+        self.sender = sender
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.sender.send(("log", record.getMessage()))
+        except OSError:
+            pass  # the parent is gone: there is nobody to tell
+
+
+def _work(conn: Connection, source: str, options: RunOptions, threads: int) -> None:
+    """A worker's main: load the model at the first job, then transcribe the batches the parent hands out."""
+    torch.set_num_threads(threads)
+    device = torch.device(options.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # streams and events made without a device land on this one
+    sender = _Sender(conn)
+    logger = logging.getLogger("graphscribe")
+    logger.handlers[:] = [_PipeLog(sender)]
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    model = None
+    try:
+        while (message := conn.recv())[0] == "job":
+            _, files, timings = message
+            model = _job(conn, sender, model, source, options, files, timings)
+    except (EOFError, BrokenPipeError):
+        pass  # the parent is gone
+    except BaseException as err:  # noqa: BLE001 - told to the parent, which redoes this worker's batches
+        text = str(err).strip().splitlines()
+        sender.send(("crash", f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")))
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _job(conn: Connection, sender: _Sender, model, source: str, options: RunOptions, files: list[str], timings: bool):
+    from .checkpoint import CheckpointError
+    from .config import UnsupportedModelError
+    from .model import load_model
+    from .pipeline import read_ahead, transcribe_stream
+    from .priming import prime
+    from .tokenizer import TokenizerError
+
+    owner: dict[int, int] = {}  # file index -> its batch's plan position
+    sizes: dict[int, int] = {}  # plan position -> files
+    first: list[float] = []  # when the first batch came
+
+    def batches() -> Iterator[list[int]]:  # ReadAhead's feeder thread asks when its readers have room
+        while True:
+            sender.send(("want",))
+            message = conn.recv()
+            if message[0] != "batch":
+                return
+            _, seq, indices = message
+            if not first:
+                first.append(time.perf_counter())
+            sizes[seq] = len(indices)
+            owner.update(dict.fromkeys(indices, seq))
+            yield indices
+
+    def start(sample_rate: int, device: torch.device, dtype: torch.dtype):
+        paths = [Path(f) for f in files]
+        return read_ahead(paths, sample_rate, device, dtype=dtype, batches=batches(), ahead=WORKER_READ_AHEAD)
+
+    reads = []
+    if model is None:
+        prime(options.device, options.dtype)
+        try:
+            model = load_model(
+                source,
+                device=options.device,
+                dtype=options.dtype,
+                graphs=options.graphs,
+                attention=options.attention,
+                attention_window=options.attention_window,
+                on_config=lambda cfg, device, dtype: reads.append(start(cfg.features.sample_rate, device, dtype)),
+            )
+        except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
+            sender.send(("load_error", f"{source}: {err}" if isinstance(err, UnsupportedModelError) else str(err)))
+            os._exit(2)  # not closing the readers: their feeder may be waiting for the parent's answer
+        sender.send(("ready", model.load_seconds["total"]))
+    else:
+        reads.append(start(model.sample_rate, model.device, model.dtype))
+    groups: dict[int, list[tuple[int, Transcript]]] = {}
+    for i, transcript in transcribe_stream(model, reads[0], timings=timings):
+        seq = owner.pop(i)
+        group = groups.setdefault(seq, [])
+        group.append((i, transcript))
+        if len(group) == sizes[seq]:  # whole batches travel: a death mid-batch leaves nothing half done
+            del sizes[seq], groups[seq]
+            sender.send(("batch", seq, group))
+    sender.send(("job_done", time.perf_counter() - first[0] if first else 0.0))
+    return model

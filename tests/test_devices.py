@@ -1,0 +1,228 @@
+"""`transcribe --devices`: worker processes (two CPU workers here) give what one process gives, and survive a killed
+worker. Expected outputs come from a one-process run of the same files; crashes are real SIGKILLs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CLIPS, NEMO_PATH, reference_clip
+
+from graphscribe.devices import parse_devices
+
+
+def start(*args) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"}
+    command = [sys.executable, "-m", "graphscribe.cli", *map(str, args), "--model", str(NEMO_PATH)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def transcribe(*args) -> subprocess.CompletedProcess:
+    process = start(*args)
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def workers_of(pid: int) -> list[int]:
+    """The CLI's worker processes: its children started by multiprocessing's spawn (not its resource tracker)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def outputs(folder: Path) -> dict[str, bytes]:
+    """Every output file's bytes; JSON's "seconds" (wall time spent on the file) left out, as it differs run to run."""
+    found = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if path.suffix == ".json":
+            record = json.loads(data)
+            record.pop("seconds", None)
+            data = json.dumps(record).encode()
+        found[str(path.relative_to(folder))] = data
+    return found
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> Path:
+    """The six clips, in two folders, with a non-audio .wav and an empty file."""
+    root = tmp_path_factory.mktemp("mixed")
+    for k, clip in enumerate(sorted(CLIPS.iterdir())):
+        (root / f"part{k % 2}").mkdir(exist_ok=True)
+        shutil.copy(clip, root / f"part{k % 2}" / clip.name)
+    (root / "part0" / "letter.wav").write_text("Dear reader,\n" * 10)
+    (root / "part1" / "empty.wav").write_bytes(b"")
+    return root
+
+
+def test_two_cpu_workers_print_what_one_process_prints(mixed):
+    one = transcribe(mixed, "--batch", "2")
+    two = transcribe(mixed, "--batch", "2", "--devices", "cpu,cpu")
+    assert one.returncode == two.returncode == 1  # the two bad files
+    assert len(one.stdout.splitlines()) == 6
+    assert two.stdout == one.stdout
+    errors = [line for line in two.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [line for line in one.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and "letter.wav" in errors[0] + errors[1]
+
+
+def test_two_cpu_workers_write_what_one_process_writes(mixed, tmp_path):
+    one = transcribe(mixed, "--batch", "3", "-f", "txt,json", "-o", tmp_path / "one")
+    two = transcribe(mixed, "--batch", "3", "-f", "txt,json", "-o", tmp_path / "two", "--devices", "cpu,cpu")
+    assert one.returncode == two.returncode == 1
+    written = outputs(tmp_path / "one")
+    assert len(written) == 12  # six clips, two formats
+    assert outputs(tmp_path / "two") == written
+
+
+def test_killed_workers_lose_only_what_no_worker_is_left_for(tmp_path):
+    """Two SIGKILLs: the first worker's batches are redone by the second; the second's death leaves the rest lost,
+    each file named on one line; everything transcribed before is written."""
+    clip = CLIPS / "short_2s.wav"
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    for k in range(160):
+        shutil.copy(clip, folder / f"copy_{k:03d}.wav")
+    out = tmp_path / "out"
+    process = start(folder, "--batch", "1", "-o", out, "--devices", "cpu,cpu")
+    deadline = time.monotonic() + 240
+    workers: list[int] = []
+    while len(workers) < 2 and time.monotonic() < deadline:
+        workers = workers_of(process.pid)
+        time.sleep(0.05)
+    kills = 0
+    for first_files in (1, 8):  # kill after the first result, then a few more
+        while (not out.exists() or len(list(out.iterdir())) < first_files) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(workers[kills], signal.SIGKILL)
+        kills += 1
+        time.sleep(0.5)
+    _, stderr = process.communicate(timeout=240)
+    text = reference_clip(clip.name)["text"] + "\n"
+    done = {p.stem for p in out.iterdir()}
+    assert all(p.read_text() == text for p in out.iterdir())
+    lost = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert all(line.endswith(": lost: the worker on cpu died (signal 9)") for line in lost), lost
+    lost_names = {Path(line.removeprefix("error: ").split(": lost:")[0]).stem for line in lost}
+    assert done | lost_names == {f"copy_{k:03d}" for k in range(160)} and not done & lost_names
+    assert len(done) >= 8 and lost  # the second kill came before the end
+    assert process.returncode == 1
+    assert "warning: the worker on cpu died (signal 9); " in stderr
+    assert "no worker is left" in stderr
+
+
+def test_one_killed_worker_loses_nothing(tmp_path):
+    clip = CLIPS / "quarter_second.wav"
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    for k in range(60):
+        shutil.copy(clip, folder / f"copy_{k:02d}.wav")
+    out = tmp_path / "out"
+    process = start(folder, "--batch", "1", "-o", out, "--devices", "cpu,cpu")
+    deadline = time.monotonic() + 240
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(workers_of(process.pid)[0], signal.SIGKILL)
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == 0, stderr
+    assert sorted(p.stem for p in out.iterdir()) == [f"copy_{k:02d}" for k in range(60)]
+    assert {p.read_text() for p in out.iterdir()} == {reference_clip(clip.name)["text"] + "\n"}
+    assert "go to another worker" in stderr and "error:" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "count", "message"),
+    [
+        ("cuda:0,cuda:0", 2, "cuda:0 is listed twice"),
+        ("cuda,cuda:0", 2, "cuda:0 is listed twice"),
+        ("cuda:7", 2, "this machine has 2 CUDA device(s)"),
+        ("cuda:0", 0, "CUDA is not available"),
+        ("all", 0, "no CUDA device"),
+        ("gpu0", 2, "gpu0: use all, or a comma list"),
+        ("cpu,", 2, "an empty name"),
+    ],
+)
+def test_bad_devices_say_why(monkeypatch, value, count, message):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_devices(value)
+
+
+def test_devices_lists(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert parse_devices("all") == ["cuda:0", "cuda:1"]
+    assert parse_devices(" cuda:1, cuda ") == ["cuda:1", "cuda:0"]
+    assert parse_devices("cpu,cpu") == ["cpu", "cpu"]
+
+
+def test_bad_devices_exit_2_before_loading(tmp_path):
+    result = transcribe(CLIPS / "short_2s.wav", "--devices", "cpu,tpu")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "error: --devices cpu,tpu: tpu: use all, or a comma list of cpu, cuda:N"
+    ]
+
+
+def test_a_model_no_worker_can_load_exits_2(tmp_path):
+    env_model = tmp_path / "missing.nemo"
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "graphscribe.cli",
+            str(CLIPS / "short_2s.wav"),
+            "--devices",
+            "cpu,cpu",
+            "-m",
+            str(env_model),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert process.returncode == 2, process.stderr
+    [line] = process.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "missing.nemo" in line
+
+
+def test_bench_reports_each_device_count(mixed, tmp_path):
+    report_path = tmp_path / "bench.json"
+    process = subprocess.run(
+        [sys.executable, "-m", "graphscribe.cli", "bench", "--folder", str(mixed), "--devices", "cpu,cpu"]
+        + ["--batch-sizes", "2", "--reps", "1", "--json", str(report_path), "-m", str(NEMO_PATH)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stderr
+    report = json.loads(report_path.read_text())
+    assert [row["devices"] for row in report["scaling"]] == [1, 2]
+    for row in report["scaling"]:
+        assert row["identical"] and row["failed"] == 2 and row["rtfx"] > 0
+        assert sum(d["files"] for d in row["per_device"]) == 6
+        assert len(row["per_device"]) == row["devices"]
+
+
+def test_results_come_in_one_process_order(mixed, model):
+    """The iterator itself (the CLI prints and writes as it yields): the same (index, text, error) sequence as one
+    process's `transcribe_iter`, which yields batch by batch, longest first."""
+    from graphscribe.config import RunOptions
+    from graphscribe.devices import transcribe_on_devices
+
+    files = sorted(p for p in mixed.rglob("*.wav"))
+    one = [(i, t.text, t.error) for i, t in model.transcribe_iter(files, batch_size=2, timings=False)]
+    run = transcribe_on_devices(files, ["cpu", "cpu"], str(NEMO_PATH), RunOptions(graphs=False), 2, None, False)
+    assert [(i, t.text, t.error) for i, t in run] == one
+    assert one != sorted(one)  # longest first: not input order
+    assert sum(s.files for s in run.device_stats) == 6  # each file on one device
