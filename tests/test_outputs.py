@@ -278,3 +278,24 @@ def test_ctrl_c_after_the_first_results_keeps_every_finished_line(tmp_path):
     for line in lines:
         path, said = line.rstrip("\n").split(": ", 1)
         assert printed.pop(path) == said
+
+
+def test_one_file_on_a_terminal_shows_its_stage(tmp_path):
+    """stderr on a terminal (a pty): a status line naming the file, its length and the stage it is in."""
+    import pty
+
+    main, side = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"} | {"TERM": "xterm", "COLUMNS": "200"}
+    command = [sys.executable, "-m", "graphscribe.cli", str(CLIPS / "short_2s.wav"), "--model", str(NEMO_PATH)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=side, env=env)
+    os.close(side)
+    shown = b""
+    with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+        while chunk := os.read(main, 4096):
+            shown += chunk
+    os.close(main)
+    stdout, _ = process.communicate(timeout=120)
+    assert process.returncode == 0 and stdout.decode() == reference_clip("short_2s.wav")["text"] + "\n"
+    text = shown.decode(errors="replace")
+    assert "transcribing short_2s.wav (2 s of audio): encoder…" in text, text
+    assert "transcribing short_2s.wav (2 s of audio): decoding…" in text, text

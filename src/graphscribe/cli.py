@@ -460,8 +460,9 @@ def write_results(
 def _write_one(transcript, i: int, formats, targets, several: bool, status) -> bool:
     """One result's output files, or its stdout text; False (after one error line) if a file cannot be written."""
     if not targets:
-        sys.stdout.write(stdout_text(transcript, formats[0], several=several))
-        sys.stdout.flush()
+        with status.paused() if status is not None else contextlib.nullcontext():
+            sys.stdout.write(stdout_text(transcript, formats[0], several=several))
+            sys.stdout.flush()
         return True
     return all(_write(paths[i], WRITERS[f](transcript), status) for f, paths in targets.items())
 
@@ -489,8 +490,14 @@ class _Status:
         columns = [SpinnerColumn(), TextColumn("{task.description}")]
         if not self.one:
             columns += [BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
-        self.progress = Progress(*columns, console=err_console, disable=not sys.stderr.isatty(), transient=True)
-        self.label = f"transcribing {files[0].name}{_minutes(files[0])}" if self.one else "transcribing"
+        self.progress = Progress(
+            *columns,
+            console=err_console,
+            disable=not sys.stderr.isatty(),
+            transient=True,
+            redirect_stdout=False,  # results go to stdout itself, wherever it leads (`paused` where it is the terminal)
+        )
+        self.label = f"transcribing {files[0].name}{_length(files[0])}" if self.one else "transcribing"
         self.task = self.progress.add_task(self.label, total=len(files))
 
     def __enter__(self) -> _Status:
@@ -503,6 +510,18 @@ class _Status:
     def advance(self) -> None:
         self.progress.advance(self.task)
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The status line taken off the terminal while stdout writes there too."""
+        if self.progress.disable or not sys.stdout.isatty():
+            yield
+            return
+        self.progress.stop()
+        try:
+            yield
+        finally:
+            self.progress.start()
+
     def stage(self, name: str) -> None:
         self.progress.update(self.task, description=f"{self.label}: {name}…")
         self.progress.refresh()
@@ -512,11 +531,13 @@ class _Status:
         return _Staged(model, self.stage) if self.one and not self.progress.disable else model
 
 
-def _minutes(path: Path) -> str:
+def _length(path: Path) -> str:
     from .audio import audio_seconds
 
     seconds = audio_seconds(path)
-    return f" ({seconds / 60:.1f} min of audio)" if seconds else ""
+    if not seconds:
+        return ""
+    return f" ({seconds:.0f} s of audio)" if seconds < 60 else f" ({seconds / 60:.1f} min of audio)"
 
 
 class _Staged:
@@ -604,11 +625,16 @@ def bench_command(
             tiers = tier_clips(loaded, clips or None)
         except ValueError as err:
             _fail_usage(str(err))
-        report = run_bench(loaded, tiers, sizes, reps, modes)
+        report = run_bench(loaded, tiers, sizes, reps, modes, announce=_announce)
         print_table(report, console)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+def _announce(row: str) -> None:
+    """What a benchmark is running now, one stderr line per row as it starts (rows take seconds to minutes)."""
+    err_console.print(f"running: {escape(row)}")
 
 
 def _batch_sizes(value: str) -> list[int]:
@@ -646,7 +672,7 @@ def _bench_folder(
             paths = find_audio_files(folder) if folder.is_dir() else []
             if not paths:
                 _fail_usage(f"--folder {folder}: no audio files there")
-        report = run_throughput(loaded, paths, sizes, reps, modes, batch_seconds)
+        report = run_throughput(loaded, paths, sizes, reps, modes, batch_seconds, announce=_announce)
         report["folder"] = str(folder) if folder is not None else f"generated: {len(paths)} clips (make_folder, seed 0)"
     print_throughput(report, console)
     return report
