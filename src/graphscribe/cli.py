@@ -233,12 +233,13 @@ def check_output_dir(folder: Path) -> None:
         _fail_usage(f"--output-dir {folder}: is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".graphscribe-probe.", suffix=".tmp")
-        try:
-            os.write(fd, b"\n")
-        finally:
-            os.close(fd)
-            os.unlink(probe)
+        with _SIGNALS.held():  # a signal waits: the probe file is never left behind
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".graphscribe-probe.", suffix=".tmp")
+            try:
+                os.write(fd, b"\n")
+            finally:
+                os.close(fd)
+                os.unlink(probe)
     except OSError as err:
         _fail_usage(f"--output-dir {folder}: cannot write there ({err.strerror or err})")
 
