@@ -40,6 +40,12 @@ def test_bench_on_cpu(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "graphs need a CUDA device" in result.stderr
+    running = [line for line in result.stderr.splitlines() if line.startswith("running: ")]
+    assert running == [
+        f"running: {clip}: {what}, batch {n}, eager, 1 reps"
+        for clip in clips
+        for what, n in (("decode", 1), ("decode", 3), ("end to end", 1))
+    ]  # one line per row, as it starts
     report = json.loads(out.read_text())
     assert report["device"] and report["dtype"] == "float32" and report["reps"] == 1
     for tier, clip in zip(report["tiers"], clips):

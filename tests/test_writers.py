@@ -17,7 +17,16 @@ from test_timestamps import DEMO_PATH, STAMPS
 
 from graphscribe.model import Transcript
 from graphscribe.timestamps import Word
-from graphscribe.writers import MAX_CUE_SECONDS, MAX_LINE_CHARS, cues, write_srt, write_tsv, write_txt, write_vtt
+from graphscribe.writers import (
+    MAX_CUE_SECONDS,
+    MAX_LINE_CHARS,
+    cues,
+    write_json,
+    write_srt,
+    write_tsv,
+    write_txt,
+    write_vtt,
+)
 
 FRAME = 0.08  # seconds
 
@@ -99,6 +108,14 @@ def test_srt_vtt_and_tsv_text():
     assert write_tsv(t) == "start\tend\ttext\n3722500\t3723457\tfish & <chips>.\n"
     [cue] = webvtt.from_string(write_vtt(t))
     assert cue.text == "fish &amp; &lt;chips&gt;."  # escaped as WebVTT requires (the parser leaves entities alone)
+
+
+def test_json_holds_no_processing_time():
+    """The same audio gives the same bytes, however long its batch took."""
+    fast, slow = _transcript(_even(3)), _transcript(_even(3))
+    fast.seconds, slow.seconds = 0.01, 9.5
+    assert write_json(fast) == write_json(slow)
+    assert "seconds" not in json.loads(write_json(fast))  # audio_seconds stays
 
 
 # ============================================================================ the real CLI, read back by parsers

@@ -103,8 +103,11 @@ def _peak_mb(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
-def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes: list[bool]) -> dict:
-    """Measure every (tier, batch size, mode); returns a JSON-ready report."""
+def run_bench(
+    model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes: list[bool], announce=lambda row: None
+) -> dict:
+    """Measure every (tier, batch size, mode); returns a JSON-ready report. `announce` gets a line naming each
+    row as it starts."""
     device = model.device
     report = {**_header(model, reps), "tiers": []}
     graphs_before = model.options.graphs
@@ -121,6 +124,7 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
             batch = encoded.expand(n, -1, -1).contiguous()
             batch_lengths = lengths.expand(n).contiguous()
             for graphs in modes:
+                announce(f"{tier.name}: decode, batch {n}, {_graphs_name(graphs)}, {reps} reps")
                 model.use_graphs(graphs)  # a fresh decoder: its capture is timed in the warm-up
                 decoder = model.decoder
                 _reset_peak(device)
@@ -145,6 +149,7 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
                 texts[("decode", n, graphs)] = [(h.token_ids, h.frames) for h in hyps]
                 entry.setdefault("token_ids", hyps[0].token_ids)
         for graphs in modes:
+            announce(f"{tier.name}: end to end, batch 1, {_graphs_name(graphs)}, {reps} reps")
             model.use_graphs(graphs)
             _reset_peak(device)
             times, transcripts = _timed(lambda: model.transcribe_audio([tier.name], [tier.audio]), device, reps)
@@ -165,6 +170,10 @@ def run_bench(model, tiers: list[Tier], batch_sizes: list[int], reps: int, modes
         report["tiers"].append(entry)
     model.use_graphs(graphs_before)
     return report
+
+
+def _graphs_name(graphs: bool) -> str:
+    return "CUDA graphs" if graphs else "eager"
 
 
 def _identical(texts: dict) -> bool:
@@ -268,12 +277,19 @@ def make_folder(out_dir: str | Path, files: int = 256, seed: int = 0, short: boo
 
 
 def run_throughput(
-    model, files: list[Path], batch_sizes: list[int], reps: int, modes: list[bool], batch_seconds: float | None = None
+    model,
+    files: list[Path],
+    batch_sizes: list[int],
+    reps: int,
+    modes: list[bool],
+    batch_seconds: float | None = None,
+    announce=lambda row: None,
 ) -> dict:
     """RTFx end to end (files in, text files out, the pipeline `transcribe` uses) for every (batch size, graph
     mode), with seconds per stage, peak GPU memory and peak host RSS; and from memory (`transcribe` of the
     same clips already read). Median of `reps` timed passes after a warm-up pass (captures, compiles, and
-    the OS's file cache: files are read from memory, not from the disk)."""
+    the OS's file cache: files are read from memory, not from the disk). `announce` gets a line naming each row as
+    it starts."""
     device = model.device
     if batch_seconds is None:
         batch_seconds = model.options.batch_seconds
@@ -299,6 +315,7 @@ def run_throughput(
         for n in batch_sizes:
             texts = {}
             for graphs in modes:
+                announce(f"{len(files)} files: batch {n}, {_graphs_name(graphs)}, a warm-up and {reps} passes")
                 model.use_graphs(graphs)  # a fresh decoder: captures happen in the warm-up pass
                 start = time.perf_counter()
                 _pass(model, files, n, batch_seconds, Path(out_dir))

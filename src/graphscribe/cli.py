@@ -1,29 +1,39 @@
 """`transcribe`: audio files and folders in, transcripts out; `transcribe bench` A/B-tests the graph modes.
 
-Exit codes: 0 every file done, 1 some failed (each named on stderr with its reason), 2 bad usage.
+Exit codes: 0 every file done (or skipped), 1 some failed (each named on stderr with its reason), 2 bad usage
+(found before the model loads), 130 stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM. A stopped run keeps
+every output file and stdout line it finished, says how many files were done in one line, and leaves no
+partial file: outputs are written under a temporary name and renamed when complete (`writers.write_file`).
+
+This module imports no torch: `entry` installs the signal handlers before torch loads (seconds), so a Ctrl-C
+at any moment ends in one line, never a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
-from .audio import NATIVE_STDERR, find_audio_files
-from .checkpoint import DEMO_NAME, CheckpointError
 from .config import UnsupportedModelError
-from .pipeline import ReadAhead, read_ahead, transcribe_stream
 from .tokenizer import TokenizerError
-from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text
+from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text, write_file
+
+if TYPE_CHECKING:
+    from .model import Transcript
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
 
@@ -33,6 +43,61 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 def _fail_usage(message: str) -> None:
     err_console.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(2)
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM, raised in the main thread by `_Signals`; a BaseException, so that no `except Exception`
+    on its way out swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+class _Signals:
+    """SIGINT and SIGTERM raise `Interrupted` in the main thread wherever it is (importing torch, loading the
+    model, waiting for a batch), except inside `held()`, which writes one result's files and stdout line: the
+    signal is raised when it ends, so a result is written whole or not at all. A second signal while the first
+    one is being handled ends the process at once: every output is complete by then and stdout flushed."""
+
+    def __init__(self):
+        self.holding = False
+        self.pending: Optional[int] = None
+        self.stopping = False
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.stopping:
+            os._exit(128 + signum)
+        if self.holding:
+            self.pending = signum
+            return
+        self.stopping = True
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.pending is not None:
+            self.stopping = True
+            raise Interrupted(self.pending)
+
+
+_SIGNALS = _Signals()  # installed by `entry` only: in-process callers of `main` keep their own handlers
+
+
+def find_audio_files(folder: Path) -> list[Path]:
+    """`audio.find_audio_files`, imported on first use (audio.py imports torch)."""
+    from .audio import find_audio_files as find
+
+    return find(folder)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -57,6 +122,8 @@ def _setup_logging() -> None:
 
 def model_source(model: Optional[str]) -> str:
     """--model, else $GRAPHSCRIBE_MODEL, else the demo model (with a note saying so)."""
+    from .checkpoint import DEMO_NAME
+
     source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
     if source == DEMO_NAME:
         err_console.print(
@@ -79,6 +146,7 @@ def load_or_exit(
 ):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is.
     on_config: see `load_model`."""
+    from .checkpoint import CheckpointError
     from .model import load_model
     from .pipeline import limit_host_threads
     from .priming import prime
@@ -123,30 +191,67 @@ def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
     return files, errors
 
 
-def _output_path(output_dir: Path, source: Path, roots: list[Path], suffix: str) -> Path:
-    """Output file for `source`, keeping its place under the folder it was found in."""
-    for root in roots:
-        if root.is_dir():
-            try:
-                return (output_dir / source.relative_to(root)).with_suffix(suffix)
-            except ValueError:
-                continue
-    return (output_dir / source.name).with_suffix(suffix)
-
-
 def output_paths(output_dir: Path, files: list[Path], roots: list[Path], suffix: str) -> list[Path]:
-    """One distinct output file per input, in input order: a name taken already gets -2, -3, ..."""
-    taken: set[Path] = set()
+    """Each input's output file, in input order, kept under the folder input it was found in, and named by the
+    input alone: NAME.txt, or NAME.wav.txt where another audio file in the input's own folder has its stem
+    (a.wav and a.flac: a.wav.txt and a.flac.txt). Other inputs, and other files in either folder, never move a
+    name, so a rerun with files added or left out writes (and skips) the same files."""
+    from .audio import AUDIO_SUFFIXES
+
+    stems: dict[Path, dict[str, int]] = {}  # folder -> stem -> audio files with it
+
+    def shared(source: Path) -> bool:
+        if source.parent not in stems:
+            counts: dict[str, int] = {}
+            with contextlib.suppress(OSError):  # an unreadable folder: its inputs fail when read
+                for entry in os.scandir(source.parent):
+                    if Path(entry.name).suffix.lower() in AUDIO_SUFFIXES:
+                        stem = Path(entry.name).stem
+                        counts[stem] = counts.get(stem, 0) + 1
+            stems[source.parent] = counts
+        return stems[source.parent].get(source.stem, 0) > 1
+
     paths = []
     for source in files:
-        target = _output_path(output_dir, source, roots, suffix)
-        n = 1
-        while target in taken:
-            n += 1
-            target = target.with_name(f"{_output_path(output_dir, source, roots, suffix).stem}-{n}{suffix}")
-        taken.add(target)
-        paths.append(target)
+        name = (source.name if shared(source) else source.stem) + suffix
+        place = next((source.relative_to(r).parent for r in roots if r.is_dir() and source.is_relative_to(r)), None)
+        paths.append(output_dir / place / name if place is not None else output_dir / name)
     return paths
+
+
+def check_outputs(files: list[Path], targets: dict[str, list[Path]]) -> None:
+    """Exit 2 with one line where two different inputs would write one output file, or an output would replace
+    an input. The same file given twice writes the same outputs (the same bytes)."""
+    inputs = {f.resolve() for f in files}
+    for paths in targets.values():
+        writers: dict[Path, Path] = {}
+        for source, target in zip(files, paths):
+            if target.resolve() in inputs:
+                _fail_usage(f"{target}: is an input; outputs never replace an input")
+            other = writers.setdefault(target, source)
+            if other.resolve() != source.resolve():
+                _fail_usage(
+                    f"{other} and {source} would both be written to {target}: "
+                    "transcribe them into separate --output-dir folders"
+                )
+
+
+def check_output_dir(folder: Path) -> None:
+    """Exit 2 with one line unless `folder` is a folder this process can write in (made if missing): checked by
+    writing and removing a probe file, before the model loads."""
+    if folder.exists() and not folder.is_dir():
+        _fail_usage(f"--output-dir {folder}: is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with _SIGNALS.held():  # a signal waits: the probe file is never left behind
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".graphscribe-probe.", suffix=".tmp")
+            try:
+                os.write(fd, b"\n")
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+    except OSError as err:
+        _fail_usage(f"--output-dir {folder}: cannot write there ({err.strerror or err})")
 
 
 def parse_formats(value: str, output_dir: Optional[Path], n_files: int) -> list[str]:
@@ -243,8 +348,18 @@ def transcribe_command(
         metavar="W",
         help="Local attention: encoder frames (80 ms) seen on each side (NeMo's att_context_size [W, W]).",
     ),
+    skip_existing: bool = typer.Option(
+        False,
+        "--skip-existing",
+        help="With --output-dir: leave out (and do not read) every input whose output files all exist already.",
+    ),
 ) -> None:
-    """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles."""
+    """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles.
+
+    Results come as their batch is done, batches longest first: without --output-dir each file's line is
+    printed then (txt: PATH: text; json: one object with its path), in that order, not the inputs' order.
+    Output files are written whole (a temporary name, renamed when complete) and named by their input alone:
+    NAME.txt, or NAME.wav.txt where NAME.flac sits beside NAME.wav. Ctrl-C keeps every finished result."""
     _setup_logging()
     files, input_errors = expand_inputs(inputs)
     for line in input_errors:
@@ -255,37 +370,98 @@ def transcribe_command(
     several = _devices_or_exit(devices, device)
     if len(several) == 1:  # one device: this process, as with --device
         device = several[0]
+    targets: dict[str, list[Path]] = {}
+    if output_dir is not None:
+        check_output_dir(output_dir)
+        targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats}
+        check_outputs(files, targets)
+    elif skip_existing:
+        _fail_usage("--skip-existing needs --output-dir (it skips inputs whose output files exist)")
+    todo = [i for i in range(len(files)) if not (skip_existing and all(p[i].exists() for p in targets.values()))]
+    skipped = len(files) - len(todo)
+    files = [files[i] for i in todo]  # what is skipped is not read
+    targets = {f: [paths[i] for i in todo] for f, paths in targets.items()}
+    loaded, tally, elapsed = None, _Tally(), 0.0
+    if files:
+        loaded, tally, elapsed = _load_and_transcribe(
+            files,
+            formats,
+            targets,
+            several,
+            model,
+            device,
+            dtype,
+            graphs,
+            batch,
+            batch_seconds,
+            attention,
+            attention_window,
+        )
+
+    tally.failed += len(input_errors)
+    total = len(files) + skipped + len(input_errors)
+    counts = ", ".join(f"{n} {what}" for n, what in ((tally.failed, "failed"), (skipped, "skipped")) if n)
+    counts = f" ({counts})" if counts else ""
+    if tally.stopped is not None:
+        err_console.print(escape(f"interrupted: {tally.done} of {total} files done{counts}"))
+        raise typer.Exit(tally.stopped.code)
+    summary = f"loaded in {loaded.load_seconds['total']:.2f} s; " if loaded is not None else ""
+    summary += f"transcribed {tally.done} of {total} files{counts}"
+    if loaded is not None:
+        summary += f": {tally.audio:.1f} s of audio in {elapsed:.2f} s"
+    if elapsed > 0 and tally.audio > 0:
+        summary += f" (RTFx {tally.audio / elapsed:.1f})"
+    if total > 1 or tally.failed:
+        err_console.print(escape(summary))
+    raise typer.Exit(1 if tally.failed else 0)
+
+
+@dataclass
+class _Tally:
+    """What became of the inputs so far."""
+
+    done: int = 0
+    failed: int = 0
+    audio: float = 0.0  # seconds of audio transcribed
+    stopped: Optional[Interrupted] = None  # the signal that stopped the run
+
+
+def _load_and_transcribe(
+    files, formats, targets, devices, model, device, dtype, graphs, batch, batch_seconds, attention, attention_window
+):
+    """Load the model (reading starts meanwhile), or start a worker per device, and transcribe `files` ->
+    (model, or the run on several devices, or None; tally; seconds)."""
+    from .audio import NATIVE_STDERR
+
     running: list = []  # what to close: the readers, or the device workers
     # txt needs the text alone: the token, word and segment times are left out (host work a file)
     timings = any(f != "txt" for f in formats)
-    model_args = (model, device, dtype, graphs, batch, batch_seconds, attention, attention_window)
+    loaded = None
     try:
-        with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr
-            loaded, results = _results(files, several, *model_args, timings=timings, running=running)
-            targets = (
-                {f: output_paths(output_dir, files, inputs, "." + f) for f in formats} if output_dir is not None else {}
+        with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
+            loaded, results = _results(
+                files,
+                devices,
+                model,
+                device,
+                dtype,
+                graphs,
+                batch,
+                batch_seconds,
+                attention,
+                attention_window,
+                timings,
+                running,
+                status,
             )
             start = time.perf_counter()
-            printed, done, audio, failed = _transcribe_files(results, files, formats, targets)
-            elapsed = time.perf_counter() - start
+            tally = write_results(results, files, formats, targets, status)
+            return loaded, tally, time.perf_counter() - start
+    except Interrupted as stop:  # while loading: nothing was written yet
+        return loaded, _Tally(stopped=stop), 0.0
     finally:
         for r in running:
             r.close()
-
-    for text in printed:
-        if text is not None:
-            sys.stdout.write(text)
-    failed += len(input_errors)
-    total = len(files) + len(input_errors)
-    summary = f"loaded in {loaded.load_seconds['total']:.2f} s; transcribed {done} of {len(files)} files"
-    if failed:
-        summary += f" ({failed} failed)"
-    summary += f": {audio:.1f} s of audio in {elapsed:.2f} s"
-    if elapsed > 0 and audio > 0:
-        summary += f" (RTFx {audio / elapsed:.1f})"
-    if total > 1 or failed:
-        err_console.print(escape(summary))
-    raise typer.Exit(1 if failed else 0)
 
 
 def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
@@ -303,7 +479,19 @@ def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
 
 
 def _results(
-    files, devices, model, device, dtype, graphs, batch, batch_seconds, attention, attention_window, timings, running
+    files,
+    devices,
+    model,
+    device,
+    dtype,
+    graphs,
+    batch,
+    batch_seconds,
+    attention,
+    attention_window,
+    timings,
+    running,
+    status,
 ):
     """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
     Transcript) in plan order). One device: this process, reading while the weights load; several: a worker process
@@ -322,59 +510,153 @@ def _results(
         except LoadError as err:
             _fail_usage(str(err))
         return run, iter(run)
-    reads: list[ReadAhead] = []
+    from .pipeline import read_ahead, transcribe_stream
+
+    reads: list = []
 
     def start_reading(cfg, target, target_dtype) -> None:  # the first batches are read while the weights load
         reads.append(read_ahead(files, cfg.features.sample_rate, target, batch, batch_seconds, dtype=target_dtype))
         running.append(reads[-1])
 
     loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading)
-    return loaded, transcribe_stream(loaded, reads[0], timings=timings)
+    return loaded, transcribe_stream(status.watch(loaded), reads[0], timings=timings)
 
 
-def _transcribe_files(results, files: list[Path], formats: list[str], targets: dict[str, list[Path]]):
-    """Write as `results` ((index, Transcript)) come; -> stdout text per file (None: written or failed), files done,
-    audio seconds done, failures. Only the stdout text is kept, so memory does not grow with the outputs."""
-    printed: list[Optional[str]] = [None] * len(files)
-    done, audio, failed = 0, 0.0, 0
-    show_progress = len(files) > 1 and sys.stderr.isatty()
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        disable=not show_progress,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("transcribing", total=len(files))
-        for i, transcript in results:
-            progress.advance(task)
-            if transcript.error is not None:
-                failed += 1
-                progress.console.print(f"[red]error:[/red] {escape(transcript.error)}")
-                continue
-            done += 1
-            audio += transcript.audio_seconds
-            if not targets:
-                printed[i] = stdout_text(transcript, formats[0], several=len(files) > 1)
-            for f, paths in targets.items():
-                if not _write(paths[i], WRITERS[f](transcript), progress.console):
-                    failed += 1
-                    break
-    return printed, done, audio, failed
-
-
-def _write(target: Path, content: str, console: Console) -> bool:
-    """Write one output file; False (after one error line) if it cannot be written."""
+def write_results(
+    results: Iterator[tuple[int, Transcript]],
+    files: list[Path],
+    formats: list[str],
+    targets: dict[str, list[Path]],
+    status: Optional[_Status] = None,
+) -> _Tally:
+    """Write each (index into `files`, Transcript) of `results` as it comes: its files (`targets[format][index]`,
+    each whole or not at all) or, without targets, its stdout line, flushed at once; errors one line each on
+    stderr. SIGINT or SIGTERM stops it between two results (the tally keeps the signal) and closes `results`."""
+    tally = _Tally()
+    several = len(files) > 1
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        for i, transcript in results:
+            with _SIGNALS.held():
+                if status is not None:
+                    status.advance()
+                if transcript.error is not None:
+                    tally.failed += 1
+                    _print_error(escape(transcript.error), status)
+                elif _write_one(transcript, i, formats, targets, several, status):
+                    tally.done += 1
+                    tally.audio += transcript.audio_seconds
+                else:
+                    tally.failed += 1
+    except Interrupted as stop:
+        tally.stopped = stop
+    except BrokenPipeError:  # stdout's reader left (transcribe ... | head): nobody reads what comes next
+        tally.failed += 1
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()  # a generator's finally stops its readers
+    return tally
+
+
+def _write_one(transcript, i: int, formats, targets, several: bool, status) -> bool:
+    """One result's output files, or its stdout text; False (after one error line) if a file cannot be written."""
+    if not targets:
+        with status.paused() if status is not None else contextlib.nullcontext():
+            sys.stdout.write(stdout_text(transcript, formats[0], several=several))
+            sys.stdout.flush()
+        return True
+    return all(_write(paths[i], WRITERS[f](transcript), status) for f, paths in targets.items())
+
+
+def _write(target: Path, content: str, status: Optional[_Status] = None) -> bool:
+    """Write one output file whole; False (after one error line) if it cannot be written."""
+    try:
+        write_file(target, content)
     except OSError as err:
-        reason = escape(str(err.strerror or err))
-        console.print(f"[red]error:[/red] {escape(str(target))}: cannot write output ({reason})")
+        _print_error(f"{escape(str(target))}: cannot write output ({escape(str(err.strerror or err))})", status)
         return False
     return True
+
+
+def _print_error(line: str, status: Optional[_Status]) -> None:
+    (status.progress.console if status is not None else err_console).print(f"[red]error:[/red] {line}")
+
+
+class _Status:
+    """stderr on a terminal while results come: a bar for several files; for one file a spinner with its length
+    and the stage it is in (an hour of audio takes a while). Nothing elsewhere."""
+
+    def __init__(self, files: list[Path]):
+        self.one = len(files) == 1
+        columns = [SpinnerColumn(), TextColumn("{task.description}")]
+        if not self.one:
+            columns += [BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
+        self.progress = Progress(
+            *columns,
+            console=err_console,
+            disable=not sys.stderr.isatty(),
+            transient=True,
+            redirect_stdout=False,  # results go to stdout itself, wherever it leads (`paused` where it is the terminal)
+        )
+        self.label = f"transcribing {files[0].name}{_length(files[0])}" if self.one else "transcribing"
+        self.task = self.progress.add_task(self.label, total=len(files))
+
+    def __enter__(self) -> _Status:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def advance(self) -> None:
+        self.progress.advance(self.task)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The status line taken off the terminal while stdout writes there too."""
+        if self.progress.disable or not sys.stdout.isatty():
+            yield
+            return
+        self.progress.stop()
+        try:
+            yield
+        finally:
+            self.progress.start()
+
+    def stage(self, name: str) -> None:
+        self.progress.update(self.task, description=f"{self.label}: {name}…")
+        self.progress.refresh()
+
+    def watch(self, model):
+        """`model`, or for one file on a terminal the model naming its stages on the status line."""
+        return _Staged(model, self.stage) if self.one and not self.progress.disable else model
+
+
+def _length(path: Path) -> str:
+    from .audio import audio_seconds
+
+    seconds = audio_seconds(path)
+    if not seconds:
+        return ""
+    return f" ({seconds:.0f} s of audio)" if seconds < 60 else f" ({seconds / 60:.1f} min of audio)"
+
+
+class _Staged:
+    """A model as `transcribe_stream` uses it, calling `on_stage` as its encoder and its decoding start."""
+
+    def __init__(self, model, on_stage: Callable[[str], None]):
+        self._model, self._on_stage = model, on_stage
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def encoder_output(self, *args, **kwargs):
+        self._on_stage("encoder")
+        return self._model.encoder_output(*args, **kwargs)
+
+    def decode(self, *args, **kwargs):
+        self._on_stage("decoding")
+        return self._model.decode(*args, **kwargs)
 
 
 def bench_command(
@@ -438,6 +720,8 @@ def bench_command(
     if devices is not None:
         if not folder_mode:
             _fail_usage("bench --devices: with --folder or --throughput")
+        from .audio import NATIVE_STDERR
+
         several = _devices_or_exit(devices, device)
         with NATIVE_STDERR.installed():
             batch = max(sizes) if batch_sizes else None  # None: the devices' default
@@ -459,7 +743,7 @@ def bench_command(
             tiers = tier_clips(loaded, clips or None)
         except ValueError as err:
             _fail_usage(str(err))
-        report = run_bench(loaded, tiers, sizes, reps, modes)
+        report = run_bench(loaded, tiers, sizes, reps, modes, announce=_announce)
         print_table(report, console)
     _write_report(report, json_path)
 
@@ -487,6 +771,11 @@ def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, ba
     return report
 
 
+def _announce(row: str) -> None:
+    """What a benchmark is running now, one stderr line per row as it starts (rows take seconds to minutes)."""
+    err_console.print(f"running: {escape(row)}")
+
+
 def _batch_sizes(value: str) -> list[int]:
     try:
         sizes = sorted({int(s) for s in value.split(",") if s.strip()})
@@ -508,8 +797,7 @@ def _bench_folder(
     console: Console,
 ) -> dict:
     """Throughput rows over the files under `folder`, or over `files` generated clips."""
-    import tempfile
-
+    from .audio import NATIVE_STDERR
     from .bench import make_folder, print_throughput, run_throughput
 
     with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated, NATIVE_STDERR.installed():
@@ -523,7 +811,7 @@ def _bench_folder(
             paths = find_audio_files(folder) if folder.is_dir() else []
             if not paths:
                 _fail_usage(f"--folder {folder}: no audio files there")
-        report = run_throughput(loaded, paths, sizes, reps, modes, batch_seconds)
+        report = run_throughput(loaded, paths, sizes, reps, modes, batch_seconds, announce=_announce)
         report["folder"] = str(folder) if folder is not None else f"generated: {len(paths)} clips (make_folder, seed 0)"
     print_throughput(report, console)
     return report
@@ -598,7 +886,10 @@ def entry() -> None:
     Python's teardown after a transcription (the model's memory, the CUDA context, the reader threads) takes
     0.5-0.7 s that nobody waits for: every output file is closed by then, so the process flushes its two
     streams and leaves without it (os._exit). In-process callers use `main()`, which returns or raises as usual.
+    SIGINT and SIGTERM are handled from here on (`_Signals`): before torch is imported, so a Ctrl-C while it
+    loads ends in one line too.
     """
+    _SIGNALS.install()
     try:
         main()
         code = 0
@@ -607,6 +898,9 @@ def entry() -> None:
         if isinstance(code, str):
             print(code, file=sys.stderr)
             code = 1
+    except Interrupted as stop:  # transcribe counts what it finished itself; this is anything else (bench)
+        print("interrupted", file=sys.stderr)
+        code = stop.code
     try:
         sys.stdout.flush()
         sys.stderr.flush()

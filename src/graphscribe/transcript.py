@@ -36,13 +36,14 @@ class Transcript:
         return [t.frame for t in self.tokens]
 
     def to_json(self) -> dict:
+        """The JSON record of `transcribe -f json`: what the audio says, never how long it took (the same input
+        gives the same bytes; times are in the CLI's summary line)."""
         if self.error is not None:
             return {"path": self.source, "error": self.error}
         return {
             "path": self.source,
             "text": self.text,
             "audio_seconds": round(self.audio_seconds, 4),
-            "seconds": round(self.seconds, 4),
             "tokens": [
                 {"id": t.id, "piece": t.piece, "frame": t.frame, "start": round(t.start, 3), "end": round(t.end, 3)}
                 for t in self.tokens

@@ -6,12 +6,18 @@ at most 2 lines of 42 characters and lasts at most 7 s; a cue also ends after a 
 sentence (., ?, !) and before a pause of a second or more. Cue times are the first word's start
 and the last word's end, in milliseconds, cut to the audio's length and to the next cue's start
 (RNN-T words may overlap by a frame); a cue of no duration is shown for half a second if there is room.
+
+`write_file` is the one place output files are written: whole or not at all.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from .timestamps import SEGMENT_SEPARATORS, Word
@@ -139,3 +145,35 @@ def stdout_text(transcript: Transcript, fmt: str, several: bool) -> str:
     if fmt == "txt" and several:
         return f"{transcript.source}: {transcript.text}\n"
     return WRITERS[fmt](transcript)
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` whole or not at all: into `.NAME.XXXX.tmp` beside it, renamed over `path`
+    when complete, so a reader, a full disk or a killed process sees the old file or the new one, never a
+    fragment. Raises OSError after removing the temporary file; only SIGKILL (or a crash of the machine) can
+    leave one behind.
+
+    No fsync: os.replace after a flush is atomic against any process's death, which is what happens to a
+    transcription (Ctrl-C, a job's time limit). Surviving power loss too would take an fsync of the file and
+    of its folder per output, milliseconds each on a disk and more on network storage, for files a rerun
+    makes again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as file:
+            os.fchmod(file.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide the output from others
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass  # removed already, or the folder went away: nothing is left either way
+        raise
+
+
+@functools.cache
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask sets it: set it back at once
+    os.umask(mask)
+    return mask

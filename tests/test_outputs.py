@@ -1,0 +1,301 @@
+"""Nothing lost, nothing clobbered, nothing hidden: output files written whole on a full disk, a read-only or
+unusable --output-dir refused before the model loads, names that depend on their input alone, --skip-existing,
+and SIGINT / SIGTERM at random moments of a real `transcribe` process.
+
+Full disks and read-only folders are real: a small tmpfs and a read-only bind mount (root only; skipped
+elsewhere, since chmod does not stop root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import CLIPS, NEMO_PATH, reference_clip
+from test_cli import _error_lines, transcribe
+
+from graphscribe.cli import output_paths
+from graphscribe.writers import write_file
+
+INTERRUPTED = re.compile(r"^interrupted: (\d+) of (\d+) files done", re.M)
+
+
+@contextlib.contextmanager
+def _mounted(target: Path, *commands: list[str]):
+    """Run mount `commands` on `target` (made if missing), unmounted afterwards; skip where mounting is not allowed."""
+    target.mkdir(parents=True, exist_ok=True)
+    for command in commands:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            subprocess.run(["umount", str(target)], capture_output=True)
+            pytest.skip(f"cannot mount here ({done.stderr.strip()})")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=True)
+
+
+def _tmpfs(target: Path, size: str):
+    return _mounted(target, ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)])
+
+
+def _read_only(target: Path):
+    return _mounted(
+        target,
+        ["mount", "--bind", str(target), str(target)],
+        ["mount", "-o", "remount,ro,bind", str(target)],
+    )
+
+
+def _copies(folder: Path, clip: str, n: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{clip[:-4]}_{k:03d}.wav" for k in range(n)]
+    for path in paths:
+        shutil.copy(CLIPS / clip, path)
+    return paths
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.name.endswith(".tmp")]
+
+
+# ============================================================================ write_file
+
+
+def test_write_file_replaces_whole_and_keeps_the_umask_mode(tmp_path):
+    target = tmp_path / "a.txt"
+    target.write_text("old\n")
+    write_file(target, "new ünïcode\n")
+    assert target.read_bytes() == "new ünïcode\n".encode()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert _leftovers(tmp_path) == []
+
+
+def test_write_file_on_a_full_disk_keeps_the_old_file_and_no_temporary(tmp_path):
+    with _tmpfs(tmp_path / "small", "16k") as disk:
+        target = disk / "a.json"
+        target.write_text("old\n")
+        with pytest.raises(OSError) as raised:
+            write_file(target, "x" * 64 * 1024)
+        assert "No space left" in str(raised.value)
+        assert target.read_text() == "old\n"
+        assert sorted(p.name for p in disk.iterdir()) == ["a.json"]
+
+
+# ============================================================================ the output folder, before loading
+
+
+def test_output_dir_onto_a_file_is_bad_usage_before_loading(tmp_path):
+    """The model named does not exist: the output folder is checked first, so the error is about it."""
+    existing = tmp_path / "notes.txt"
+    existing.write_text("mine\n")
+    start = time.monotonic()
+    result = transcribe(CLIPS / "short_2s.wav", "-o", existing, model=str(tmp_path / "missing.nemo"))
+    assert result.returncode == 2
+    [error] = _error_lines(result.stderr)
+    assert str(existing) in error and "not a folder" in error and "missing.nemo" not in error
+    assert "loaded" not in result.stderr and result.stdout == ""
+    assert existing.read_text() == "mine\n"
+    assert time.monotonic() - start < 60  # no model, no audio: Python, typer and torch's import only
+
+
+def test_read_only_output_dir_is_bad_usage_before_loading(tmp_path):
+    with _read_only(tmp_path / "ro") as folder:
+        for out in (folder, folder / "new"):  # an existing folder, and one that cannot be made
+            result = transcribe(CLIPS / "short_2s.wav", "-o", out, model=str(tmp_path / "missing.nemo"))
+            assert result.returncode == 2, result.stderr
+            [error] = _error_lines(result.stderr)
+            assert str(out) in error and "Read-only file system" in error
+            assert "loaded" not in result.stderr
+        assert list(folder.iterdir()) == []
+
+
+def test_full_disk_leaves_whole_files_only(tmp_path):
+    """A tmpfs that holds a few outputs: every file there is complete (no empty one: no transcript is empty),
+    each input that could not be written is one error line, and no temporary file is left."""
+    inputs = _copies(tmp_path / "in", "short_2s.wav", 12)
+    text = reference_clip("short_2s.wav")["text"]
+    assert text
+    with _tmpfs(tmp_path / "disk", "24k") as disk:
+        result = transcribe(tmp_path / "in", "-o", disk, "-f", "txt,json", "--batch", "4")
+        assert result.returncode == 1, result.stderr
+        assert "Traceback" not in result.stderr
+        errors = _error_lines(result.stderr)
+        assert errors and all("cannot write output (No space left on device)" in e for e in errors)
+        assert len(errors) == len({e.split(": cannot")[0] for e in errors})  # one line per problem
+        done = 0
+        for source in inputs:
+            txt, record = disk / (source.stem + ".txt"), disk / (source.stem + ".json")
+            if txt.exists():
+                assert txt.read_text() == text + "\n"
+            if record.exists():
+                assert json.loads(record.read_text())["text"] == text
+            done += txt.exists() and record.exists()
+        assert 0 < done < len(inputs)
+        assert f"transcribed {done} of {len(inputs)} files ({len(inputs) - done} failed)" in result.stderr
+        assert len(errors) == len(inputs) - done
+        assert _leftovers(disk) == []
+
+
+# ============================================================================ names and --skip-existing
+
+
+def test_same_stem_inputs_carry_their_extension_and_keep_their_names(tmp_path):
+    """a.wav and a.flac in one folder: a.wav.txt and a.flac.txt; b.wav alone: b.txt. Adding a-2.wav, or an a.mp3
+    in another folder, or leaving inputs out, moves no name; only a new a.* beside an input renames it."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a.wav", "a.flac", "b.wav", "notes.txt", "b.txt"):
+        (folder / name).write_bytes(b"")
+
+    def names(*inputs: str, roots=(folder,)) -> list[str]:
+        files = [folder / n for n in inputs]
+        return [
+            str(p.relative_to(tmp_path / "out")) for p in output_paths(tmp_path / "out", files, list(roots), ".txt")
+        ]
+
+    assert names("a.wav", "a.flac", "b.wav") == ["a.wav.txt", "a.flac.txt", "b.txt"]
+    (folder / "a-2.wav").write_bytes(b"")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.mp3").write_bytes(b"")
+    assert names("a-2.wav", "a.wav", "a.flac", "b.wav") == ["a-2.txt", "a.wav.txt", "a.flac.txt", "b.txt"]
+    assert names("a.flac", roots=()) == ["a.flac.txt"]  # given alone, as a file: the same name
+    (folder / "b.mp3").write_bytes(b"")
+    assert names("b.wav") == ["b.wav.txt"]
+
+
+def test_skip_existing_rerun_reads_nothing_and_changes_nothing(tmp_path):
+    _copies(tmp_path / "in", "short_2s.wav", 3)
+    out = tmp_path / "out"
+    first = transcribe(tmp_path / "in", "-o", out, "-f", "txt,json")
+    assert first.returncode == 0, first.stderr
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*")}
+    assert len(before) == 6
+    # the inputs made unreadable: a read would fail; and no model: a load would fail
+    for path in (tmp_path / "in").iterdir():
+        path.write_text("not audio\n")
+    again = transcribe(tmp_path / "in", "-o", out, "-f", "txt,json", "--skip-existing", model=str(tmp_path / "no.nemo"))
+    assert again.returncode == 0, again.stderr
+    assert "transcribed 0 of 3 files (3 skipped)" in again.stderr
+    assert _error_lines(again.stderr) == []
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*")} == before
+
+
+def test_skip_existing_without_output_dir_is_bad_usage():
+    result = transcribe(CLIPS / "short_2s.wav", "--skip-existing")
+    assert result.returncode == 2
+    [error] = _error_lines(result.stderr)
+    assert "--output-dir" in error
+
+
+# ============================================================================ signals
+
+
+def _start(*args) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"}
+    command = [sys.executable, "-m", "graphscribe.cli", *map(str, args), "--model", str(NEMO_PATH)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+
+def _check_stopped(process: subprocess.Popen, signum: int, stdout: bytes, stderr: bytes, total: int) -> int:
+    """A run sent `signum`: finished (0) or stopped (128 + signum) with one line; -> files it says it did."""
+    err = stderr.decode()
+    assert "Traceback" not in err, err
+    assert process.returncode in (0, 128 + signum), (process.returncode, err)
+    assert stdout == b"" or stdout.endswith(b"\n")  # complete lines only
+    if process.returncode == 0:
+        return total
+    [line] = [m for m in err.splitlines() if m.startswith("interrupted")]
+    if line == "interrupted":  # before the inputs were counted (torch loads while folders are searched)
+        return 0
+    match = INTERRUPTED.match(line)
+    assert match and int(match[2]) == total, line
+    return int(match[1])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_at_a_random_moment_leaves_whole_files(tmp_path, signum):
+    """A folder run stopped after a random delay (while Python or torch loads, the model loads, or files are
+    written): every output present is complete, none is a temporary file, and the files done are the inputs
+    with all their outputs."""
+    inputs = _copies(tmp_path / "in", "short_2s.wav", 24)
+    text = reference_clip("short_2s.wav")["text"]
+    rng = random.Random(int(signum))
+    for attempt, delay in enumerate([1.5] + [rng.uniform(2.0, 20.0) for _ in range(2)]):
+        out = tmp_path / f"out{attempt}"
+        process = _start(tmp_path / "in", "-o", out, "-f", "txt,json", "--batch", "1")
+        time.sleep(delay)
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=120)
+        done = _check_stopped(process, signum, stdout, stderr, len(inputs))
+        complete = 0
+        for source in inputs:
+            txt, record = out / (source.stem + ".txt"), out / (source.stem + ".json")
+            if txt.exists():
+                assert txt.read_text() == text + "\n"
+            if record.exists():
+                assert json.loads(record.read_text())["text"] == text
+            complete += txt.exists() and record.exists()
+        assert complete == done, (delay, stderr.decode())
+        assert not out.exists() or _leftovers(out) == []
+
+
+def test_sigint_while_torch_loads_is_one_line():
+    process = _start(CLIPS / "short_2s.wav")
+    time.sleep(1.5)  # Python and typer are up (about 0.6 s here); torch takes seconds to import
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    _check_stopped(process, signal.SIGINT, stdout, stderr, 1)
+    assert process.returncode == 130 and stdout == b""
+
+
+def test_ctrl_c_after_the_first_results_keeps_every_finished_line(tmp_path):
+    """One file a batch, each line printed as its batch is done: Ctrl-C once the first one is out; every line
+    printed is whole, and their number is the one the interrupted line gives."""
+    inputs = _copies(tmp_path / "in", "short_2s.wav", 40)
+    text = reference_clip("short_2s.wav")["text"]
+    process = _start(tmp_path / "in", "--batch", "1")
+    first = process.stdout.readline()
+    process.send_signal(signal.SIGINT)
+    rest, stderr = process.communicate(timeout=120)
+    lines = (first + rest).decode().splitlines(keepends=True)
+    done = _check_stopped(process, signal.SIGINT, first + rest, stderr, len(inputs))
+    assert process.returncode == 130, stderr.decode()  # 40 batches on the CPU take longer than a signal
+    assert len(lines) == done >= 1
+    printed = {str(p): text for p in inputs}
+    for line in lines:
+        path, said = line.rstrip("\n").split(": ", 1)
+        assert printed.pop(path) == said
+
+
+def test_one_file_on_a_terminal_shows_its_stage(tmp_path):
+    """stderr on a terminal (a pty): a status line naming the file, its length and the stage it is in."""
+    import pty
+
+    main, side = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"} | {"TERM": "xterm", "COLUMNS": "200"}
+    command = [sys.executable, "-m", "graphscribe.cli", str(CLIPS / "short_2s.wav"), "--model", str(NEMO_PATH)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=side, env=env)
+    os.close(side)
+    shown = b""
+    with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+        while chunk := os.read(main, 4096):
+            shown += chunk
+    os.close(main)
+    stdout, _ = process.communicate(timeout=120)
+    assert process.returncode == 0 and stdout.decode() == reference_clip("short_2s.wav")["text"] + "\n"
+    text = shown.decode(errors="replace")
+    assert "transcribing short_2s.wav (2 s of audio): encoder…" in text, text
+    assert "transcribing short_2s.wav (2 s of audio): decoding…" in text, text
