@@ -18,7 +18,7 @@ import torch
 from encoder_profile import time_ms  # scripts/ is on the path when run as a script
 
 from graphscribe import encoder_kernels as ek
-from graphscribe.encoder import _aligned, _halved
+from graphscribe.encoder import _MASKED_SCORE, _aligned, _halved
 
 
 def sweep(name: str, call, configs: list[dict]) -> list[dict]:
@@ -68,7 +68,7 @@ def main() -> int:
         )
         rows += sweep(
             "position_bias",
-            lambda **c: ek.position_bias(raw, valid, 0.088, _aligned(t), **c),
+            lambda **c: ek.position_bias(raw, valid, 0.088, _aligned(t), _MASKED_SCORE, **c),
             [
                 dict(block_i=bi, block_j=bj, warps=w)
                 for bi, bj, w in ((16, 128, 4), (8, 128, 4), (32, 128, 8), (16, 256, 4), (4, 256, 4))
