@@ -6,10 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+import soundfile as sf
 import torch
 from conftest import CLIPS, NEMO_PATH, reference_clip
+
+from graphscribe.bench import make_folder
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rows")
@@ -83,19 +87,37 @@ def _bench(*args, timeout=600):
     )
 
 
+def _timed_bench(*args) -> tuple[subprocess.CompletedProcess, float]:
+    """The bench process and its wall-clock seconds, which every timed pass inside it is shorter than."""
+    start = time.perf_counter()
+    result = _bench(*args)
+    return result, time.perf_counter() - start
+
+
+def _assert_rtfx(row: dict, audio_seconds: float, wall_seconds: float) -> None:
+    """RTFx is the input's audio seconds over a pass's seconds, and a pass fits in the process's wall time."""
+    assert 0 < row["seconds"] < wall_seconds and 0 < row["in_memory_seconds"] < wall_seconds
+    assert row["rtfx"] == pytest.approx(audio_seconds / row["seconds"])
+    assert row["in_memory_rtfx"] == pytest.approx(audio_seconds / row["in_memory_seconds"])
+    assert row["rtfx_min"] <= row["rtfx"] <= row["rtfx_max"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rows")
 def test_throughput_on_generated_speech_with_the_demo_model(tmp_path):
     out = tmp_path / "throughput.json"
-    result = _bench("--throughput", "--files", 5, "--batch-sizes", "2,4", "--reps", 1, "--model", "demo", "--json", out)
+    # the bench's folder is make_folder's default draw (seed 0): the same files, measured here by their headers
+    audio_seconds = sum(sf.info(str(p)).duration for p in make_folder(tmp_path / "same", files=5))
+    result, wall = _timed_bench(
+        "--throughput", "--files", 5, "--batch-sizes", "2,4", "--reps", 1, "--model", "demo", "--json", out
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["files"] == 5 and report["dtype"] == "float32" and report["reps"] == 1
-    assert 5 * 1.5 <= report["audio_seconds"] <= 5 * 30
+    assert report["audio_seconds"] == pytest.approx(audio_seconds)
     rows = report["throughput"]
     assert [(r["batch"], r["graphs"]) for r in rows] == [(2, False), (4, False)]
     for row in rows:
-        assert row["rtfx"] > 0 and row["in_memory_rtfx"] > 0 and row["rtfx_min"] <= row["rtfx"] <= row["rtfx_max"]
-        assert row["rtfx"] == pytest.approx(report["audio_seconds"] / row["seconds"])
+        _assert_rtfx(row, audio_seconds, wall)
         assert set(row["stages"]) == {"read", "wait", "features", "encoder", "decode", "text", "write"}
         for stage in ("read", "features", "encoder", "decode", "write"):
             assert row["stages"][stage] > 0, stage
@@ -113,15 +135,19 @@ def test_throughput_on_a_folder_counts_a_bad_file(tmp_path):
         (folder / name).write_bytes((CLIPS / name).read_bytes())
     (folder / "broken.flac").write_bytes(b"\0" * 1000)
     out = tmp_path / "folder.json"
-    result = _bench("--folder", folder, "--batch-sizes", "2", "--reps", 1, "--model", NEMO_PATH, "--json", out)
+    result, wall = _timed_bench(
+        "--folder", folder, "--batch-sizes", "2", "--reps", 1, "--model", NEMO_PATH, "--json", out
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["files"] == 4 and report["folder"] == str(folder)
-    assert report["audio_seconds"] == pytest.approx(
-        sum(reference_clip(n)["samples"] for n in ("short_2s.wav", "espeak_fox.wav", "quarter_second.wav")) / 16000
-    )
+    # NeMo's sample counts of the three good files at 16 kHz; the broken one adds nothing
+    audio_seconds = sum(reference_clip(n)["samples"] for n in ("short_2s.wav", "espeak_fox.wav", "quarter_second.wav"))
+    audio_seconds /= 16000
+    assert report["audio_seconds"] == pytest.approx(audio_seconds)
     [row] = report["throughput"]
     assert row["failed"] == 1 and row["identical"] is True
+    _assert_rtfx(row, audio_seconds, wall)
 
 
 def test_bench_folder_usage_errors(tmp_path):

@@ -193,6 +193,28 @@ def test_float32_on_the_cpu_uses_the_map_itself():
     assert _mapped(state, checkpoint_size)
 
 
+@pytest.mark.parametrize("allow_tf32", [True, False])
+def test_loading_leaves_cudnn_tf32_as_it_was(monkeypatch, allow_tf32):
+    """The float32 encoder's no-TF32 rule is scoped to our own calls, not set for the whole process."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", allow_tf32)
+    model = load_model(NEMO_PATH, device="cpu", graphs=False)
+    model.transcribe([SPEECH_CLIP])
+    assert torch.backends.cudnn.allow_tf32 is allow_tf32
+
+
+@pytest.mark.parametrize("allow_tf32", [True, False])
+def test_float32_on_cuda_runs_without_tf32_inside_our_calls_only(model, monkeypatch, allow_tf32):
+    """A float32 model on CUDA (its device stood in for here) turns cuDNN's TF32 off while it runs, then back."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", allow_tf32)
+    monkeypatch.setattr(model, "device", torch.device("cuda"))
+    with model._float32_math():
+        assert torch.backends.cudnn.allow_tf32 is False
+    assert torch.backends.cudnn.allow_tf32 is allow_tf32
+    monkeypatch.setattr(model, "dtype", torch.bfloat16)  # 16-bit: the process's setting stays
+    with model._float32_math():
+        assert torch.backends.cudnn.allow_tf32 is allow_tf32
+
+
 def test_loading_imports_no_compiler():
     """Building on the meta device must not pull in torch._dynamo (1.5 s) through torch._refs."""
     code = (

@@ -128,7 +128,7 @@ def run_bench(
                 model.use_graphs(graphs)  # a fresh decoder: its capture is timed in the warm-up
                 decoder = model.decoder
                 _reset_peak(device)
-                times, hyps = _timed(lambda: decoder.decode(batch, batch_lengths), device, reps)
+                times, hyps = _timed(lambda: model.decode(batch, batch_lengths), device, reps)
                 steps = hyps[0].steps
                 row = {
                     "what": "decode",

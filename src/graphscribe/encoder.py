@@ -308,7 +308,7 @@ def _position_bias(
     kernels = _kernels_for(q_v)
     if kernels is not None:  # one product per head (no broadcast copy of the positions), then one fused pass
         raw = torch.bmm(q_v.transpose(0, 1).reshape(h, b * n, d_k), p_rows.transpose(-2, -1))  # (H, B n, t + n - 1)
-        return kernels.position_bias(raw.view(h, b, n, t + n - 1), valid, scale, width)
+        return kernels.position_bias(raw.view(h, b, n, t + n - 1), valid, scale, width, _MASKED_SCORE)
     raw = torch.matmul(q_v, p_rows.transpose(-2, -1))  # (B, H, n, t + n - 1)
     bias = q_v.new_empty(b, h, n, width)[..., :t]
     torch.mul(_shifted(raw, t), scale, out=bias)

@@ -25,10 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .encoder import _MASKED_SCORE as _NEMO_MASKED_SCORE
-
-_MASKED_SCORE = tl.constexpr(_NEMO_MASKED_SCORE)  # a kernel reads a module global only as a constexpr
-
 
 @triton.jit
 def _glu_depthwise_kernel(
@@ -202,7 +198,19 @@ def first_conv(
 
 @triton.jit
 def _position_bias_kernel(
-    raw_ptr, valid_ptr, out_ptr, B, H, N, T, P, WIDTH, scale, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr
+    raw_ptr,
+    valid_ptr,
+    out_ptr,
+    B,
+    H,
+    N,
+    T,
+    P,
+    WIDTH,
+    scale,
+    MASKED: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_J: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets, as above
     b = bh // H
@@ -217,7 +225,7 @@ def _position_bias_kernel(
         key = tl.load(valid_ptr + b * T + j, mask=j_ok, other=0) != 0
         m = i_ok[:, None] & j_ok[None, :]
         x = tl.load(src_row[:, None] + j[None, :], mask=m & key[None, :], other=0.0).to(tl.float32) * scale
-        x = tl.where(key[None, :], x, _MASKED_SCORE)
+        x = tl.where(key[None, :], x, MASKED)
         tl.store(dst_row[:, None] + j[None, :], x.to(out_ptr.dtype.element_ty), mask=m)
 
 
@@ -226,6 +234,7 @@ def position_bias(
     valid: torch.Tensor,
     scale: float,
     width: int,
+    masked: float,
     block_i: int = 16,
     block_j: int = 256,
     warps: int = 4,
@@ -234,7 +243,8 @@ def position_bias(
 
     raw (H, B, n, t + n - 1): q_v p^T of rows start ... start + n - 1 against positions t - end ... 2t - 2 - start
     (row r, key j at column j + n - 1 - r); valid (B, t). -> (B, H, n, t), a view of rows `width` (>= t) long:
-    raw * scale on keys that are frames, -10000 on padded keys. `block_i` rows a program, `block_j` keys a pass.
+    raw * scale on keys that are frames, `masked` (the caller's, NeMo's -10000) on padded keys. `block_i` rows a
+    program, `block_j` keys a pass.
     """
     h, b, n, p = raw.shape
     t = valid.shape[1]
@@ -251,6 +261,7 @@ def position_bias(
         p,
         width,
         scale,
+        MASKED=masked,
         BLOCK_I=block_i,
         BLOCK_J=block_j,
         num_warps=warps,

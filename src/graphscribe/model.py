@@ -7,6 +7,7 @@ timestamps. Reading and batching many inputs is pipeline.py's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -193,10 +194,6 @@ class Model:
         if self.device.type != "cuda":
             options = replace(options, graphs=False)  # CUDA only; the CLI says so when asked
         self.options = options
-        if self.device.type == "cuda" and self.dtype == torch.float32:
-            # float32 means float32: cuDNN would otherwise run the encoder's convolutions in TF32,
-            # which moves the features enough to flip near-tied tokens against NeMo's float32 result.
-            torch.backends.cudnn.allow_tf32 = False
         self.module = module.to_inference(self.device, self.dtype)
         self.tokenizer = tokenizer
         self.decoder = self._new_decoder()
@@ -267,7 +264,8 @@ class Model:
             if self._layer_graphs is None:  # packs the layers' weights at its first small batch (see LayerGraphs)
                 self._layer_graphs = LayerGraphs(self.module.encoder.layers)
             layers = self._layer_graphs
-        return self.module.encoder(features.to(self.dtype), lengths, window, layers)
+        with self._float32_math():
+            return self.module.encoder(features.to(self.dtype), lengths, window, layers)
 
     @torch.inference_mode()
     def encode(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,7 +309,16 @@ class Model:
         return window
 
     def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
-        return self.decoder.decode(encoded, lengths)
+        with self._float32_math():
+            return self.decoder.decode(encoded, lengths)
+
+    def _float32_math(self):
+        """float32 means float32 on CUDA: cuDNN would otherwise run the encoder's convolutions (and the prediction
+        net's LSTM) in TF32, which moves the features enough to flip near-tied tokens against NeMo's float32
+        result. Only around our own calls (graph captures included): the process's setting is left as it was."""
+        if self.device.type == "cuda" and self.dtype == torch.float32:
+            return _cudnn_without_tf32()
+        return contextlib.nullcontext()
 
     def frame_seconds(self, frame: int) -> float:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
@@ -391,6 +398,17 @@ class Model:
         for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds, timings=timings):
             results[i] = transcript
         return results  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _cudnn_without_tf32():
+    cudnn = torch.backends.cudnn
+    before = cudnn.allow_tf32
+    cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        cudnn.allow_tf32 = before
 
 
 def available_memory(device: torch.device) -> int:
