@@ -186,7 +186,7 @@ def transcribe_command(
         ...,
         metavar="FILES_OR_FOLDERS",
         show_default=False,
-        help="Audio files (wav, flac, mp3, ...) or folders, searched recursively.",
+        help="Audio or video files (wav, flac, mp3, m4a, mp4, webm, ...) or folders, searched recursively.",
     ),
     model: Optional[str] = typer.Option(
         None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
