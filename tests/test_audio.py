@@ -6,9 +6,11 @@ bit-identical to the original, the tokens must be NeMo's.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -354,6 +356,42 @@ def test_decoded_length_is_capped(tmp_path, heldout, monkeypatch, live):
     monkeypatch.setattr(audio, "MAX_DECODED_SECONDS", 2.0)
     with pytest.raises(AudioError, match=r"clip\.webm: over 2 s of audio, the most one file may hold; split it$"):
         load_audio(path, RATE)
+
+
+def test_stdin_is_read_whole_and_named_dash(monkeypatch, heldout, tmp_path):
+    path = write_media(tmp_path / "clip.m4a", heldout, RATE, "aac", 44100)
+    for source in (HELDOUT_CLIP, path):  # libsndfile's, then FFmpeg's
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes())))
+        loaded = load_audio("-", RATE)
+        assert loaded.numel() == pytest.approx(len(heldout), abs=0.05 * RATE)
+        if source == HELDOUT_CLIP:
+            assert np.array_equal(loaded.numpy(), heldout)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"not audio at all" * 100)))
+    with pytest.raises(AudioError, match=r"^-: not a readable audio file \(unknown format or corrupt data\)$"):
+        load_audio("-", RATE)
+    monkeypatch.setattr(audio, "MAX_STDIN_BYTES", 1000)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(HELDOUT_CLIP.read_bytes())))
+    with pytest.raises(AudioError, match=r"^-: standard input holds over 1,000 bytes; save it to a file$"):
+        load_audio("-", RATE)
+
+
+@pytest.mark.parametrize(
+    "given,url",
+    [
+        ("https://example.com/talk.m4a", "https://example.com/talk.m4a"),
+        (Path("https://example.com/talk.m4a"), "https://example.com/talk.m4a"),  # a Path keeps one slash
+        ("HTTP://example.com", "HTTP://example.com"),
+        ("s3://bucket/key.wav", "s3://bucket/key.wav"),
+        ("talk.wav", None),
+        ("http_talk.wav", None),
+        ("notes:1.wav", None),
+    ],
+)
+def test_urls_are_named_not_read(given, url):
+    assert audio.url_of(given) == url
+    if url is not None:
+        with pytest.raises(AudioError, match=f"^{re.escape(url)}: URLs are not read; download the file first"):
+            load_audio(given, RATE)
 
 
 def test_folders_include_ffmpeg_formats(tmp_path):

@@ -6,6 +6,7 @@ WAV gives, and the sentence that was spoken.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -159,5 +160,40 @@ def test_a_folder_of_m4a_and_webm(media, tmp_path):
     assert all(word_edits(text, SPOKEN) <= 2 for text in texts.values()), texts
 
 
+def test_stdin_m4a(media):
+    result = transcribe("-", stdin=media["talk.m4a"].read_bytes())
+    assert result.returncode == 0, result.stderr
+    assert word_edits(result.stdout.strip(), SPOKEN) <= 2, result.stdout
+
+
+def test_stdin_wav_beside_a_file_a_url_and_a_second_dash(media):
+    """Standard input's transcript is named `-`; a URL and a second `-` get one line each, the rest goes on."""
+    result = transcribe(media["talk.webm"], "-", "https://example.com/talk.m4a", "-", stdin=CLIP.read_bytes())
+    assert result.returncode == 1
+    assert sorted(_errors(result.stderr)) == [
+        "error: -: standard input is given twice; it is read once",
+        "error: https://example.com/talk.m4a: URLs are not read; download the file first "
+        "(or: curl -sL URL | transcribe -)",
+    ]
+    texts = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert sorted(texts) == sorted([str(media["talk.webm"]), "-"])
+    assert word_edits(texts["-"], SPOKEN) <= 2, texts
+
+
 def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def test_dash_from_a_terminal_is_refused(monkeypatch):
+    """Reading a terminal would wait for typing: one line instead."""
+    from graphscribe.cli import expand_inputs
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal())
+    assert expand_inputs([Path("-")]) == (
+        [],
+        ["-: standard input is a terminal; pipe a file in (cat talk.m4a | transcribe -)"],
+    )

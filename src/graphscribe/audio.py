@@ -1,5 +1,5 @@
 """Audio in: any file soundfile reads (WAV, FLAC, OGG, MP3), else FFmpeg through PyAV (M4A, MP4, WebM, MKV, ... and
-the audio track of a video); any channels and rate -> mono float32 at the model's rate.
+the audio track of a video), or standard input; any channels and rate -> mono float32 at the model's rate.
 
 Reading is safe from several threads at once (the pipeline's readers): libsndfile, FFmpeg and torch release the GIL.
 """
@@ -28,6 +28,9 @@ FFMPEG_SUFFIXES = (
     ".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".wmv", ".flv", ".mpg", ".mpeg", ".ts",
 )  # fmt: skip
 AUDIO_SUFFIXES = SNDFILE_SUFFIXES + FFMPEG_SUFFIXES  # what folders are searched for
+STDIN = "-"  # the input name that reads standard input
+URL_SCHEMES = ("http", "https", "ftp", "ftps", "s3", "gs", "rtsp", "rtmp")  # not read: `url_of` names them
+MAX_STDIN_BYTES = 2 << 30  # standard input is held in memory whole: ~3.5 h of 48 kHz stereo 16-bit WAV
 # What one compressed file may decode to: a few MB of Opus silence can claim days. Twice the longest the model
 # cards claim (3 h, local attention); at 48 kHz the decoded samples take 4 GB.
 MAX_DECODED_SECONDS = 6 * 3600
@@ -42,10 +45,15 @@ class AudioError(ValueError):
 
 
 def load_audio(path: str | os.PathLike, sample_rate: int) -> torch.Tensor:
-    """Read `path` as (L,) float32 mono at `sample_rate`; channels are averaged.
+    """Read `path` as (L,) float32 mono at `sample_rate`; channels are averaged. `-` (STDIN) reads standard input.
 
     libsndfile reads what it can (WAV, FLAC, OGG, MP3); anything else goes to FFmpeg (PyAV), whose audio track is
     decoded, at most MAX_DECODED_SECONDS of it."""
+    if str(path) == STDIN:
+        return decode_audio(_read_stdin(), STDIN, sample_rate)
+    url = url_of(path)
+    if url is not None:
+        raise AudioError(f"{url}: URLs are not read; download the file first (or: curl -sL URL | transcribe -)")
     path = Path(path)
     if not path.exists():
         raise AudioError(f"{path}: no such file")
@@ -161,6 +169,19 @@ def _opened(source: Path | bytes) -> str | io.BytesIO:
     return io.BytesIO(source) if isinstance(source, bytes) else str(source)
 
 
+def _read_stdin() -> bytes:
+    """Standard input, whole, up to MAX_STDIN_BYTES."""
+    chunks, size = [], 0
+    while chunk := sys.stdin.buffer.read(1 << 20):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_STDIN_BYTES:
+            raise AudioError(f"{STDIN}: standard input holds over {MAX_STDIN_BYTES:,} bytes; save it to a file")
+    if not chunks:
+        raise AudioError(f"{STDIN}: standard input is empty")
+    return b"".join(chunks)
+
+
 def prepare_audio(data, rate: int, sample_rate: int, name: str = "<array>") -> torch.Tensor:
     """Samples (L,) or (L, C) at `rate` -> (L',) float32 mono at `sample_rate`, checked for bad values."""
     samples = torch.as_tensor(np.asarray(data, dtype=np.float32))
@@ -189,9 +210,18 @@ def read_input(item, sample_rate: int) -> torch.Tensor:
     return prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item, sample_rate, sample_rate)
 
 
+def url_of(path: str | os.PathLike) -> str | None:
+    """The URL `path` was given as, or None. A Path made of "https://host/a.wav" reads "https:/host/a.wav": the
+    slashes after the scheme are put back."""
+    scheme, colon, rest = os.fspath(path).partition(":")
+    if not colon or scheme.lower() not in URL_SCHEMES or not (rest == "" or rest.startswith("/")):
+        return None
+    return f"{scheme}://{rest.lstrip('/')}"
+
+
 def audio_seconds(path: str | os.PathLike) -> float | None:
     """A file's length from its header (cheap), or None when it cannot be inspected (reading it says why)."""
-    if not Path(path).is_file():  # a pipe would block
+    if str(path) == STDIN or not Path(path).is_file():  # a pipe would block
         return None
     try:
         with NATIVE_STDERR.quiet():

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .audio import NATIVE_STDERR, find_audio_files
+from .audio import NATIVE_STDERR, STDIN, find_audio_files
 from .checkpoint import DEMO_NAME, CheckpointError
 from .config import UnsupportedModelError
 from .pipeline import ReadAhead, read_ahead, transcribe_stream
@@ -102,16 +102,24 @@ def load_or_exit(
 
 
 def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
-    """Files as given and audio files found under folders; plus one error line per input that yields nothing."""
+    """Files as given, audio files found under folders, and `-` (standard input, its transcript named `-`); plus one
+    error line per input that yields nothing."""
     files, errors = [], []
     for path in inputs:
-        if path.is_dir():
+        if str(path) == STDIN:
+            if sys.stdin is None or sys.stdin.isatty():  # reading would wait for typing
+                errors.append(f"{STDIN}: standard input is a terminal; pipe a file in (cat talk.m4a | transcribe -)")
+            elif path in files:
+                errors.append(f"{STDIN}: standard input is given twice; it is read once")
+            else:
+                files.append(path)
+        elif path.is_dir():
             found = find_audio_files(path)
             if not found:
                 errors.append(f"{path}: folder has no audio files")
             files.extend(found)
         else:
-            files.append(path)  # missing or unreadable files are reported when read
+            files.append(path)  # missing or unreadable files, and URLs, are reported when read
     return files, errors
 
 
@@ -186,7 +194,8 @@ def transcribe_command(
         ...,
         metavar="FILES_OR_FOLDERS",
         show_default=False,
-        help="Audio or video files (wav, flac, mp3, m4a, mp4, webm, ...) or folders, searched recursively.",
+        help="Audio or video files (wav, flac, mp3, m4a, mp4, webm, ...), folders (searched recursively), "
+        "or - for standard input.",
     ),
     model: Optional[str] = typer.Option(
         None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
