@@ -31,8 +31,8 @@ AUDIO_SUFFIXES = SNDFILE_SUFFIXES + FFMPEG_SUFFIXES  # what folders are searched
 STDIN = "-"  # the input name that reads standard input
 URL_SCHEMES = ("http", "https", "ftp", "ftps", "s3", "gs", "rtsp", "rtmp")  # not read: `url_of` names them
 MAX_STDIN_BYTES = 2 << 30  # standard input is held in memory whole: ~3.5 h of 48 kHz stereo 16-bit WAV
-# What one compressed file may decode to: a few MB of Opus silence can claim days. Twice the longest the model
-# cards claim (3 h, local attention); at 48 kHz the decoded samples take 4 GB.
+# What one compressed file may decode to: its size says little (an hour of Opus fits in 3 MB). Twice the longest the
+# model cards claim (3 h, local attention); 6 h of 48 kHz mono float32 is 4 GB.
 MAX_DECODED_SECONDS = 6 * 3600
 # libsndfile errors that say nothing true about a file that exists: SFE_BAD_OPEN_FORMAT, SFE_BAD_FILE ("does not
 # exist or is not a regular file (possibly a pipe?)", for an .mp3 of random bytes), SFE_INTERNAL (a corrupt mp3)
@@ -100,7 +100,7 @@ def _read_sndfile(source: Path | bytes, name: str) -> tuple[np.ndarray, int]:
 
 
 def _read_ffmpeg(source: Path | bytes, name: str, sndfile_reason: str) -> tuple[np.ndarray, int]:
-    """(L,) float32 mono samples of the first audio track and their rate, through FFmpeg; `sndfile_reason` is the
+    """(L,) float32 mono samples of the main audio track and their rate, through FFmpeg; `sndfile_reason` is the
     error for what FFmpeg cannot open either (libsndfile's words, as before FFmpeg was tried)."""
     import av  # here: its import takes ~0.2 s that WAV, FLAC and MP3 never need
 
@@ -123,7 +123,7 @@ def _read_ffmpeg(source: Path | bytes, name: str, sndfile_reason: str) -> tuple[
 
 
 def _decode_track(container, stream, name: str) -> tuple[np.ndarray, int]:
-    """Decode `stream` frame by frame into mono chunks: memory stays one copy of the samples plus one frame."""
+    """Decode `stream` frame by frame into mono chunks, joined once at the end (no regrowing buffer)."""
     chunks: list[np.ndarray] = []
     rate, total = None, 0
     for packet in container.demux(stream):  # the other tracks' packets are read past, not decoded
