@@ -105,15 +105,20 @@ def _read_ffmpeg(source: Path | bytes, name: str, sndfile_reason: str) -> tuple[
     import av  # here: its import takes ~0.2 s that WAV, FLAC and MP3 never need
 
     with NATIVE_STDERR.quiet():
+        unreadable = AudioError(f"{name}: not a readable audio file ({sndfile_reason})")
         try:
             container = av.open(_opened(source), metadata_errors="ignore")
         except av.FFmpegError:
-            raise AudioError(f"{name}: not a readable audio file ({sndfile_reason})") from None
+            raise unreadable from None
         try:
             with container:
+                if container.streams and not container.streams.audio:  # a video, or subtitles alone
+                    raise AudioError(f"{name}: no audio track")
+                # None where no audio track has a sample rate: what FFmpeg guessed from the name alone (random
+                # bytes called .flac) or a container whose index is lost
                 stream = container.streams.best("audio")
                 if stream is None:
-                    raise AudioError(f"{name}: no audio track")
+                    raise unreadable
                 if container.duration is not None and container.duration / av.time_base > MAX_DECODED_SECONDS:
                     raise AudioError(f"{name}: {_too_long()}")
                 return _decode_track(container, stream, name)
