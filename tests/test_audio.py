@@ -6,9 +6,11 @@ bit-identical to the original, the tokens must be NeMo's.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +18,11 @@ import pytest
 import soundfile as sf
 import torch
 import torchaudio.functional as AF
+from av_media import write_media
 from conftest import CLIP_NAMES, CLIPS, JFK_FLAC, NEMO_PATH, SPEECH_CLIP, reference_clip
 
-from graphscribe.audio import AudioError, load_audio
+from graphscribe import audio
+from graphscribe.audio import AudioError, audio_seconds, find_audio_files, load_audio, prepare_audio
 
 RATE = 16000  # Hz, the model's
 SECONDS = reference_clip(SPEECH_CLIP.name)["samples"] / RATE  # 7.435 s
@@ -291,3 +295,130 @@ def test_out_of_memory_splits_the_batch_and_names_the_file(monkeypatch):
             assert transcript.error and name in transcript.error and "memory" in transcript.error
         else:
             assert transcript.error is None and transcript.token_ids == ref["token_ids"]
+
+
+# ---------------------------------------------------------------------------- FFmpeg (PyAV): what libsndfile cannot read
+
+HELDOUT_CLIP = Path(__file__).parent / "fixtures" / "demo-heldout" / "heldout_01.wav"  # 5.4 s, 16 kHz mono
+
+
+@pytest.fixture(scope="module")
+def heldout() -> np.ndarray:
+    data, rate = sf.read(HELDOUT_CLIP, dtype="float32")
+    assert rate == RATE and data.ndim == 1
+    return data
+
+
+@pytest.mark.parametrize("subtype", ["PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE"])
+def test_ffmpeg_reads_a_file_as_libsndfile_does(tmp_path, heldout, subtype):
+    """The same 48 kHz stereo WAV through both readers: the same samples, bit for bit (scaling, channel mean and
+    resampler are shared)."""
+    upsampled = AF.resample(torch.from_numpy(heldout), RATE, 48000).numpy()
+    path = tmp_path / "stereo48k.wav"
+    sf.write(path, np.stack([upsampled, 0.01 - 0.3 * upsampled], axis=1), 48000, subtype=subtype)
+    samples, rate = audio._read_ffmpeg(path, path.name, "")
+    assert rate == 48000
+    assert np.array_equal(prepare_audio(samples, rate, RATE).numpy(), load_audio(path, RATE).numpy())
+
+
+CONTAINERS = [  # name, codec, codec rate, layout, video codec
+    ("clip.m4a", "aac", 44100, "mono", None),
+    ("clip.mp4", "aac", 48000, "stereo", "libx264"),
+    ("clip.webm", "libopus", 48000, "mono", None),
+    ("clip.mkv", "libmp3lame", 22050, "stereo", "mpeg4"),
+    ("clip.mov", "pcm_s16le", 16000, "mono", "mpeg4"),
+]
+
+
+@pytest.mark.parametrize("name,codec,rate,layout,video", CONTAINERS, ids=[c[0] for c in CONTAINERS])
+def test_ffmpeg_containers_load_at_the_model_rate(tmp_path, heldout, name, codec, rate, layout, video):
+    path = write_media(tmp_path / name, heldout, RATE, codec, rate, layout, video)
+    with pytest.raises(sf.LibsndfileError):
+        sf.info(path)  # FFmpeg's to read
+    loaded = load_audio(path, RATE)
+    assert loaded.dtype == torch.float32 and loaded.ndim == 1
+    assert loaded.numel() == pytest.approx(len(heldout), abs=0.05 * RATE)  # encoder padding is trimmed
+    n = min(loaded.numel(), len(heldout))
+    assert np.corrcoef(loaded.numpy()[:n], heldout[:n])[0, 1] > 0.9  # the same sound, in time
+    assert audio_seconds(path) == pytest.approx(len(heldout) / RATE, abs=0.2)
+    if codec == "pcm_s16le":  # lossless at the model's rate: the WAV's samples
+        assert np.array_equal(loaded.numpy(), heldout)
+
+
+def test_a_video_without_audio_is_one_line(tmp_path):
+    path = write_media(tmp_path / "silent-film.mp4", None, RATE, None, video="libx264", seconds=1.0)
+    with pytest.raises(AudioError) as raised:
+        load_audio(path, RATE)
+    assert str(raised.value) == f"{path}: no audio track"
+
+
+def test_corrupt_media_is_one_line(tmp_path, heldout):
+    good = write_media(tmp_path / "good.m4a", heldout, RATE, "aac", 44100)
+    data = bytearray(good.read_bytes())
+    start = data.index(b"mdat") + 100
+    data[start : start + 4000] = np.random.default_rng(0).bytes(4000)
+    damaged = tmp_path / "damaged.m4a"
+    damaged.write_bytes(bytes(data))
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(
+        write_media(tmp_path / "whole.mp4", heldout, RATE, "aac", 48000, video="libx264").read_bytes()[:5000]
+    )
+    for path, words in [(damaged, "corrupt data"), (cut, "unknown format or corrupt data")]:
+        with pytest.raises(AudioError) as raised:
+            load_audio(path, RATE)
+        message = str(raised.value)
+        assert message.startswith(f"{path}: not a readable audio file (") and words in message, message
+        assert "\n" not in message
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["duration-in-header", "live-stream"])
+def test_decoded_length_is_capped(tmp_path, heldout, monkeypatch, live):
+    """A compressed file may claim hours from a few bytes: refused from its header, or while decoding where the
+    header has no duration (a live stream's)."""
+    path = write_media(tmp_path / "clip.webm", heldout, RATE, "libopus", 48000, live_format="webm" if live else None)
+    load_audio(path, RATE)
+    monkeypatch.setattr(audio, "MAX_DECODED_SECONDS", 2.0)
+    with pytest.raises(AudioError, match=r"clip\.webm: over 2 s of audio, the most one file may hold; split it$"):
+        load_audio(path, RATE)
+
+
+def test_stdin_is_read_whole_and_named_dash(monkeypatch, heldout, tmp_path):
+    path = write_media(tmp_path / "clip.m4a", heldout, RATE, "aac", 44100)
+    for source in (HELDOUT_CLIP, path):  # libsndfile's, then FFmpeg's
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes())))
+        loaded = load_audio("-", RATE)
+        assert loaded.numel() == pytest.approx(len(heldout), abs=0.05 * RATE)
+        if source == HELDOUT_CLIP:
+            assert np.array_equal(loaded.numpy(), heldout)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"not audio at all" * 100)))
+    with pytest.raises(AudioError, match=r"^-: not a readable audio file \(unknown format or corrupt data\)$"):
+        load_audio("-", RATE)
+    monkeypatch.setattr(audio, "MAX_STDIN_BYTES", 1000)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(HELDOUT_CLIP.read_bytes())))
+    with pytest.raises(AudioError, match=r"^-: standard input holds over 1,000 bytes; save it to a file$"):
+        load_audio("-", RATE)
+
+
+@pytest.mark.parametrize(
+    "given,url",
+    [
+        ("https://example.com/talk.m4a", "https://example.com/talk.m4a"),
+        (Path("https://example.com/talk.m4a"), "https://example.com/talk.m4a"),  # a Path keeps one slash
+        ("HTTP://example.com", "HTTP://example.com"),
+        ("s3://bucket/key.wav", "s3://bucket/key.wav"),
+        ("talk.wav", None),
+        ("http_talk.wav", None),
+        ("notes:1.wav", None),
+    ],
+)
+def test_urls_are_named_not_read(given, url):
+    assert audio.url_of(given) == url
+    if url is not None:
+        with pytest.raises(AudioError, match=f"^{re.escape(url)}: URLs are not read; download the file first"):
+            load_audio(given, RATE)
+
+
+def test_folders_include_ffmpeg_formats(tmp_path):
+    for name in ("a.m4a", "b.WEBM", "c.mp4", "d.mkv", "e.wav", "f.txt", "g.jpg"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in find_audio_files(tmp_path)] == ["a.m4a", "b.WEBM", "c.mp4", "d.mkv", "e.wav"]

@@ -1,11 +1,13 @@
-"""Audio in: any file soundfile reads (WAV, FLAC, OGG, MP3), any channels and rate -> mono float32 at the model's rate.
+"""Audio in: any file soundfile reads (WAV, FLAC, OGG, MP3), else FFmpeg through PyAV (M4A, MP4, WebM, MKV, ... and
+the audio track of a video), or standard input; any channels and rate -> mono float32 at the model's rate.
 
-Reading is safe from several threads at once (the pipeline's readers): libsndfile and torch release the GIL.
+Reading is safe from several threads at once (the pipeline's readers): libsndfile, FFmpeg and torch release the GIL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import sys
@@ -19,7 +21,19 @@ import torch
 # libsndfile trims a chunk that claims more bytes than the file holds, and notes it in its log.
 _TRUNCATED_CHUNK = re.compile(r"^\s*data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
 _STREAMED_SIZES = (0, 0xFFFFFFFF, 0x7FFFFFFF)  # sizes written by streaming tools that never seek back: valid files
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".w64", ".caf")
+SNDFILE_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".w64", ".caf")
+# read by FFmpeg: audio, and video whose audio track is transcribed
+FFMPEG_SUFFIXES = (
+    ".m4a", ".m4b", ".aac", ".wma", ".mka", ".ac3", ".amr", ".3gp",
+    ".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".wmv", ".flv", ".mpg", ".mpeg", ".ts",
+)  # fmt: skip
+AUDIO_SUFFIXES = SNDFILE_SUFFIXES + FFMPEG_SUFFIXES  # what folders are searched for
+STDIN = "-"  # the input name that reads standard input
+URL_SCHEMES = ("http", "https", "ftp", "ftps", "s3", "gs", "rtsp", "rtmp")  # not read: `url_of` names them
+MAX_STDIN_BYTES = 2 << 30  # standard input is held in memory whole: ~3.5 h of 48 kHz stereo 16-bit WAV
+# What one compressed file may decode to: its size says little (an hour of Opus fits in 3 MB). Twice the longest the
+# model cards claim (3 h, local attention); 6 h of 48 kHz mono float32 is 4 GB.
+MAX_DECODED_SECONDS = 6 * 3600
 # libsndfile errors that say nothing true about a file that exists: SFE_BAD_OPEN_FORMAT, SFE_BAD_FILE ("does not
 # exist or is not a regular file (possibly a pipe?)", for an .mp3 of random bytes), SFE_INTERNAL (a corrupt mp3)
 _UNHELPFUL_CODES = (1, 7, 29)
@@ -31,7 +45,15 @@ class AudioError(ValueError):
 
 
 def load_audio(path: str | os.PathLike, sample_rate: int) -> torch.Tensor:
-    """Read `path` as (L,) float32 mono at `sample_rate`; channels are averaged."""
+    """Read `path` as (L,) float32 mono at `sample_rate`; channels are averaged. `-` (STDIN) reads standard input.
+
+    libsndfile reads what it can (WAV, FLAC, OGG, MP3); anything else goes to FFmpeg (PyAV), whose audio track is
+    decoded, at most MAX_DECODED_SECONDS of it."""
+    if str(path) == STDIN:
+        return decode_audio(_read_stdin(), STDIN, sample_rate)
+    url = url_of(path)
+    if url is not None:
+        raise AudioError(f"{url}: URLs are not read; download the file first (or: curl -sL URL | transcribe -)")
     path = Path(path)
     if not path.exists():
         raise AudioError(f"{path}: no such file")
@@ -39,17 +61,31 @@ def load_audio(path: str | os.PathLike, sample_rate: int) -> torch.Tensor:
         raise AudioError(f"{path}: is a folder, not an audio file")
     if not path.is_file():
         raise AudioError(f"{path}: not a regular file")  # a pipe would block the reader
+    return decode_audio(path, str(path), sample_rate)
+
+
+def decode_audio(source: Path | bytes, name: str, sample_rate: int) -> torch.Tensor:
+    """A file or its bytes -> (L,) float32 mono at `sample_rate`: libsndfile, else FFmpeg. Errors name `name`."""
     try:
-        with NATIVE_STDERR.quiet(), sf.SoundFile(str(path)) as f:
+        data, rate = _read_sndfile(source, name)
+    except sf.LibsndfileError as err:  # a format libsndfile does not know, or a broken file: FFmpeg's turn
+        data, rate = _read_ffmpeg(source, name, _reason(err))
+    return prepare_audio(data, rate, sample_rate, name=name)
+
+
+def _read_sndfile(source: Path | bytes, name: str) -> tuple[np.ndarray, int]:
+    """(L, C) float32 samples and their rate, through libsndfile; LibsndfileError where it cannot read them."""
+    try:
+        with NATIVE_STDERR.quiet(), sf.SoundFile(_opened(source)) as f:
             rate = f.samplerate
             data = f.read(dtype="float32", always_2d=True)  # (L, C), integer PCM scaled to [-1, 1)
             header_log = f.extra_info
-    except sf.LibsndfileError as err:
-        raise AudioError(f"{path}: not a readable audio file ({_reason(err)})") from None
+    except sf.LibsndfileError:
+        raise
     except (RuntimeError, TypeError, ValueError) as err:
-        raise AudioError(f"{path}: not a readable audio file ({_first_line(err)})") from None
+        raise AudioError(f"{name}: not a readable audio file ({_first_line(err)})") from None
     except OSError as err:
-        raise AudioError(f"{path}: cannot be read ({_first_line(err)})") from None
+        raise AudioError(f"{name}: cannot be read ({_first_line(err)})") from None
     truncated = _TRUNCATED_CHUNK.search(header_log)
     if (
         truncated
@@ -57,10 +93,98 @@ def load_audio(path: str | os.PathLike, sample_rate: int) -> torch.Tensor:
         and int(truncated.group(1)) > int(truncated.group(2))
     ):
         raise AudioError(
-            f"{path}: truncated (the header promises {truncated.group(1)} bytes of audio, "
+            f"{name}: truncated (the header promises {truncated.group(1)} bytes of audio, "
             f"the file holds {truncated.group(2)})"
         )
-    return prepare_audio(data, rate, sample_rate, name=str(path))
+    return data, rate
+
+
+def _read_ffmpeg(source: Path | bytes, name: str, sndfile_reason: str) -> tuple[np.ndarray, int]:
+    """(L,) float32 mono samples of the main audio track and their rate, through FFmpeg; `sndfile_reason` is the
+    error for what FFmpeg cannot open either (libsndfile's words, as before FFmpeg was tried)."""
+    import av  # here: its import takes ~0.2 s that WAV, FLAC and MP3 never need
+
+    with NATIVE_STDERR.quiet():
+        unreadable = AudioError(f"{name}: not a readable audio file ({sndfile_reason})")
+        try:
+            container = av.open(_opened(source), metadata_errors="ignore")
+        except av.FFmpegError:
+            raise unreadable from None
+        try:
+            with container:
+                if container.streams and not container.streams.audio:  # a video, or subtitles alone
+                    raise AudioError(f"{name}: no audio track")
+                # None where no audio track has a sample rate: what FFmpeg guessed from the name alone (random
+                # bytes called .flac) or a container whose index is lost
+                stream = container.streams.best("audio")
+                if stream is None:
+                    raise unreadable
+                if container.duration is not None and container.duration / av.time_base > MAX_DECODED_SECONDS:
+                    raise AudioError(f"{name}: {_too_long()}")
+                return _decode_track(container, stream, name)
+        except av.FFmpegError as err:
+            reason = (err.strerror or _first_line(err)).rstrip(".")
+            raise AudioError(f"{name}: not a readable audio file (corrupt data: {reason})") from None
+
+
+def _decode_track(container, stream, name: str) -> tuple[np.ndarray, int]:
+    """Decode `stream` frame by frame into mono chunks, joined once at the end (no regrowing buffer)."""
+    chunks: list[np.ndarray] = []
+    rate, total = None, 0
+    for packet in container.demux(stream):  # the other tracks' packets are read past, not decoded
+        for frame in packet.decode():
+            rate = rate or frame.sample_rate
+            if frame.sample_rate != rate:
+                raise AudioError(f"{name}: the sample rate changes from {rate} to {frame.sample_rate} Hz mid-track")
+            chunks.append(_mono(frame))
+            total += len(chunks[-1])
+            if total > MAX_DECODED_SECONDS * rate:
+                raise AudioError(f"{name}: {_too_long()}")
+    if not chunks:
+        raise AudioError(f"{name}: has no samples")
+    return np.concatenate(chunks), rate
+
+
+def _mono(frame) -> np.ndarray:
+    """One decoded frame -> (N,) float32 mono, integer samples scaled to [-1, 1) as libsndfile scales them."""
+    x = frame.to_ndarray()  # planar: (C, N); packed: (1, N * C), interleaved
+    channels = len(frame.layout.channels)
+    if not frame.format.is_planar:
+        x = x.reshape(-1, channels).T
+    if x.dtype == np.uint8:
+        x = (x.astype(np.float32) - 128) / 128
+    elif np.issubdtype(x.dtype, np.integer):
+        x = x.astype(np.float32) / (np.iinfo(x.dtype).max + 1.0)
+    else:
+        x = x.astype(np.float32, copy=False)
+    return x[0] if channels == 1 else x.mean(axis=0)  # as prepare_audio averages channels
+
+
+def _too_long() -> str:
+    limit = MAX_DECODED_SECONDS
+    return (
+        f"over {limit / 3600:g} h of audio, the most one file may hold; split it"
+        if limit >= 3600
+        else (f"over {limit:g} s of audio, the most one file may hold; split it")
+    )
+
+
+def _opened(source: Path | bytes) -> str | io.BytesIO:
+    """What libsndfile and PyAV open: a path, or a fresh file object over the bytes (each reader seeks its own)."""
+    return io.BytesIO(source) if isinstance(source, bytes) else str(source)
+
+
+def _read_stdin() -> bytes:
+    """Standard input, whole, up to MAX_STDIN_BYTES."""
+    chunks, size = [], 0
+    while chunk := sys.stdin.buffer.read(1 << 20):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_STDIN_BYTES:
+            raise AudioError(f"{STDIN}: standard input holds over {MAX_STDIN_BYTES:,} bytes; save it to a file")
+    if not chunks:
+        raise AudioError(f"{STDIN}: standard input is empty")
+    return b"".join(chunks)
 
 
 def prepare_audio(data, rate: int, sample_rate: int, name: str = "<array>") -> torch.Tensor:
@@ -91,14 +215,30 @@ def read_input(item, sample_rate: int) -> torch.Tensor:
     return prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item, sample_rate, sample_rate)
 
 
+def url_of(path: str | os.PathLike) -> str | None:
+    """The URL `path` was given as, or None. A Path made of "https://host/a.wav" reads "https:/host/a.wav": the
+    slashes after the scheme are put back."""
+    scheme, colon, rest = os.fspath(path).partition(":")
+    if not colon or scheme.lower() not in URL_SCHEMES or not (rest == "" or rest.startswith("/")):
+        return None
+    return f"{scheme}://{rest.lstrip('/')}"
+
+
 def audio_seconds(path: str | os.PathLike) -> float | None:
     """A file's length from its header (cheap), or None when it cannot be inspected (reading it says why)."""
-    if not Path(path).is_file():  # a pipe would block
+    if str(path) == STDIN or not Path(path).is_file():  # a pipe would block
         return None
     try:
         with NATIVE_STDERR.quiet():
             return sf.info(str(path)).duration
     except (sf.LibsndfileError, RuntimeError, OSError, TypeError, ValueError):
+        pass
+    import av
+
+    try:
+        with NATIVE_STDERR.quiet(), av.open(str(path), metadata_errors="ignore") as container:
+            return None if container.duration is None else container.duration / av.time_base
+    except av.FFmpegError:
         return None
 
 

@@ -36,8 +36,9 @@ if TYPE_CHECKING:
     from .model import Transcript
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
+STDIN = "-"  # the input that reads standard input (audio.STDIN; audio.py imports torch)
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "cuda:x" is no emoji
 
 
 def _fail_usage(message: str) -> None:
@@ -178,16 +179,24 @@ def load_or_exit(
 
 
 def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
-    """Files as given and audio files found under folders; plus one error line per input that yields nothing."""
+    """Files as given, audio files found under folders, and `-` (standard input, its transcript named `-`); plus one
+    error line per input that yields nothing."""
     files, errors = [], []
     for path in inputs:
-        if path.is_dir():
+        if str(path) == STDIN:
+            if sys.stdin is None or sys.stdin.isatty():  # reading would wait for typing
+                errors.append(f"{STDIN}: standard input is a terminal; pipe a file in (cat talk.m4a | transcribe -)")
+            elif path in files:
+                errors.append(f"{STDIN}: standard input is given twice; it is read once")
+            else:
+                files.append(path)
+        elif path.is_dir():
             found = find_audio_files(path)
             if not found:
                 errors.append(f"{path}: folder has no audio files")
             files.extend(found)
         else:
-            files.append(path)  # missing or unreadable files are reported when read
+            files.append(path)  # missing or unreadable files, and URLs, are reported when read
     return files, errors
 
 
@@ -306,7 +315,8 @@ def transcribe_command(
         ...,
         metavar="FILES_OR_FOLDERS",
         show_default=False,
-        help="Audio files (wav, flac, mp3, ...) or folders, searched recursively.",
+        help="Audio or video files (wav, flac, mp3, m4a, mp4, webm, ...), folders (searched recursively), "
+        "or - for standard input.",
     ),
     model: Optional[str] = typer.Option(
         None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP

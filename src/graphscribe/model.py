@@ -144,14 +144,16 @@ def resolve_device(requested: str) -> torch.device:
     """auto: CUDA when present, else CPU. A CUDA request without CUDA degrades to CPU with one warning."""
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind, colon, index = requested.partition(":")
+    # checked here: torch.device's own complaint about "gpu" or "cuda:x" is a RuntimeError listing 20 device types
+    if kind not in ("cpu", "cuda") or (colon and not (index.isascii() and index.isdigit())):
+        raise ValueError(f"--device {requested}: use auto, cpu, cuda or cuda:N")
     device = torch.device(requested)
     if device.type == "cuda" and not torch.cuda.is_available():
         log.warning("CUDA is not available on this machine; running on the CPU")
         return torch.device("cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {requested}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {requested}: use auto, cpu, cuda or cuda:N")
     return device
 
 
