@@ -6,6 +6,7 @@ Reading is safe from several threads at once (the pipeline's readers): libsndfil
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import sys
@@ -218,3 +219,19 @@ NATIVE_STDERR = NativeStderr()
 def _first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+def read_bytes(data: bytes, sample_rate: int, name: str = "<bytes>") -> torch.Tensor:
+    """An audio file's bytes (an upload; any format soundfile reads) -> (L,) float32 mono at `sample_rate`;
+    AudioError naming `name` and the problem. Nothing touches the disk."""
+    if not data:
+        raise AudioError(f"{name}: empty file")
+    try:
+        with NATIVE_STDERR.quiet(), sf.SoundFile(io.BytesIO(data)) as f:
+            rate = f.samplerate
+            samples = f.read(dtype="float32", always_2d=True)  # (L, C)
+    except sf.LibsndfileError as err:
+        raise AudioError(f"{name}: not a readable audio file ({_reason(err)})") from None
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise AudioError(f"{name}: not a readable audio file ({_first_line(err)})") from None
+    return prepare_audio(samples, rate, sample_rate, name=name)

@@ -1,4 +1,5 @@
-"""`transcribe`: audio files and folders in, transcripts out; `transcribe bench` A/B-tests the graph modes.
+"""`transcribe`: audio files and folders in, transcripts out; `transcribe bench` A/B-tests the graph modes; `transcribe serve`
+serves OpenAI's transcription API (server.py).
 
 Exit codes: 0 every file done, 1 some failed (each named on stderr with its reason), 2 bad usage.
 """
@@ -439,10 +440,20 @@ bench_app.command()(bench_command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: `transcribe bench ...` runs the benchmark, anything else transcribes."""
+    """Entry point: `transcribe bench ...` runs the benchmark, `transcribe serve ...` the server, anything else
+    transcribes."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "bench":
         bench_app(args[1:], prog_name="transcribe bench")
+    elif args and args[0] == "serve":
+        try:
+            from .server import serve_app  # here: starlette and uvicorn are for the server only
+        except ModuleNotFoundError as err:
+            if err.name not in ("starlette", "uvicorn", "python_multipart"):
+                raise
+            err_console.print(f"[red]error:[/red] transcribe serve needs {err.name}: pip install 'graphscribe[serve]'")
+            raise SystemExit(2) from None
+        serve_app(args[1:], prog_name="transcribe serve")
     else:
         transcribe_app(args, prog_name="transcribe")
 

@@ -78,10 +78,17 @@ class Batch:
     lengths: torch.Tensor  # (B,) int64 samples
     failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of unreadable inputs
     storage: torch.Tensor | None = None  # the (pinned) host buffer `audio` is a view of (`ReadAhead.recycle`)
+    timings: bool = True  # False: this batch's transcripts leave out the times even when the stream keeps them
 
     def row(self, r: int) -> "Batch":
         n = int(self.lengths[r])
-        return Batch([self.indices[r]], [self.sources[r]], self.audio[r : r + 1, :n], self.lengths[r : r + 1])
+        return Batch(
+            [self.indices[r]],
+            [self.sources[r]],
+            self.audio[r : r + 1, :n],
+            self.lengths[r : r + 1],
+            timings=self.timings,
+        )
 
 
 class StageClock:
@@ -317,7 +324,6 @@ def read_ahead(
     """A `ReadAhead` of `items` (paths or arrays) for a model at `sample_rate` on `device` in `dtype`, reading from
     now on. batch_size, batch_seconds None: the device's (`default_batching`); read: `audio.read_input` at the
     rate; batch shapes rounded up to PAD_SECONDS on CUDA in 16 bits (dtype None: float32)."""
-    pad = device.type == "cuda" and dtype is not None and dtype.itemsize == 2
     files, seconds = default_batching(device)
     return ReadAhead(
         items,
@@ -328,15 +334,26 @@ def read_ahead(
         pin=device.type == "cuda",
         workers=default_workers(device),
         clock=clock,
-        pad_to=round(PAD_SECONDS * sample_rate) if pad else 0,
+        pad_to=pad_samples(device, dtype, sample_rate),
     )
+
+
+def pad_samples(device: torch.device, dtype: torch.dtype | None, sample_rate: int) -> int:
+    """`collate`'s pad_to for a model on `device` in `dtype` (None: float32): PAD_SECONDS on CUDA in 16 bits, else 0."""
+    pad = device.type == "cuda" and dtype is not None and dtype.itemsize == 2
+    return round(PAD_SECONDS * sample_rate) if pad else 0
 
 
 def transcribe_stream(
     model: Model, reads: ReadAhead, clock: StageClock | None = None, timings: bool = True
 ) -> Iterator[tuple[int, Transcript]]:
     """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
-    leaves out the token, word and segment times (text and token ids only: less host work a file)."""
+    leaves out the token, word and segment times (text and token ids only: less host work a file), as does a
+    batch's own `timings=False`.
+
+    reads: a ReadAhead, or any source of Batches with `items`, `recycle` and `close` (the server's). A batch is
+    decoded when the next one has been queued; an empty Batch (no rows) has the one before it finished at once,
+    so a source that is about to wait for inputs yields one first."""
     clock = clock or StageClock(model.device, enabled=False)
     items = reads.items
     streams = _Streams(model.device)
@@ -431,7 +448,7 @@ def _finish(
     start = time.perf_counter()
     with clock.host("text"):
         transcripts = [
-            model.finish(source, int(n), hyp, 0.0, timings)
+            model.finish(source, int(n), hyp, 0.0, timings and batch.timings)
             for n, source, hyp in zip(batch.lengths.tolist(), batch.sources, job.hyps)
         ]
     seconds = (job.seconds + time.perf_counter() - start) / len(transcripts)  # its batch's host time, shared

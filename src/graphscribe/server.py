@@ -1,0 +1,605 @@
+"""`transcribe serve`: OpenAI's transcription API over HTTP, batching concurrent requests through one model.
+
+    POST /v1/audio/transcriptions  multipart: file; response_format json | text | srt | vtt | verbose_json;
+                                   stream; timestamp_granularities[]; model, language, prompt, temperature
+                                   (accepted, unused: one model answers, greedy decoding, no prompting)
+    GET  /v1/models                the loaded model
+    GET  /health                   200 when warm, 503 while warming up or stopping
+    GET  /metrics                  Prometheus text (metrics.py)
+
+A transcription request: key checked (Bearer) -> admitted (at most max_queue at once, else 503 with Retry-After)
+-> the body streamed through a multipart parser into memory, at most max_upload bytes (413 past it; nothing is
+written to disk) -> the file decoded and resampled in a reader thread (400 if it is not audio) ->
+`Service.submit` (service.py: batching across requests) -> awaited on the event loop -> formatted. Starlette on
+uvicorn, one process; uvicorn's access log is off, this module writes one line per request instead. SIGTERM or
+SIGINT: new requests get 503, admitted ones are answered, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import math
+import os
+import signal
+import sys
+import time
+import zlib
+from bisect import bisect_right
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+import uvicorn
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from .audio import AudioError, read_bytes
+from .metrics import Metrics
+from .pipeline import default_workers
+from .service import Service
+from .transcript import Transcript
+from .writers import write_srt, write_txt, write_vtt
+
+if TYPE_CHECKING:
+    from .model import Model
+
+API_KEY_ENV = "GRAPHSCRIBE_API_KEY"
+FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+GRANULARITIES = ("word", "segment")
+QUEUE_PER_ROW = 4  # requests admitted at once per batch row: a batch running, one forming, two more uploading
+RETRY_AFTER = "1"  # seconds, on 503
+MAX_UPLOAD_MB = 100  # about 50 minutes of 16 kHz 16-bit WAV
+UPLOAD_NAME_CHARS = 100  # of the client's file name, in error messages
+_PATHS = ("/v1/audio/transcriptions", "/v1/models", "/health", "/metrics")  # metric labels; anything else: other
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        headers = {"Retry-After": RETRY_AFTER} if self.status == 503 else None
+        return JSONResponse(body, self.status, headers)
+
+
+# ------------------------------------------------------------------ uploads
+@dataclass
+class Form:
+    """A multipart body's fields (name -> values, in order) and its file part."""
+
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    file: bytearray | None = None
+    filename: str = "file"
+
+    def one(self, name: str, default: str | None = None) -> str | None:
+        values = self.fields.get(name)
+        return values[-1] if values else default
+
+
+class _Parts:
+    """python-multipart's callbacks, keeping every part in memory (the body's size is capped before it gets here)."""
+
+    def __init__(self):
+        self.parts: list[tuple[dict[bytes, bytes], bytearray]] = []
+        self.ended = False
+        self._name = self._value = b""
+        self.callbacks = {
+            "on_part_begin": lambda: self.parts.append(({}, bytearray())),
+            "on_header_field": self._header_name,
+            "on_header_value": self._header_value,
+            "on_header_end": self._header_end,
+            "on_part_data": lambda data, start, end: self.parts[-1][1].extend(memoryview(data)[start:end]),
+            "on_end": self._end,
+        }
+
+    def _header_name(self, data: bytes, start: int, end: int) -> None:
+        self._name += data[start:end]
+
+    def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+
+    def _header_end(self) -> None:
+        self.parts[-1][0][self._name.strip().lower()] = self._value.strip()
+        self._name = self._value = b""
+
+    def _end(self) -> None:
+        self.ended = True
+
+    def form(self) -> Form:
+        form = Form()
+        for headers, data in self.parts:
+            _, options = parse_options_header(headers.get(b"content-disposition", b""))
+            name = options.get(b"name", b"").decode("utf-8", "replace")
+            if name == "file":
+                form.file = data
+                filename = options.get(b"filename", b"file").decode("utf-8", "replace")
+                form.filename = Path(filename.replace("\\", "/")).name[:UPLOAD_NAME_CHARS] or "file"
+                continue
+            try:
+                form.fields.setdefault(name, []).append(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise ApiError(400, f"field {name!r} is not UTF-8 text", param=name) from None
+        return form
+
+
+async def read_form(request: Request, limit: int) -> Form:
+    """The request's multipart body, read as it arrives and kept in memory: ApiError 413 past `limit` bytes (never
+    more than that is held), 400 if it is not multipart or is cut short; ClientDisconnect if the client goes."""
+    kind, options = parse_options_header(request.headers.get("content-type", ""))
+    if kind != b"multipart/form-data" or not options.get(b"boundary"):
+        raise ApiError(400, "send multipart/form-data with the audio in the field 'file' (as OpenAI's API takes it)")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    parts = _Parts()
+    try:
+        parser = MultipartParser(options[b"boundary"], parts.callbacks)
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            parser.write(chunk)
+        parser.finalize()
+    except MultipartParseError as err:
+        raise ApiError(400, f"malformed multipart body ({err})") from None
+    if not parts.ended:
+        raise ApiError(400, "the multipart body ends before its closing boundary")
+    return parts.form()
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the upload is over the server's limit of {limit / 2**20:g} MB", "file", "file_too_large")
+
+
+async def drain(request: Request, budget: int) -> bool:
+    """Read and drop what is left of the body, up to `budget` bytes: a client still sending when the answer comes
+    (an early 401, 413 or 503) then reads it, where closing on unread data would reset the connection and lose it.
+    False if more was left (the connection is then closed)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > budget:
+        return False
+    received = 0
+    with contextlib.suppress(ClientDisconnect, RuntimeError):  # RuntimeError: the body was read to its end already
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > budget:
+                return False
+    return True
+
+
+# ------------------------------------------------------------------ requests
+@dataclass
+class Options:
+    """The request's form fields, checked."""
+
+    response_format: str = "json"
+    stream: bool = False
+    granularities: tuple[str, ...] = ()
+    language: str | None = None
+
+    @property
+    def timings(self) -> bool:
+        """Whether the answer needs token, word and segment times."""
+        return self.stream or self.response_format in ("srt", "vtt", "verbose_json")
+
+
+def parse_options(form: Form) -> Options:
+    """Options from the form; ApiError 400 naming the field and what it takes. language, prompt and temperature are
+    accepted and unused (a temperature must still be a number)."""
+    fmt = (form.one("response_format") or "json").strip()
+    if fmt not in FORMATS:
+        raise ApiError(400, f"response_format {fmt!r}: use {', '.join(FORMATS)}", "response_format")
+    stream = (form.one("stream") or "false").strip().lower()
+    if stream not in ("true", "false"):
+        raise ApiError(400, f"stream {stream!r}: use true or false", "stream")
+    granularities = [*form.fields.get("timestamp_granularities[]", []), *form.fields.get("timestamp_granularities", [])]
+    for g in granularities:
+        if g not in GRANULARITIES:
+            raise ApiError(400, f"timestamp_granularities {g!r}: use word or segment", "timestamp_granularities")
+    temperature = form.one("temperature")
+    if temperature is not None:
+        try:
+            float(temperature)
+        except ValueError:
+            raise ApiError(400, f"temperature {temperature!r}: use a number", "temperature") from None
+    return Options(fmt, stream == "true", tuple(dict.fromkeys(granularities)), form.one("language"))
+
+
+# ------------------------------------------------------------------ answers in OpenAI's shapes
+def answer(transcript: Transcript, options: Options) -> Response:
+    """The response for a transcript: OpenAI's shape for the requested format (or its event stream)."""
+    if options.stream:
+        return Response(
+            stream_events(transcript), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+    fmt = options.response_format
+    if fmt == "json":
+        return JSONResponse({"text": transcript.text, "usage": _usage(transcript)})
+    if fmt == "verbose_json":
+        return JSONResponse(verbose_json(transcript, options))
+    if fmt == "vtt":
+        return Response(write_vtt(transcript), media_type="text/vtt")
+    return PlainTextResponse(write_srt(transcript) if fmt == "srt" else write_txt(transcript))
+
+
+def _usage(transcript: Transcript) -> dict:
+    return {"type": "duration", "seconds": round(transcript.audio_seconds, 3)}
+
+
+def verbose_json(transcript: Transcript, options: Options) -> dict:
+    """OpenAI's verbose_json: segments (NeMo's, sentences) unless only words are asked for, words when asked for.
+    Greedy decoding computes no probabilities: avg_logprob and no_speech_prob are 0, temperature 0, seek 0."""
+    body = {
+        "task": "transcribe",
+        "language": options.language or "unknown",  # not detected: the request's, if it named one
+        "duration": round(transcript.audio_seconds, 3),
+        "text": transcript.text,
+    }
+    if not options.granularities or "segment" in options.granularities:
+        starts = [s.start_frame for s in transcript.segments]
+        tokens: list[list[int]] = [[] for _ in transcript.segments]
+        for token in transcript.tokens:  # a token belongs to the last segment starting at or before its frame
+            if tokens:
+                tokens[max(0, bisect_right(starts, token.frame) - 1)].append(token.id)
+        body["segments"] = [
+            {
+                "id": i,
+                "seek": 0,
+                "start": round(s.start, 3),
+                "end": round(s.end, 3),
+                "text": s.text,
+                "tokens": tokens[i],
+                "temperature": 0.0,
+                "avg_logprob": 0.0,
+                "compression_ratio": _compression_ratio(s.text),
+                "no_speech_prob": 0.0,
+            }
+            for i, s in enumerate(transcript.segments)
+        ]
+    if "word" in options.granularities:
+        body["words"] = [
+            {"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+            for w in transcript.words
+            if w.word.strip()
+        ]
+    body["usage"] = _usage(transcript)
+    return body
+
+
+def _compression_ratio(text: str) -> float:
+    """whisper's: UTF-8 bytes over zlib-compressed bytes (repetitive text compresses well)."""
+    data = text.encode("utf-8")
+    return round(len(data) / len(zlib.compress(data)), 3) if data else 0.0
+
+
+def stream_events(transcript: Transcript) -> str:
+    """Server-sent events as OpenAI streams a transcription: a `transcript.text.delta` per segment (one for the whole
+    text if it has none), then `transcript.text.done`. The deltas join to the text."""
+    texts = [s.text for s in transcript.segments]
+    deltas = [t if i == 0 else " " + t for i, t in enumerate(texts)]
+    if "".join(deltas) != transcript.text:
+        deltas = [transcript.text]
+    events = [{"type": "transcript.text.delta", "delta": d} for d in deltas]
+    events.append({"type": "transcript.text.done", "text": transcript.text})
+    return "".join(f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events)
+
+
+# ------------------------------------------------------------------ the app
+class Server:
+    """The HTTP side: routes, admission, uploads, answers; transcription itself is the `Service`'s."""
+
+    def __init__(
+        self,
+        service: Service,
+        metrics: Metrics,
+        model_name: str,
+        api_key: str | None,
+        max_upload: int,
+        max_queue: int,
+    ):
+        self.service, self.metrics, self.model_name, self.api_key = service, metrics, model_name, api_key
+        self.max_upload, self.max_queue = max_upload, max_queue
+        # uploads are decoded here, off the event loop: libsndfile and resampling release the GIL
+        self.readers = ThreadPoolExecutor(
+            default_workers(service.model.device), thread_name_prefix="graphscribe-upload"
+        )
+        self.admitted = 0  # transcription requests admitted and not answered (touched on the event loop only)
+        self.stopping = False
+        self.created = int(time.time())
+        self.app = Starlette(
+            routes=[
+                Route("/v1/audio/transcriptions", self.transcriptions, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.metrics_text, methods=["GET"]),
+            ],
+        )
+
+    def authorized(self, request: Request) -> bool:
+        if self.api_key is None:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+
+    async def transcriptions(self, request: Request) -> Response:
+        try:
+            if self.stopping:
+                raise ApiError(503, "the server is shutting down", code="shutting_down")
+            if not self.authorized(request):
+                raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+            if not self.service.ready:
+                raise ApiError(503, "the server is warming up", code="warming_up")
+            if self.admitted >= self.max_queue:
+                raise ApiError(503, f"the server is busy ({self.max_queue} requests queued)", code="queue_full")
+        except ApiError as err:
+            return await self._refuse(request, err)
+        self.admitted += 1
+        try:
+            return await self._transcribe(request)
+        except ApiError as err:
+            return await self._refuse(request, err)
+        except ClientDisconnect:
+            return Response(status_code=499)  # nobody reads it: the access log's "client closed the request"
+        finally:
+            self.admitted -= 1
+
+    async def _transcribe(self, request: Request) -> Response:
+        form = await read_form(request, self.max_upload)
+        if form.file is None:
+            raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
+        options = parse_options(form)
+        loop = asyncio.get_running_loop()
+        rate = self.service.model.sample_rate
+        try:
+            audio = await loop.run_in_executor(self.readers, read_bytes, form.file, rate, form.filename)
+        except AudioError as err:
+            raise ApiError(400, str(err), "file") from None
+        form.file = None  # the upload's bytes are not needed any more
+        future = loop.create_future()
+        try:
+            queued = self.service.submit(
+                audio, options.timings, lambda t: loop.call_soon_threadsafe(_settle, future, t), form.filename
+            )
+        except RuntimeError:  # closed: the server is stopping
+            raise ApiError(503, "the server is shutting down", code="shutting_down") from None
+        transcript: Transcript = await future
+        request.scope["graphscribe"] = (transcript.audio_seconds, queued.queue_seconds)
+        if transcript.error is not None:
+            raise ApiError(500, transcript.error)
+        return answer(transcript, options)
+
+    async def _refuse(self, request: Request, err: ApiError) -> Response:
+        response = err.response()
+        if not await drain(request, self.max_upload):
+            response.headers["Connection"] = "close"
+        return response
+
+    async def models(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return ApiError(
+                401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key"
+            ).response()
+        model = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "graphscribe"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def health(self, request: Request) -> Response:
+        if self.stopping:
+            return JSONResponse({"status": "stopping"}, 503)
+        if not self.service.ready:
+            return JSONResponse({"status": "warming up"}, 503, {"Retry-After": RETRY_AFTER})
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_text(self, request: Request) -> Response:
+        return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
+
+
+def _settle(future: asyncio.Future, transcript: Transcript) -> None:
+    if not future.done():  # a cancelled request's answer is dropped
+        future.set_result(transcript)
+
+
+class AccessLog:
+    """ASGI middleware: one stderr line per request (method path status, audio seconds, queue ms, total ms) and the
+    request counters of /metrics."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500  # if the app fails before answering
+
+        async def sending(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            elapsed = time.perf_counter() - start
+            path = scope["path"] if scope["path"] in _PATHS else "other"
+            transcribed = scope.get("graphscribe")  # (audio seconds, queue seconds) of a transcription
+            self.metrics.answered(path, status, elapsed, transcribed[0] if transcribed else 0.0)
+            line = f"{scope['method']} {scope['path'][:200]} {status}"
+            if transcribed:
+                line += f" audio {transcribed[0]:.2f} s, queue {1000 * transcribed[1]:.0f} ms,"
+            sys.stderr.write(f"{line} total {1000 * elapsed:.0f} ms\n")
+
+
+# ------------------------------------------------------------------ the process
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, telling the app when a signal asks it to stop; it exits 0 once the requests it admitted are
+    answered (uvicorn would raise the signal again after shutting down, ending the process by it)."""
+
+    def __init__(self, config: uvicorn.Config, on_stop):
+        super().__init__(config)
+        self.on_stop = on_stop
+
+    def handle_exit(self, sig, frame) -> None:
+        self.on_stop()
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def run(
+    model: Model,
+    model_name: str,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_batch: int | None,
+    max_wait: float,
+    max_upload: int,
+    max_queue: int | None,
+) -> int:
+    """Serve `model` until SIGTERM or SIGINT; the exit code (0, or 1 if warming up failed). max_wait: seconds;
+    max_upload: bytes; max_queue None: QUEUE_PER_ROW x the batch size."""
+    server: Server | None = None
+    metrics = Metrics(lambda: server.admitted if server is not None else 0)
+    service = Service(model, max_batch, max_wait, on_batch=metrics.batch_rows.observe)
+    max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
+    server = Server(service, metrics, model_name, api_key, max_upload, max_queue)
+    failed = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        announcing = asyncio.create_task(announce())
+        yield
+        announcing.cancel()
+        await asyncio.get_running_loop().run_in_executor(None, service.close)
+        server.readers.shutdown()
+
+    async def announce() -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, service.wait_ready)
+        except Exception as err:  # noqa: BLE001 - said in one line, then the server stops
+            sys.stderr.write(f"error: warming up failed: {err}\n")
+            failed.append(err)
+            uvicorn_server.should_exit = True
+            return
+        while not uvicorn_server.started:
+            await asyncio.sleep(0.01)
+        bound = uvicorn_server.servers[0].sockets[0].getsockname()
+        device = f"{service.model.device} {str(service.model.dtype).removeprefix('torch.')}"
+        sys.stderr.write(
+            f"serving {model_name} on http://{_host(bound[0])}:{bound[1]} ({device}, batches of up to "
+            f"{service.max_batch}; warmed up in {service.warm_up_seconds:.1f} s)\n"
+        )
+
+    server.app.router.lifespan_context = lifespan
+    config = uvicorn.Config(
+        AccessLog(server.app, server.metrics),
+        host=host,
+        port=port,
+        access_log=False,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=None,  # admitted requests are answered, however long they take
+        server_header=False,
+    )
+    uvicorn_server = _Uvicorn(config, on_stop=lambda: setattr(server, "stopping", True))
+    service.start()
+    uvicorn_server.run()
+    return 1 if failed or not uvicorn_server.started else 0
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_command(
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", show_default="$GRAPHSCRIBE_MODEL, else demo"
+    ),
+    host: str = typer.Option("127.0.0.1", metavar="ADDRESS", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, min=0, max=65535, metavar="PORT", help="Port to listen on (0: any free one)."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar=API_KEY_ENV, metavar="KEY", help="Requests must send Authorization: Bearer KEY."
+    ),
+    max_batch: Optional[int] = typer.Option(
+        None,
+        "--max-batch",
+        min=1,
+        metavar="N",
+        show_default="64 on CUDA, 8 on the CPU",
+        help="Requests per batch at most.",
+    ),
+    max_wait_ms: float = typer.Option(
+        5.0,
+        "--max-wait-ms",
+        min=0,
+        metavar="MS",
+        help="How long a batch formed on an idle GPU waits for more requests.",
+    ),
+    max_upload_mb: float = typer.Option(
+        MAX_UPLOAD_MB, "--max-upload-mb", min=0, metavar="MB", help="Largest request body accepted (413 past it)."
+    ),
+    max_queue: Optional[int] = typer.Option(
+        None,
+        "--max-queue",
+        min=1,
+        metavar="N",
+        show_default=f"{QUEUE_PER_ROW} x --max-batch",
+        help="Transcription requests admitted at once (uploading, waiting or running); past it 503 with Retry-After.",
+    ),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help="auto: CUDA when present, else the CPU."),
+    dtype: str = typer.Option(
+        "auto", metavar="auto|float32|bfloat16|float16", help="auto is float32, NeMo's precision."
+    ),
+) -> None:
+    """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model."""
+    from .checkpoint import DEMO_NAME
+    from .cli import MODEL_ENV, _setup_logging, err_console, load_or_exit
+
+    _setup_logging()
+    if not _loopback(host) and api_key is None:
+        err_console.print(
+            f"warning: listening on {host} without --api-key: anyone who can reach this port can use the server"
+        )
+    source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
+    loaded = load_or_exit(model, device, dtype, graphs=None, batch=max_batch)
+    name = Path(source).stem if Path(source).exists() else source  # not the server's paths
+    upload = math.floor(max_upload_mb * 2**20)
+    raise typer.Exit(run(loaded, name, host, port, api_key, max_batch, max_wait_ms / 1000, upload, max_queue))
+
+
+serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+serve_app.command()(serve_command)
