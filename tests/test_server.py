@@ -133,7 +133,8 @@ def transcribe(client, path: Path, **options):
 
 
 def test_health_and_models(server, client):
-    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    health = httpx.get(f"{server.url}/health").json()
+    assert health == {"status": "ok", "model": "tdt-tiny", "device": "cpu", "dtype": "float32", "max_batch": 8}
     assert [m.id for m in client.models.list()] == ["tdt-tiny"]
 
 
@@ -363,3 +364,53 @@ def test_sigterm_answers_admitted_requests_then_exits_0(tmp_path):
     log = served.log.read_text()
     assert "Traceback" not in log
     assert log.count("POST /v1/audio/transcriptions 200 ") == answers.count(200)
+
+
+# ============================================================================ the load test, the command
+
+
+def test_load_test_reports_a_row_per_level(server, tmp_path):
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    for path in sorted(FILES, key=lambda p: p.stat().st_size)[:4]:
+        shutil.copy(path, folder / path.name)
+    report_path = tmp_path / "load.json"
+    command = ["bench", "--serve", server.url, "--folder", folder, "--concurrency", "1,4", "--json", report_path]
+    result = subprocess.run(
+        [sys.executable, "-m", "graphscribe.cli", *map(str, command), "--api-key", KEY],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=REQUEST_SECONDS,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    assert report["server"]["model"] == "tdt-tiny" and report["files"] == 4
+    assert [r["concurrency"] for r in report["rows"]] == [1, 4]
+    for row in report["rows"]:
+        assert row["requests"] == 4 and row["failed"] == 0
+        assert row["rtfx"] > 0 and row["audio_seconds"] == report["audio_seconds"] > 0
+        assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"]
+    wrong = subprocess.run(
+        [sys.executable, "-m", "graphscribe.cli", *map(str, command), "--api-key", "sk-wrong"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=REQUEST_SECONDS,
+    )
+    assert wrong.returncode == 0, wrong.stderr  # the server answered: the failures are in the report
+    rows = json.loads(report_path.read_text())["rows"]
+    assert [(r["failed"], r["failures"], r["p50_ms"]) for r in rows] == [(4, {"401": 4}, None)] * 2
+
+
+def test_plain_cli_does_not_import_the_server():
+    code = "import sys, graphscribe.cli; print(sorted(m for m in ('starlette', 'uvicorn') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.stdout == "[]\n", result.stderr
+
+
+def test_serve_without_the_extra_says_how_to_install_it():
+    code = "import sys; sys.modules['starlette'] = None; from graphscribe.cli import main; main(['serve'])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.returncode == 2
+    assert "pip install 'graphscribe[serve]'" in result.stderr

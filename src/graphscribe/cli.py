@@ -360,10 +360,31 @@ def bench_command(
         show_default=_BATCH_SECONDS_DEFAULT,
         help="Throughput rows: seconds of padded audio per batch at most (see transcribe --help).",
     ),
+    serve: Optional[str] = typer.Option(
+        None, "--serve", metavar="URL", help="Load-test a running `transcribe serve` with the files under --folder."
+    ),
+    concurrency: str = typer.Option("1,8,32,128", metavar="N,N,...", help="--serve: clients at once, a row each."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="GRAPHSCRIBE_API_KEY", metavar="KEY", help="--serve: the server's API key."
+    ),
+    response_format: str = typer.Option("json", metavar="FORMAT", help="--serve: the response_format asked for."),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
-    --throughput, files per second through the whole pipeline instead."""
+    --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
+    a running server."""
     _setup_logging()
+    if serve is not None:  # a load test of a running server: no model here
+        from .loadtest import bench_server, print_report
+
+        try:
+            report = bench_server(serve, folder, concurrency, api_key, response_format)
+        except ValueError as err:
+            _fail_usage(str(err))
+        print_report(report, Console(width=None if sys.stdout.isatty() else 240))
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        return
     folder_mode = folder is not None or throughput
     if folder_mode and clips:
         _fail_usage("bench: give CLIPS, or --folder / --throughput, not both")

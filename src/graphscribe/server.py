@@ -403,7 +403,16 @@ class Server:
             return JSONResponse({"status": "stopping"}, 503)
         if not self.service.ready:
             return JSONResponse({"status": "warming up"}, 503, {"Retry-After": RETRY_AFTER})
-        return JSONResponse({"status": "ok"})
+        model = self.service.model
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": self.model_name,
+                "device": str(model.device),
+                "dtype": str(model.dtype).removeprefix("torch."),
+                "max_batch": self.service.max_batch,
+            }
+        )
 
     async def metrics_text(self, request: Request) -> Response:
         return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
