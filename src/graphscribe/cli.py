@@ -470,9 +470,10 @@ def main(argv: list[str] | None = None) -> None:
         try:
             from .server import serve_app  # here: starlette and uvicorn are for the server only
         except ModuleNotFoundError as err:
-            if err.name not in ("starlette", "uvicorn", "python_multipart"):
+            missing = (err.name or "").split(".")[0]
+            if missing not in ("starlette", "uvicorn"):
                 raise
-            err_console.print(f"[red]error:[/red] transcribe serve needs {err.name}: pip install 'graphscribe[serve]'")
+            err_console.print(f"[red]error:[/red] transcribe serve needs {missing}: pip install 'graphscribe[serve]'")
             raise SystemExit(2) from None
         serve_app(args[1:], prog_name="transcribe serve")
     else:

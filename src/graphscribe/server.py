@@ -24,6 +24,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -33,11 +34,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
+from urllib.parse import unquote
 
 import typer
 import uvicorn
-from python_multipart.exceptions import MultipartParseError
-from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -83,7 +83,7 @@ class Form:
     """A multipart body's fields (name -> values, in order) and its file part."""
 
     fields: dict[str, list[str]] = field(default_factory=dict)
-    file: bytearray | None = None
+    file: memoryview | None = None
     filename: str = "file"
 
     def one(self, name: str, default: str | None = None) -> str | None:
@@ -91,76 +91,74 @@ class Form:
         return values[-1] if values else default
 
 
-class _Parts:
-    """python-multipart's callbacks, keeping every part in memory (the body's size is capped before it gets here)."""
-
-    def __init__(self):
-        self.parts: list[tuple[dict[bytes, bytes], bytearray]] = []
-        self.ended = False
-        self._name = self._value = b""
-        self.callbacks = {
-            "on_part_begin": lambda: self.parts.append(({}, bytearray())),
-            "on_header_field": self._header_name,
-            "on_header_value": self._header_value,
-            "on_header_end": self._header_end,
-            "on_part_data": lambda data, start, end: self.parts[-1][1].extend(memoryview(data)[start:end]),
-            "on_end": self._end,
-        }
-
-    def _header_name(self, data: bytes, start: int, end: int) -> None:
-        self._name += data[start:end]
-
-    def _header_value(self, data: bytes, start: int, end: int) -> None:
-        self._value += data[start:end]
-
-    def _header_end(self) -> None:
-        self.parts[-1][0][self._name.strip().lower()] = self._value.strip()
-        self._name = self._value = b""
-
-    def _end(self) -> None:
-        self.ended = True
-
-    def form(self) -> Form:
-        form = Form()
-        for headers, data in self.parts:
-            _, options = parse_options_header(headers.get(b"content-disposition", b""))
-            name = options.get(b"name", b"").decode("utf-8", "replace")
-            if name == "file":
-                form.file = data
-                filename = options.get(b"filename", b"file").decode("utf-8", "replace")
-                form.filename = Path(filename.replace("\\", "/")).name[:UPLOAD_NAME_CHARS] or "file"
-                continue
-            try:
-                form.fields.setdefault(name, []).append(data.decode("utf-8"))
-            except UnicodeDecodeError:
-                raise ApiError(400, f"field {name!r} is not UTF-8 text", param=name) from None
-        return form
-
-
 async def read_form(request: Request, limit: int) -> Form:
     """The request's multipart body, read as it arrives and kept in memory: ApiError 413 past `limit` bytes (never
-    more than that is held), 400 if it is not multipart or is cut short; ClientDisconnect if the client goes."""
-    kind, options = parse_options_header(request.headers.get("content-type", ""))
-    if kind != b"multipart/form-data" or not options.get(b"boundary"):
+    more than that is held), 400 if it is not multipart; ClientDisconnect if the client goes."""
+    content_type = request.headers.get("content-type", "")
+    boundary = header_params(content_type).get("boundary")
+    if content_type.split(";", 1)[0].strip().lower() != "multipart/form-data" or not boundary:
         raise ApiError(400, "send multipart/form-data with the audio in the field 'file' (as OpenAI's API takes it)")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
-    parts = _Parts()
+    body = bytearray()
+    async for chunk in request.stream():
+        if len(body) + len(chunk) > limit:
+            raise _too_large(limit)
+        body += chunk
+    return parse_form(body, boundary.encode("latin-1"))
+
+
+def parse_form(body: bytearray | bytes, boundary: bytes) -> Form:
+    """A multipart/form-data body (RFC 7578) held in memory -> its Form; ApiError 400 if it is malformed. The file
+    is a view of `body`. Split with bytes.find, in C: python-multipart's streaming parser held the event loop (and
+    so the GIL) 0.3-0.5 ms per 400 kB upload even with callbacks that did nothing, this 0.1-0.2 ms, nearly all of
+    it the one search over the file's bytes for the next boundary (on a busy 2-core machine)."""
+    delimiter = b"--" + boundary
+    start = body.find(delimiter)
+    if start < 0:
+        raise ApiError(400, "malformed multipart body (no boundary)")
+    form, view, pos = Form(), memoryview(body), start + len(delimiter)
+    while body[pos : pos + 2] != b"--":  # the closing delimiter ends the parts
+        head_end = body.find(b"\r\n\r\n", pos)  # the delimiter line's CRLF, then the part's headers, if any
+        end = body.find(b"\r\n" + delimiter, head_end + 4)
+        if head_end < 0 or end < 0 or body[pos : pos + 2] != b"\r\n":
+            raise ApiError(400, "malformed multipart body (a part or the closing boundary is missing)")
+        headers = bytes(body[pos + 2 : head_end]).decode("utf-8", "replace").split("\r\n")
+        disposition = next((h.split(":", 1)[1] for h in headers if h.lower().startswith("content-disposition:")), "")
+        _add_part(form, disposition, view[head_end + 4 : end])
+        pos = end + 2 + len(delimiter)
+    return form
+
+
+def _add_part(form: Form, disposition: str, content: memoryview) -> None:
+    params = header_params(disposition)
+    name = params.get("name", "")
+    if name == "file":
+        filename = params.get("filename*", params.get("filename")) or "file"
+        form.file = content
+        form.filename = filename.replace("\\", "/").rsplit("/", 1)[-1][:UPLOAD_NAME_CHARS] or "file"
+        return
     try:
-        parser = MultipartParser(options[b"boundary"], parts.callbacks)
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            parser.write(chunk)
-        parser.finalize()
-    except MultipartParseError as err:
-        raise ApiError(400, f"malformed multipart body ({err})") from None
-    if not parts.ended:
-        raise ApiError(400, "the multipart body ends before its closing boundary")
-    return parts.form()
+        form.fields.setdefault(name, []).append(str(content, "utf-8"))
+    except UnicodeDecodeError:
+        raise ApiError(400, f"field {name!r} is not UTF-8 text", param=name) from None
+
+
+_PARAM = re.compile(r';\s*([A-Za-z0-9_.*-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;\s]*)')
+
+
+def header_params(value: str) -> dict[str, str]:
+    """The parameters of a header value such as `form-data; name="file"; filename="a.wav"`, unquoted; an RFC 5987
+    `filename*=UTF-8''a%20b.wav` decoded. (email.message's parser took 0.1 ms a header on the event loop.)"""
+    params = {}
+    for key, raw in _PARAM.findall(value):
+        if raw.startswith('"'):
+            raw = re.sub(r"\\(.)", r"\1", raw[1:-1]) if "\\" in raw else raw[1:-1]
+        elif key.endswith("*") and "''" in raw:
+            raw = unquote(raw.split("''", 1)[1])
+        params[key.lower()] = raw
+    return params
 
 
 def _too_large(limit: int) -> ApiError:
