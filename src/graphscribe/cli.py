@@ -1,5 +1,5 @@
-"""`transcribe`: audio files and folders in, transcripts out; `transcribe bench` A/B-tests the graph modes; `transcribe serve`
-serves OpenAI's transcription API (server.py).
+"""`transcribe`: audio files and folders in, transcripts out; `transcribe bench` A/B-tests the graph modes;
+`transcribe serve` serves OpenAI's transcription API (server.py).
 
 Exit codes: 0 every file done, 1 some failed (each named on stderr with its reason), 2 bad usage.
 """
@@ -473,7 +473,8 @@ def main(argv: list[str] | None = None) -> None:
             missing = (err.name or "").split(".")[0]
             if missing not in ("starlette", "uvicorn"):
                 raise
-            err_console.print(f"[red]error:[/red] transcribe serve needs {missing}: pip install 'graphscribe[serve]'")
+            message = f"transcribe serve needs {missing}: pip install 'graphscribe[serve]'"
+            err_console.print(f"[red]error:[/red] {escape(message)}")
             raise SystemExit(2) from None
         serve_app(args[1:], prog_name="transcribe serve")
     else:

@@ -44,6 +44,17 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .audio import AudioError, read_bytes
+from .checkpoint import DEMO_NAME
+from .cli import (
+    _DEVICE_HELP,
+    _DTYPE_HELP,
+    _MODEL_DEFAULT,
+    _MODEL_HELP,
+    MODEL_ENV,
+    _setup_logging,
+    err_console,
+    load_or_exit,
+)
 from .metrics import Metrics
 from .pipeline import default_workers
 from .service import Service
@@ -554,7 +565,7 @@ def _loopback(host: str) -> bool:
 
 def serve_command(
     model: Optional[str] = typer.Option(
-        None, "--model", "-m", metavar="MODEL", show_default="$GRAPHSCRIBE_MODEL, else demo"
+        None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
     ),
     host: str = typer.Option("127.0.0.1", metavar="ADDRESS", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, min=0, max=65535, metavar="PORT", help="Port to listen on (0: any free one)."),
@@ -577,7 +588,7 @@ def serve_command(
         help="How long a batch formed on an idle GPU waits for more requests.",
     ),
     max_upload_mb: float = typer.Option(
-        MAX_UPLOAD_MB, "--max-upload-mb", min=0, metavar="MB", help="Largest request body accepted (413 past it)."
+        MAX_UPLOAD_MB, "--max-upload-mb", min=0.01, metavar="MB", help="Largest request body accepted (413 past it)."
     ),
     max_queue: Optional[int] = typer.Option(
         None,
@@ -587,15 +598,10 @@ def serve_command(
         show_default=f"{QUEUE_PER_ROW} x --max-batch",
         help="Transcription requests admitted at once (uploading, waiting or running); past it 503 with Retry-After.",
     ),
-    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help="auto: CUDA when present, else the CPU."),
-    dtype: str = typer.Option(
-        "auto", metavar="auto|float32|bfloat16|float16", help="auto is float32, NeMo's precision."
-    ),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
 ) -> None:
     """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model."""
-    from .checkpoint import DEMO_NAME
-    from .cli import MODEL_ENV, _setup_logging, err_console, load_or_exit
-
     _setup_logging()
     if not _loopback(host) and api_key is None:
         err_console.print(
