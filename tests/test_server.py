@@ -414,3 +414,32 @@ def test_serve_without_the_extra_says_how_to_install_it():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
     assert result.returncode == 2
     assert "pip install 'graphscribe[serve]'" in result.stderr
+
+
+# ============================================================================ pieces, in process
+
+
+def test_multipart_bodies_as_clients_send_them():
+    from graphscribe.server import ApiError, header_params, parse_form
+
+    request = httpx.Request(
+        "POST",
+        "http://localhost/",
+        files={"file": ("a b; c.wav", b"RIFF\r\n--not-the-boundary\r\n")},
+        data={"model": "m", "timestamp_granularities[]": ["word", "segment"]},
+    )
+    boundary = header_params(request.headers["content-type"])["boundary"].encode()
+    form = parse_form(request.read(), boundary)
+    assert (bytes(form.file), form.filename) == (b"RIFF\r\n--not-the-boundary\r\n", "a b; c.wav")
+    assert form.fields == {"model": ["m"], "timestamp_granularities[]": ["word", "segment"]}
+    assert header_params("form-data; name=file; filename*=UTF-8''%C3%A9t%C3%A9.wav")["filename*"] == "été.wav"
+    for cut in (b"", request.read()[:-10]):
+        with pytest.raises(ApiError, match="malformed multipart body"):
+            parse_form(cut, boundary)
+
+
+def test_only_loopback_counts_as_private():
+    from graphscribe.server import _loopback
+
+    assert all(map(_loopback, ["127.0.0.1", "::1", "localhost", "127.0.0.2"]))
+    assert not any(map(_loopback, ["0.0.0.0", "::", "192.168.1.10", "example.org"]))
