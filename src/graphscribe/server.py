@@ -70,6 +70,7 @@ GRANULARITIES = ("word", "segment")
 QUEUE_PER_ROW = 4  # requests admitted at once per batch row: a batch running, one forming, two more uploading
 RETRY_AFTER = "1"  # seconds, on 503
 MAX_UPLOAD_MB = 100  # about 50 minutes of 16 kHz 16-bit WAV
+DRAIN_UPLOADS = 2  # a refused body up to this many upload limits is read (and dropped) before the answer
 UPLOAD_NAME_CHARS = 100  # of the client's file name, in error messages
 _PATHS = ("/v1/audio/transcriptions", "/v1/models", "/health", "/metrics")  # metric labels; anything else: other
 
@@ -351,7 +352,7 @@ class Server:
             if self.stopping:
                 raise ApiError(503, "the server is shutting down", code="shutting_down")
             if not self.authorized(request):
-                raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+                raise _unauthorized()
             if not self.service.ready:
                 raise ApiError(503, "the server is warming up", code="warming_up")
             if self.admitted >= self.max_queue:
@@ -395,15 +396,13 @@ class Server:
 
     async def _refuse(self, request: Request, err: ApiError) -> Response:
         response = err.response()
-        if not await drain(request, self.max_upload):
+        if not await drain(request, DRAIN_UPLOADS * self.max_upload):
             response.headers["Connection"] = "close"
         return response
 
     async def models(self, request: Request) -> Response:
         if not self.authorized(request):
-            return ApiError(
-                401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key"
-            ).response()
+            return _unauthorized().response()
         model = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "graphscribe"}
         return JSONResponse({"object": "list", "data": [model]})
 
@@ -425,6 +424,10 @@ class Server:
 
     async def metrics_text(self, request: Request) -> Response:
         return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
+
+
+def _unauthorized() -> ApiError:
+    return ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
 
 
 def _settle(future: asyncio.Future, transcript: Transcript) -> None:
@@ -458,7 +461,7 @@ class AccessLog:
             path = scope["path"] if scope["path"] in _PATHS else "other"
             transcribed = scope.get("graphscribe")  # (audio seconds, queue seconds) of a transcription
             self.metrics.answered(path, status, elapsed, transcribed[0] if transcribed else 0.0)
-            line = f"{scope['method']} {scope['path'][:200]} {status}"
+            line = f"{scope['method']} {ascii(scope['path'][:200])[1:-1]} {status}"  # no control characters
             if transcribed:
                 line += f" audio {transcribed[0]:.2f} s, queue {1000 * transcribed[1]:.0f} ms,"
             sys.stderr.write(f"{line} total {1000 * elapsed:.0f} ms\n")
