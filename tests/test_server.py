@@ -420,7 +420,7 @@ def test_serve_without_the_extra_says_how_to_install_it():
 
 
 def test_multipart_bodies_as_clients_send_them():
-    from graphscribe.server import ApiError, header_params, parse_form
+    from graphscribe.openai_api import ApiError, header_params, parse_form
 
     request = httpx.Request(
         "POST",
