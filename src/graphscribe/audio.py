@@ -358,3 +358,11 @@ NATIVE_STDERR = NativeStderr()
 def _first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+def read_bytes(data: bytes, sample_rate: int, name: str = "<bytes>") -> torch.Tensor:
+    """An audio file's bytes (an upload: any format libsndfile or FFmpeg reads) -> (L,) float32 mono at
+    `sample_rate`; AudioError naming `name` and the problem. Nothing touches the disk."""
+    if not data:
+        raise AudioError(f"{name}: empty file")
+    return decode_audio(data, name, sample_rate)

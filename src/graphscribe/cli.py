@@ -1,4 +1,5 @@
-"""`transcribe`: audio files and folders in, transcripts out; `transcribe bench` A/B-tests the graph modes.
+"""`transcribe`: audio files and folders in, transcripts out; `transcribe bench` A/B-tests the graph modes;
+`transcribe serve` serves OpenAI's transcription API (server.py).
 
 Exit codes: 0 every file done (or skipped), 1 some failed (each named on stderr with its reason), 2 bad usage
 (found before the model loads), 130 stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM. A stopped run keeps
@@ -718,10 +719,31 @@ def bench_command(
         show_default=False,
         help="Throughput on the first 1, 2, ... n of these devices (see transcribe --help), with --folder or --throughput.",
     ),
+    serve: Optional[str] = typer.Option(
+        None, "--serve", metavar="URL", help="Load-test a running `transcribe serve` with the files under --folder."
+    ),
+    concurrency: str = typer.Option("1,8,32,128", metavar="N,N,...", help="--serve: clients at once, a row each."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="GRAPHSCRIBE_API_KEY", metavar="KEY", help="--serve: the server's API key."
+    ),
+    response_format: str = typer.Option("json", metavar="FORMAT", help="--serve: the response_format asked for."),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
-    --throughput, files per second through the whole pipeline instead."""
+    --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
+    a running server."""
     _setup_logging()
+    if serve is not None:  # a load test of a running server: no model here
+        from .loadtest import bench_server, print_report
+
+        try:
+            report = bench_server(serve, folder, concurrency, api_key, response_format)
+        except ValueError as err:
+            _fail_usage(str(err))
+        print_report(report, Console(width=None if sys.stdout.isatty() else 240))
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        return
     folder_mode = folder is not None or throughput
     if folder_mode and clips:
         _fail_usage("bench: give CLIPS, or --folder / --throughput, not both")
@@ -879,13 +901,24 @@ ray_app.command()(ray_command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: `transcribe bench ...` runs the benchmark, `transcribe ray ...` a Ray Data job, anything else
-    transcribes."""
+    """Entry point: `transcribe bench ...` runs the benchmark, `transcribe serve ...` the server, `transcribe ray ...`
+    a Ray Data job, anything else transcribes."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "bench":
         bench_app(args[1:], prog_name="transcribe bench")
     elif args and args[0] == "ray":
         ray_app(args[1:], prog_name="transcribe ray")
+    elif args and args[0] == "serve":
+        try:
+            from .server import serve_app  # here: starlette and uvicorn are for the server only
+        except ModuleNotFoundError as err:
+            missing = (err.name or "").split(".")[0]
+            if missing not in ("starlette", "uvicorn"):
+                raise
+            message = f"transcribe serve needs {missing}: pip install 'graphscribe[serve]'"
+            err_console.print(f"[red]error:[/red] {escape(message)}")
+            raise SystemExit(2) from None
+        serve_app(args[1:], prog_name="transcribe serve")
     else:
         transcribe_app(args, prog_name="transcribe")
 

@@ -95,10 +95,17 @@ class Batch:
     lengths: torch.Tensor  # (B,) int64 samples
     failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of unreadable inputs
     storage: torch.Tensor | None = None  # the (pinned) host buffer `audio` is a view of (`ReadAhead.recycle`)
+    timings: bool = True  # False: this batch's transcripts leave out the times even when the stream keeps them
 
     def row(self, r: int) -> "Batch":
         n = int(self.lengths[r])
-        return Batch([self.indices[r]], [self.sources[r]], self.audio[r : r + 1, :n], self.lengths[r : r + 1])
+        return Batch(
+            [self.indices[r]],
+            [self.sources[r]],
+            self.audio[r : r + 1, :n],
+            self.lengths[r : r + 1],
+            timings=self.timings,
+        )
 
 
 class StageClock:
@@ -341,7 +348,6 @@ def read_ahead(
     now on. batch_size, batch_seconds None: the device's (`default_batching`); read: `audio.read_input` at the
     rate; batch shapes rounded up to PAD_SECONDS on CUDA in 16 bits (dtype None: float32). batches: index lists
     handed out elsewhere instead of its own plan (a device worker's); ahead: batches read ahead."""
-    pad = device.type == "cuda" and dtype is not None and dtype.itemsize == 2
     files, seconds = default_batching(device, dtype)
     return ReadAhead(
         items,
@@ -353,16 +359,27 @@ def read_ahead(
         workers=default_workers(device),
         clock=clock,
         read_ahead=ahead,
-        pad_to=round(PAD_SECONDS * sample_rate) if pad else 0,
+        pad_to=pad_samples(device, dtype, sample_rate),
         batches=batches,
     )
+
+
+def pad_samples(device: torch.device, dtype: torch.dtype | None, sample_rate: int) -> int:
+    """`collate`'s pad_to for a model on `device` in `dtype` (None: float32): PAD_SECONDS on CUDA in 16 bits, else 0."""
+    pad = device.type == "cuda" and dtype is not None and dtype.itemsize == 2
+    return round(PAD_SECONDS * sample_rate) if pad else 0
 
 
 def transcribe_stream(
     model: Model, reads: ReadAhead, clock: StageClock | None = None, timings: bool = True
 ) -> Iterator[tuple[int, Transcript]]:
     """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
-    leaves out the token, word and segment times (text and token ids only: less host work a file).
+    leaves out the token, word and segment times (text and token ids only: less host work a file), as does a
+    batch's own `timings=False`.
+
+    reads: a ReadAhead, or any source of Batches with `items`, `recycle` and `close` (the server's). A batch is
+    decoded when the next one has been queued; an empty Batch (no rows) has the one before it finished at once,
+    so a source that is about to wait for inputs yields one first.
 
     With timings, a batch's transcripts are made on a thread of their own (`_Finisher`) while this one queues and
     decodes the next batches: the token, word and segment times cost about a millisecond of Python a file, which
@@ -382,7 +399,7 @@ def transcribe_stream(
                     yield from _finish(model, decoded, clock, streams, timings)
                 else:
                     finisher.submit(decoded)
-                    yield from finisher.ready()
+                    yield from finisher.ready() if batch.indices else finisher.drain()  # empty: the source waits
                 reads.recycle(encoded.batch)  # decoded, so copied to the GPU long ago
             failed = [(i, Transcript(source=_name(items[i]), error=error)) for i, error in batch.failed]
             if finisher is None:
@@ -506,7 +523,7 @@ def _finish(
     start = time.perf_counter()
     with clock.host("text"):
         transcripts = [
-            model.finish(source, int(n), hyp, 0.0, timings)
+            model.finish(source, int(n), hyp, 0.0, timings and batch.timings)
             for n, source, hyp in zip(batch.lengths.tolist(), batch.sources, job.hyps)
         ]
     seconds = (job.seconds + time.perf_counter() - start) / len(transcripts)  # its batch's host time, shared

@@ -1,0 +1,257 @@
+"""Transcription as a service: requests from many threads, batched across requests through the folder job's code.
+
+    caller (the server's event loop, after decoding an upload in a thread):  submit(audio, timings, done)
+      -> Scheduler.put(request, seconds)
+    one batching thread:  Scheduler.take (the longest waiting first, at most `max_batch` rows and `batch_seconds`
+      of padded audio; while the GPU is idle a batch waits up to `max_wait` for company)
+      -> collate into a reused (pinned) host buffer -> pipeline.transcribe_stream: features and encoder of the
+      next batch are queued while this one decodes (one captured graph per size class) -> done(transcript)
+
+The batching thread takes the next batch as soon as the GPU has one queued, without waiting for company: under
+load requests pile up while a batch runs, so batches fill by themselves; it blocks on the scheduler only when
+nothing is waiting, and then first hands transcribe_stream an empty batch so the last one is finished and
+answered. An hour of audio (local attention) runs alone; a batch that runs out of memory is retried one request
+at a time (transcribe_stream), and the request that alone does not fit gets an error, not its neighbours.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import torch
+
+from .audio import read_input
+from .decoding import size_class
+from .model import FULL_ATTENTION_MAX_SECONDS
+from .pipeline import READ_AHEAD, Batch, HostBuffers, collate, default_batching, pad_samples, transcribe_stream
+from .scheduler import Scheduler
+from .transcript import Transcript
+
+if TYPE_CHECKING:
+    from .model import Model
+
+log = logging.getLogger(__name__)
+
+# Warm-up on CUDA: one batch per decode size class up to --max-batch, each row this long (cut to the batch's
+# padded-seconds cap): long enough that the decode buffers of the class hold a LibriSpeech-length input without
+# growing (a 20 s row makes room for 20.48 s) and that its token records have grown. On the CPU nothing is
+# captured: one row of a second loads the kernels.
+WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
+WARM_UP_CLIP = "librispeech_2086-149220-0033.wav"  # real speech (shipped in the package), tiled to length
+
+
+@dataclass(eq=False)
+class Request:
+    """One input waiting for, or in, a batch."""
+
+    audio: torch.Tensor | None  # (L,) float32 at the model's rate; dropped once copied into its batch
+    seconds: float
+    timings: bool  # token, word and segment times wanted
+    done: Callable[[Transcript], None]  # called once, on the batching thread
+    name: str = "<upload>"  # names the input in error messages
+    put_at: float = 0.0  # time.monotonic()
+    taken_at: float = 0.0  # when its batch was formed; 0 while it waits
+
+    @property
+    def queue_seconds(self) -> float:
+        return max(0.0, self.taken_at - self.put_at) if self.taken_at else 0.0
+
+
+class Service:
+    """A loaded model serving requests through one batching thread. `start` warms up; `ready` is set after.
+
+    max_batch: rows per batch at most (None: the model's batch size, else the device's default). batch_seconds:
+    padded seconds per batch at most (None: the model's, else the device's). max_wait: seconds a batch formed
+    while the GPU is idle waits for more requests. on_batch(rows): called for every batch formed (metrics).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        max_batch: int | None = None,
+        max_wait: float = 0.005,
+        batch_seconds: float | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ):
+        files, seconds = default_batching(model.device)
+        self.model = model
+        self.max_batch = max_batch or model.options.batch_size or files
+        self.batch_seconds = batch_seconds or model.options.batch_seconds or seconds
+        self.max_wait = max_wait
+        self.scheduler: Scheduler[int] = Scheduler(self.max_batch, self.batch_seconds, FULL_ATTENTION_MAX_SECONDS)
+        self.pad_to = pad_samples(model.device, model.dtype, model.sample_rate)
+        self.pin = model.device.type == "cuda"
+        self.buffers = HostBuffers(keep=READ_AHEAD + 3, pin=self.pin)
+        # request number -> Request, from `submit` to its answer; each number is written by one thread and popped
+        # by the batching thread (dict operations are atomic under the GIL)
+        self.requests: dict[int, Request] = {}
+        self._numbers = itertools.count()
+        self._on_batch = on_batch
+        self._settled = threading.Event()  # warm-up over, or failed
+        self.ready = False
+        self.error: BaseException | None = None  # why warming up failed
+        self.warm_up_seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="graphscribe-batch", daemon=True)
+
+    def start(self) -> None:
+        """Warm up, then serve, on the batching thread; `wait_ready` returns when it is warm."""
+        self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """True once warm; raises what stopped the warm-up; False after `timeout` seconds."""
+        if not self._settled.wait(timeout):
+            return False
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def submit(
+        self, audio: torch.Tensor, timings: bool, done: Callable[[Transcript], None], name: str = "<upload>"
+    ) -> Request:
+        """Queue (L,) samples at the model's rate; `done(transcript)` is called on the batching thread when its batch
+        is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once closed."""
+        request = Request(audio, audio.numel() / self.model.sample_rate, timings, done, name, time.monotonic())
+        n = next(self._numbers)
+        self.requests[n] = request
+        try:
+            self.scheduler.put(n, request.seconds)
+        except RuntimeError:
+            del self.requests[n]
+            raise
+        return request
+
+    @property
+    def waiting(self) -> int:
+        return len(self.scheduler)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not answered yet (waiting or in a batch)."""
+        return len(self.requests)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Transcribe what is waiting, then stop the batching thread."""
+        self.scheduler.close()
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ the batching thread
+    def _run(self) -> None:
+        warm_up: list[Batch] | None = None
+        while True:
+            try:
+                if warm_up is None:
+                    warm_up = self._warm_up_batches()
+                for n, transcript in transcribe_stream(self.model, _Batches(self, warm_up)):
+                    self._answer(n, transcript)
+                return  # closed, and everything answered
+            except Exception as err:  # noqa: BLE001 - the server outlives one broken batch
+                if not self._settled.is_set():
+                    self.error = err
+                    self._settled.set()
+                    return
+                log.error("transcription failed: %s", str(err).splitlines()[0] if str(err) else type(err).__name__)
+                self._fail_taken(f"internal error: {err}")
+                warm_up = []
+
+    def _answer(self, n: int, transcript: Transcript) -> None:
+        request = self.requests.pop(n, None)
+        if request is not None:
+            request.done(transcript)
+
+    def _fail_taken(self, message: str) -> None:
+        """Answer the requests whose batches were lost with `message`; those still waiting stay queued."""
+        for n, request in list(self.requests.items()):
+            if request.taken_at:
+                self._answer(n, Transcript(source=request.name, error=message))
+
+    def _warm_up_batches(self) -> list[Batch]:
+        """One batch per decode size class up to max_batch on CUDA (the classes the scheduler's batches fall in), of
+        real speech, made as `_Batches` makes them: graphs are captured and kernels compiled before the first
+        request."""
+        from .bench import speech_path
+
+        start = time.perf_counter()
+        rate = self.model.sample_rate
+        clip = read_input(speech_path(WARM_UP_CLIP), rate)
+        sizes = [1]
+        if self.model.device.type == "cuda":
+            sizes = sorted({min(1 << k, self.max_batch) for k in range(size_class(self.max_batch).bit_length())})
+        left = len(sizes)
+
+        def warmed(_: Transcript) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:  # the largest batch comes last: every class is warm
+                self.warm_up_seconds = time.perf_counter() - start
+                self.ready = True
+                self._settled.set()
+
+        batches = []
+        for rows in sizes:
+            seconds = min(WARM_UP_SECONDS[self.model.device.type], self.batch_seconds / rows)
+            audio = clip.repeat(int(seconds * rate) // clip.numel() + 1)[: max(1, int(seconds * rate))]
+            numbers = []
+            for _ in range(rows):
+                n = next(self._numbers)
+                self.requests[n] = Request(audio, seconds, True, lambda _: None, "<warm-up>", time.monotonic())
+                numbers.append(n)
+            self.requests[numbers[-1]].done = warmed  # one answer a batch
+            batches.append(self._take(numbers, counted=False))
+        return batches
+
+    def _take(self, numbers: list[int], counted: bool = True) -> Batch:
+        """The requests `numbers` as one padded batch; their samples are dropped (copied into the batch)."""
+        now = time.monotonic()
+        requests = [self.requests[n] for n in numbers]
+        batch = collate([(n, r.name, r.audio) for n, r in zip(numbers, requests)], self.buffers, self.pad_to, self.pin)
+        batch.timings = any(r.timings for r in requests)
+        for r in requests:
+            r.audio, r.taken_at = None, now
+        if counted and self._on_batch is not None:
+            self._on_batch(len(numbers))
+        return batch
+
+
+class _Batches:
+    """transcribe_stream's source of batches: the warm-up batches, then the scheduler's, taken as soon as the
+    one before is queued; an empty batch whenever nothing waits, so the one before is finished and answered before
+    the thread blocks."""
+
+    def __init__(self, service: Service, warm_up: list[Batch]):
+        self.service, self.warm_up = service, warm_up
+        self.items = service.requests  # named only for unreadable rows, which never come: uploads are decoded first
+
+    def __iter__(self) -> Iterator[Batch]:
+        scheduler = self.service.scheduler
+        yield from self.warm_up
+        queued = bool(self.warm_up)  # a batch is queued on the GPU, not yet decoded
+        while True:
+            if queued:  # the GPU has work: take what waits, no waiting for company
+                numbers = scheduler.take(timeout=0.0)
+            else:
+                numbers = scheduler.take(wait=self.service.max_wait)
+                if numbers is None:
+                    return  # closed and empty
+            if numbers is None:
+                yield _empty_batch()
+                queued = False
+                continue
+            yield self.service._take(numbers)
+            queued = True
+
+    def recycle(self, batch: Batch) -> None:
+        if batch.storage is not None:
+            self.service.buffers.give(batch.storage)
+            batch.storage = None
+
+    def close(self) -> None:
+        """Nothing to stop: the scheduler is the service's (closed by `Service.close`)."""
+
+
+def _empty_batch() -> Batch:
+    return Batch([], [], torch.zeros(0, 0), torch.zeros(0, dtype=torch.long))

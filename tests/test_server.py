@@ -1,0 +1,445 @@
+"""`transcribe serve` from outside: the real server process on a free localhost port, called with the official
+`openai` client and httpx, stopped with SIGTERM. Expected transcripts are the CLI's own output on the same files
+with the same NeMo-made checkpoint; subtitles are read back with PyPI's `srt` and `webvtt-py`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import srt
+import webvtt
+from conftest import CLIPS, FIXTURES, NEMO_PATH, SPEECH_CLIP
+
+KEY = "sk-graphscribe-test"
+STARTUP_SECONDS = 180  # loading and warming up the tiny model on a busy CPU
+REQUEST_SECONDS = 300
+UPLOAD_MB = 1  # the module server's --max-upload-mb: every clip fits, the 413 tests send more
+HELDOUT = FIXTURES / "demo-heldout"
+FILES = sorted(CLIPS.glob("*.wav")) + sorted(HELDOUT.glob("*.wav"))  # 14 clips, 0.25-7.4 s
+# One thread each for the server and the CLI: the test machine's cores are shared by the server, the CLI and the
+# clients, and OpenMP threads waiting on a busy core made the tiny model's LSTM steps 20x slower. The same
+# setting for both keeps the server's sums in the CLI's order.
+ENV = {k: v for k, v in os.environ.items() if k not in ("GRAPHSCRIBE_MODEL", "GRAPHSCRIBE_API_KEY")}
+ENV["OMP_NUM_THREADS"] = "1"
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen
+    url: str
+    log: Path  # its stderr
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Send `sig`, then the exit code (the process is killed after a minute)."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(log: Path, *args: str) -> Served:
+    """`transcribe serve` on a free port with the tiny checkpoint on the CPU; returns once /health says 200."""
+    port = free_port()
+    command = [sys.executable, "-m", "graphscribe.cli", "serve", "--model", str(NEMO_PATH), "--device", "cpu"]
+    command += ["--port", str(port), "--api-key", KEY, *args]
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
+    served = Served(process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{served.url}/health", timeout=2).status_code == 200:
+                return served
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.2)
+    served.stop()
+    pytest.fail(f"the server was not ready in {STARTUP_SECONDS} s:\n{log.read_text()}")
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "graphscribe.cli", *map(str, args), "--model", str(NEMO_PATH), "--device", "cpu"]
+    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=REQUEST_SECONDS)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def headers(key: str | None = KEY) -> dict:
+    return {"Authorization": f"Bearer {key}"} if key is not None else {}
+
+
+def post(url: str, files=None, data=None, key: str | None = KEY, **kwargs) -> httpx.Response:
+    return httpx.post(
+        f"{url}/v1/audio/transcriptions",
+        files=files,
+        data=data,
+        headers=headers(key),
+        timeout=REQUEST_SECONDS,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    served = start_server(tmp_path_factory.mktemp("server") / "stderr.txt", "--max-upload-mb", str(UPLOAD_MB))
+    yield served
+    assert served.stop() == 0, served.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=REQUEST_SECONDS)
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, dict]:
+    """The CLI's JSON record of every clip, by file name."""
+    records = [json.loads(line) for line in cli(*FILES, "--format", "json").stdout.splitlines()]
+    return {Path(r["path"]).name: r for r in records}
+
+
+def transcribe(client, path: Path, **options):
+    with open(path, "rb") as f:
+        return client.audio.transcriptions.create(file=f, model="tdt-tiny", **options)
+
+
+# ============================================================================ the official client, every format
+
+
+def test_health_and_models(server, client):
+    health = httpx.get(f"{server.url}/health").json()
+    assert health == {"status": "ok", "model": "tdt-tiny", "device": "cpu", "dtype": "float32", "max_batch": 8}
+    assert [m.id for m in client.models.list()] == ["tdt-tiny"]
+
+
+def test_json_is_the_cli_text(client, expected):
+    assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+    assert expected[SPEECH_CLIP.name]["text"]  # not trivially empty
+
+
+def test_text(client, expected):
+    assert transcribe(client, SPEECH_CLIP, response_format="text") == expected[SPEECH_CLIP.name]["text"] + "\n"
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_subtitles_are_the_cli_files(client, fmt):
+    answer = transcribe(client, SPEECH_CLIP, response_format=fmt)
+    assert answer == cli(SPEECH_CLIP, "--format", fmt).stdout
+    if fmt == "srt":
+        cues = [c.content for c in srt.parse(answer, ignore_errors=False)]
+    else:
+        cues = [c.text for c in webvtt.from_string(answer)]
+    assert cues and all(cues)
+
+
+def test_verbose_json_with_words(client, expected):
+    record = expected[SPEECH_CLIP.name]
+    answer = transcribe(
+        client, SPEECH_CLIP, response_format="verbose_json", timestamp_granularities=["word", "segment"]
+    )
+    assert answer.text == record["text"]
+    assert answer.duration == pytest.approx(record["audio_seconds"], abs=1e-3)
+    assert answer.task == "transcribe" and answer.language
+    words = [w for w in record["words"] if w["word"].strip()]
+    assert [(w.word, w.start, w.end) for w in answer.words] == [(w["word"], w["start"], w["end"]) for w in words]
+    assert [(s.id, s.text, s.start, s.end) for s in answer.segments] == [
+        (i, s["text"], s["start"], s["end"]) for i, s in enumerate(record["segments"])
+    ]
+    tokens = [t for s in answer.segments for t in s.tokens]
+    assert tokens == [t["id"] for t in record["tokens"]]
+    assert all(s.compression_ratio > 0 and s.temperature == 0.0 for s in answer.segments)
+
+
+def test_verbose_json_segments_only_by_default(client):
+    answer = transcribe(client, SPEECH_CLIP, response_format="verbose_json")
+    assert answer.segments and answer.words is None
+
+
+def test_stream(client, expected):
+    record = expected[SPEECH_CLIP.name]
+    events = list(transcribe(client, SPEECH_CLIP, stream=True))
+    *deltas, done = events
+    assert [e.type for e in deltas] == ["transcript.text.delta"] * len(deltas)
+    assert len(deltas) == max(1, len(record["segments"]))  # one a segment
+    assert done.type == "transcript.text.done" and done.text == record["text"]
+    assert "".join(e.delta for e in deltas) == record["text"]
+
+
+# ============================================================================ unhappy paths, then the next request
+
+
+def test_not_audio_names_the_problem_and_the_next_request_succeeds(server, client, expected):
+    answer = post(server.url, files={"file": ("notes.txt", b"these are not samples\n" * 50)})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["message"] == "notes.txt: not a readable audio file (unknown format or corrupt data)"
+    assert error["type"] == "invalid_request_error" and error["param"] == "file"
+    assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+
+
+def test_past_the_upload_limit(server, client, expected):
+    big = b"\0" * (UPLOAD_MB * 2**20 + 1000)
+    answer = post(server.url, files={"file": ("big.wav", big)})
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == "file_too_large"
+    # chunked, without a Content-Length: the limit holds while the body streams in
+    boundary = "graphscribe-test"
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.wav"\r\n\r\n'.encode()
+    chunks = iter([head, *[b"\0" * 2**16] * (2 * 16 * UPLOAD_MB), f"\r\n--{boundary}--\r\n".encode()])
+    answer = httpx.post(
+        f"{server.url}/v1/audio/transcriptions",
+        content=chunks,
+        headers={**headers(), "Content-Type": f"multipart/form-data; boundary={boundary}"},
+        timeout=REQUEST_SECONDS,
+    )
+    assert answer.status_code == 413
+    assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+
+
+def test_wrong_or_missing_key(server):
+    with open(SPEECH_CLIP, "rb") as f:
+        data = f.read()
+    for key in ("sk-wrong", None):
+        answer = post(server.url, files={"file": ("a.wav", data)}, key=key)
+        assert answer.status_code == 401
+        assert answer.json()["error"]["code"] == "invalid_api_key"
+    wrong = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        transcribe(wrong, SPEECH_CLIP)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+
+
+def test_bad_fields(server):
+    answer = post(server.url, data={"model": "tdt-tiny"}, files={"other": ("a.txt", b"x")})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "file"
+    assert "'file'" in answer.json()["error"]["message"]
+    with open(SPEECH_CLIP, "rb") as f:
+        data = f.read()
+    for field, value in [("response_format", "diarized_json"), ("stream", "maybe"), ("temperature", "warm")]:
+        answer = post(server.url, files={"file": ("a.wav", data)}, data={field: value})
+        assert answer.status_code == 400, field
+        error = answer.json()["error"]
+        assert error["param"] == field and repr(value) in error["message"]
+    answer = httpx.post(f"{server.url}/v1/audio/transcriptions", json={"file": "/etc/passwd"}, headers=headers())
+    assert answer.status_code == 400  # a path is no upload: only bytes sent as the file are read
+    assert "multipart/form-data" in answer.json()["error"]["message"]
+
+
+def test_client_gone_mid_upload(server, client, expected):
+    boundary = "graphscribe-test"
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'.encode()
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
+            + f"Authorization: Bearer {KEY}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n".encode()
+            + b"Content-Length: 500000\r\n\r\n"
+            + head
+            + SPEECH_CLIP.read_bytes()[:100_000]
+        )
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+
+
+# ============================================================================ many clients at once
+
+
+def test_32_clients_get_their_own_transcripts(server, client, expected, tmp_path):
+    """32 clients at once, each sending its own file (the 14 clips, then copies of the shorter ones under other
+    names): each gets the CLI's text of that file."""
+    shortest = sorted(FILES, key=lambda p: p.stat().st_size)
+    copies = []
+    for i in range(32 - len(FILES)):
+        source = shortest[i % 8]
+        copies.append(tmp_path / f"copy{i:02d}_{source.name}")
+        shutil.copy(source, copies[-1])
+    files = FILES + copies
+    start = threading.Barrier(len(files))
+
+    def one(path: Path) -> str:
+        start.wait()
+        return transcribe(client, path).text
+
+    with ThreadPoolExecutor(len(files)) as pool:
+        texts = list(pool.map(one, files))
+    assert texts == [expected[p.name.split("_", 1)[1] if p.name.startswith("copy") else p.name]["text"] for p in files]
+    rows = _metric_samples(server.url, "graphscribe_batch_rows_bucket")
+    assert rows['{le="1"}'] < rows['{le="+Inf"}']  # some batches held several requests
+
+
+def _metric_samples(url: str, name: str) -> dict[str, float]:
+    """Samples of one metric: labels text -> value; every line of /metrics must be a comment or a sample."""
+    text = httpx.get(f"{url}/metrics").text
+    sample = re.compile(r"^([a-z_]+)(\{[^}]*\})? (-?[0-9.e+]+|\+Inf)$")
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("# "):
+            continue
+        match = sample.match(line)
+        assert match, line
+        if match.group(1) == name:
+            found[match.group(2) or ""] = float(match.group(3))
+    return found
+
+
+def test_metrics_count_requests(server, client, expected):
+    label = '{path="/v1/audio/transcriptions",status="200"}'
+    before = _metric_samples(server.url, "graphscribe_requests_total").get(label, 0)
+    audio = _metric_samples(server.url, "graphscribe_audio_seconds_total")[""]
+    transcribe(client, SPEECH_CLIP)
+    assert _metric_samples(server.url, "graphscribe_requests_total")[label] == before + 1
+    assert _metric_samples(server.url, "graphscribe_audio_seconds_total")[""] == pytest.approx(
+        audio + expected[SPEECH_CLIP.name]["audio_seconds"], abs=1e-3
+    )
+    assert _metric_samples(server.url, "graphscribe_queue_depth") == {"": 0}
+    assert _metric_samples(server.url, "graphscribe_request_seconds_count")[""] > before
+
+
+def test_access_log(server, client):
+    transcribe(client, SPEECH_CLIP)
+    lines = server.log.read_text().splitlines()
+    assert any(re.fullmatch(r"serving tdt-tiny on http://127\.0\.0\.1:\d+ \(.*\)", line) for line in lines)
+    logged = [line for line in lines if line.startswith("POST /v1/audio/transcriptions 200 ")]
+    assert logged and re.fullmatch(r".* 200 audio 7\.4\d s, queue \d+ ms, total \d+ ms", logged[-1])
+
+
+# ============================================================================ stopping
+
+
+def test_sigterm_answers_admitted_requests_then_exits_0(tmp_path):
+    served = start_server(tmp_path / "stderr.txt", "--max-batch", "4")
+    try:
+        files = [HELDOUT / f"heldout_{i:02d}.wav" for i in range(8)]
+
+        def send(path: Path):
+            try:
+                return post(served.url, files={"file": (path.name, path.read_bytes())}).status_code
+            except httpx.TransportError as err:
+                return type(err).__name__  # refused, or closed before an answer: never admitted
+
+        with ThreadPoolExecutor(len(files)) as pool:
+            early = [pool.submit(send, p) for p in files]
+            deadline = time.monotonic() + REQUEST_SECONDS
+            while _metric_samples(served.url, "graphscribe_queue_depth")[""] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            admitted = _metric_samples(served.url, "graphscribe_queue_depth")[""]
+            served.process.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            late = [send(p) for p in files[:3]]
+            answers = [f.result() for f in early]
+        assert served.process.wait(REQUEST_SECONDS) == 0
+    finally:
+        served.stop()
+    assert admitted >= 1 and answers.count(200) >= admitted  # every admitted request answered
+    assert set(answers) <= {200, 503, "ConnectError", "RemoteProtocolError", "ReadError"}
+    assert set(late) <= {503, "ConnectError", "RemoteProtocolError", "ReadError"}
+    log = served.log.read_text()
+    assert "Traceback" not in log
+    assert log.count("POST /v1/audio/transcriptions 200 ") == answers.count(200)
+
+
+# ============================================================================ the load test, the command
+
+
+def test_load_test_reports_a_row_per_level(server, tmp_path):
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    for path in sorted(FILES, key=lambda p: p.stat().st_size)[:4]:
+        shutil.copy(path, folder / path.name)
+    report_path = tmp_path / "load.json"
+    command = ["bench", "--serve", server.url, "--folder", folder, "--concurrency", "1,4", "--json", report_path]
+    result = subprocess.run(
+        [sys.executable, "-m", "graphscribe.cli", *map(str, command), "--api-key", KEY],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=REQUEST_SECONDS,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    assert report["server"]["model"] == "tdt-tiny" and report["files"] == 4
+    assert [r["concurrency"] for r in report["rows"]] == [1, 4]
+    for row in report["rows"]:
+        assert row["requests"] == 4 and row["failed"] == 0
+        assert row["rtfx"] > 0 and row["audio_seconds"] == report["audio_seconds"] > 0
+        assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"]
+    wrong = subprocess.run(
+        [sys.executable, "-m", "graphscribe.cli", *map(str, command), "--api-key", "sk-wrong"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=REQUEST_SECONDS,
+    )
+    assert wrong.returncode == 0, wrong.stderr  # the server answered: the failures are in the report
+    rows = json.loads(report_path.read_text())["rows"]
+    assert [(r["failed"], r["failures"], r["p50_ms"]) for r in rows] == [(4, {"401": 4}, None)] * 2
+
+
+def test_plain_cli_does_not_import_the_server():
+    code = "import sys, graphscribe.cli; print(sorted(m for m in ('starlette', 'uvicorn') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.stdout == "[]\n", result.stderr
+
+
+def test_serve_without_the_extra_says_how_to_install_it():
+    code = "import sys; sys.modules['starlette'] = None; from graphscribe.cli import main; main(['serve'])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.returncode == 2
+    assert "pip install 'graphscribe[serve]'" in result.stderr
+
+
+# ============================================================================ pieces, in process
+
+
+def test_multipart_bodies_as_clients_send_them():
+    from graphscribe.openai_api import ApiError, header_params, parse_form
+
+    request = httpx.Request(
+        "POST",
+        "http://localhost/",
+        files={"file": ("a b; c.wav", b"RIFF\r\n--not-the-boundary\r\n")},
+        data={"model": "m", "timestamp_granularities[]": ["word", "segment"]},
+    )
+    boundary = header_params(request.headers["content-type"])["boundary"].encode()
+    form = parse_form(request.read(), boundary)
+    assert (bytes(form.file), form.filename) == (b"RIFF\r\n--not-the-boundary\r\n", "a b; c.wav")
+    assert form.fields == {"model": ["m"], "timestamp_granularities[]": ["word", "segment"]}
+    assert header_params("form-data; name=file; filename*=UTF-8''%C3%A9t%C3%A9.wav")["filename*"] == "été.wav"
+    for cut in (b"", request.read()[:-10]):
+        with pytest.raises(ApiError, match="malformed multipart body"):
+            parse_form(cut, boundary)
+
+
+def test_only_loopback_counts_as_private():
+    from graphscribe.server import _loopback
+
+    assert all(map(_loopback, ["127.0.0.1", "::1", "localhost", "127.0.0.2"]))
+    assert not any(map(_loopback, ["0.0.0.0", "::", "192.168.1.10", "example.org"]))
