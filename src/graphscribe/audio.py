@@ -171,7 +171,7 @@ def _too_long() -> str:
 
 def _opened(source: Path | bytes) -> str | io.BytesIO:
     """What libsndfile and PyAV open: a path, or a fresh file object over the bytes (each reader seeks its own)."""
-    return io.BytesIO(source) if isinstance(source, bytes) else str(source)
+    return io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview)) else str(source)
 
 
 def _read_stdin() -> bytes:
