@@ -213,6 +213,8 @@ class DeviceRun:
         self._started = time.perf_counter()
         for worker in self.workers:
             worker.send(("job", files, timings))  # before planning: reading starts as soon as a worker has a config
+        if all(w.loaded for w in self.workers):  # a pool's later run: nothing to wait for
+            self._loaded.set()
         self._thread = threading.Thread(target=self._dispatch, name="graphscribe-devices", daemon=True)
         self._thread.start()
 
@@ -227,7 +229,9 @@ class DeviceRun:
         return {"total": max(loads, default=0.0)}
 
     def wait_loaded(self) -> None:
-        """Return once one worker has its model; LoadError if none could load it."""
+        """Return once every worker has its model (or has ended): the transcription's time starts there, as it
+        starts after loading on one device (the workers' readers start during loading all the same); LoadError if
+        none could load it."""
         self._loaded.wait()
         if self._load_error is not None and not any(w.loaded for w in self.workers):
             raise LoadError(self._load_error)
@@ -321,7 +325,7 @@ class DeviceRun:
         elif kind == "ready":
             worker.loaded = True
             worker.load_seconds = stats.load_seconds = message[1]
-            self._loaded.set()
+            self._check_loaded()
         elif kind == "log":
             self.pool._log(message[1])
         elif kind == "load_error":
@@ -373,7 +377,10 @@ class DeviceRun:
                 self._lose(seq, reason)
             self._redo_on_idle()
         worker.held.clear()
-        if not any(w.alive for w in self.workers):
+        self._check_loaded()
+
+    def _check_loaded(self) -> None:
+        if all(w.loaded or not w.alive for w in self.workers):
             self._loaded.set()
 
     def _lose_the_rest(self) -> None:
