@@ -330,8 +330,12 @@ def serve_command(
     model: Optional[str] = typer.Option(
         None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
     ),
-    host: str = typer.Option("127.0.0.1", metavar="ADDRESS", help="Address to listen on (0.0.0.0: every interface)."),
-    port: int = typer.Option(8000, min=0, max=65535, metavar="PORT", help="Port to listen on (0: any free one)."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", metavar="ADDRESS", help="Address to listen on (0.0.0.0: every interface)."
+    ),
+    port: int = typer.Option(
+        8000, "--port", min=0, max=65535, metavar="PORT", help="Port to listen on (0: any free one)."
+    ),
     api_key: Optional[str] = typer.Option(
         None, "--api-key", envvar=API_KEY_ENV, metavar="KEY", help="Requests must send Authorization: Bearer KEY."
     ),
@@ -361,8 +365,8 @@ def serve_command(
         show_default=f"{QUEUE_PER_ROW} x --max-batch",
         help="Transcription requests admitted at once (uploading, waiting or running); past it 503 with Retry-After.",
     ),
-    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
-    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
+    device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
+    dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
 ) -> None:
     """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model."""
     _setup_logging()
