@@ -261,7 +261,7 @@ def test_cuda_on_cpu_machine_warns_and_runs():
 
 @pytest.mark.gpu
 def test_cuda_with_graphs_gives_nemo_text():
-    result = transcribe(SPEECH_CLIP, "--device", "cuda", "--graphs")
+    result = transcribe(SPEECH_CLIP, "--device", "cuda", "--dtype", "float32", "--graphs")
     assert result.returncode == 0, result.stderr
     assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
 

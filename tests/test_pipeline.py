@@ -213,7 +213,7 @@ def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
     """Pinned batches copied without waiting, batch k+1 queued before batch k is finished: NeMo's tokens."""
     from graphscribe.model import load_model
 
-    model = load_model(NEMO_PATH, device="cuda", graphs=True)
+    model = load_model(NEMO_PATH, device="cuda", dtype="float32", graphs=True)
     paths = [CLIPS / name for name in CLIP_NAMES] * 3
     clock = StageClock(model.device)
     got = dict(model.transcribe_iter(paths, batch_size=4, clock=clock))
