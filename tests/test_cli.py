@@ -351,3 +351,17 @@ def test_a_checkpoint_that_fails_to_load_stops_the_early_readers(tmp_path, clip_
     assert "missing" in error and "layers.2" in error
     names = [t.name for t in threading.enumerate()]
     assert not [n for n in names if n.startswith("graphscribe-")], names
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import version
+
+    result = transcribe("--version", model=None)
+    assert result.returncode == 0 and result.stdout == f"graphscribe {version('graphscribe')}\n"
+
+
+def test_help_names_the_other_commands():
+    result = transcribe("--help", model=None)
+    assert result.returncode == 0
+    for command in ("transcribe serve", "transcribe ray", "transcribe bench", "graphscribe[serve]"):
+        assert command in result.stdout

@@ -308,7 +308,15 @@ _EXAMPLES = """Examples:
   transcribe talk.wav -f srt > talk.srt               # subtitles of one file
   transcribe talks/ -f srt,json -o out/               # a folder: out/NAME.srt and out/NAME.json each
   transcribe clips/ -b 128 --dtype bfloat16 -o out/   # many short files on a large GPU
-  transcribe meeting-3h.flac --attention local        # hours of audio: local attention, memory linear in length"""
+  transcribe meeting-3h.flac --attention local        # hours of audio: local attention, memory linear in length
+  cat talk.m4a | transcribe -                         # standard input, any format
+
+Other commands (each with --help):
+
+  transcribe serve    an OpenAI-compatible transcription server (pip install 'graphscribe\\[serve]')
+  transcribe ray      a Ray Data job over a cluster (pip install 'graphscribe\\[ray]')
+  transcribe bench    benchmarks: graphs on and off, a folder's throughput, a server under load
+  transcribe --version"""
 
 
 def transcribe_command(
@@ -904,6 +912,11 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: `transcribe bench ...` runs the benchmark, `transcribe serve ...` the server, `transcribe ray ...`
     a Ray Data job, anything else transcribes."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--version"]:
+        from . import __version__
+
+        print(f"graphscribe {__version__}")
+        return
     if args and args[0] == "bench":
         bench_app(args[1:], prog_name="transcribe bench")
     elif args and args[0] == "ray":
