@@ -18,6 +18,7 @@ import io
 import logging
 import mmap
 import os
+import pickle
 import re
 import struct
 import sys
@@ -36,6 +37,11 @@ WEIGHTS_NAME = "model_weights.ckpt"
 _HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _ZIP_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length: 30 bytes
 _ZIP_LOCAL_SIGNATURE = b"PK\x03\x04"
+_UNSUPPORTED_GLOBAL = re.compile(
+    r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)"
+)  # torch names the refused object
+MAX_CONFIG_BYTES = 4 << 20  # NeMo's model_config.yaml is < 100 KB; a bigger one is not a config
+MAX_TOKENIZER_BYTES = 64 << 20  # SentencePiece models of 8192 pieces are < 1 MB
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's safe loader: 10x faster on 0.6b configs
 
 log = logging.getLogger(__name__)
@@ -201,10 +207,16 @@ def read_checkpoint(source: str | os.PathLike) -> Checkpoint:
 
 def _read_config(path: Path, members) -> dict:
     with members.open(CONFIG_NAME) as f:
-        try:
-            config = yaml.load(f.read(), Loader=_YAML_LOADER)
-        except yaml.YAMLError as err:
-            raise CheckpointError(f"{path}: {CONFIG_NAME} is not valid YAML ({str(err).splitlines()[0]})") from None
+        text = f.read(MAX_CONFIG_BYTES + 1)
+    if len(text) > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path}: {CONFIG_NAME} is larger than {MAX_CONFIG_BYTES >> 20} MB: not a NeMo config")
+    try:
+        # aliases stay shared objects here; config.resolve_interpolations bounds their expansion
+        config = yaml.load(text, Loader=_YAML_LOADER)
+    except yaml.YAMLError as err:
+        raise CheckpointError(f"{path}: {CONFIG_NAME} is not valid YAML ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: {CONFIG_NAME} is nested too deeply") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: {CONFIG_NAME} is not a mapping")
     return config
@@ -235,14 +247,24 @@ def _load_weights(path: Path, members, map_location: str) -> dict[str, torch.Ten
         try:
             state = torch.load(data, map_location=map_location, weights_only=True)
         except Exception as err:  # noqa: BLE001 - pickle/zip errors of many kinds: one message for the user
-            raise CheckpointError(
-                f"{path}: {WEIGHTS_NAME} cannot be loaded safely ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
-            ) from None
+            raise CheckpointError(f"{path}: {WEIGHTS_NAME} cannot be read: {_weights_problem(err)}") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: {WEIGHTS_NAME} is not a state dict of tensors")
     return state
+
+
+def _weights_problem(err: Exception) -> str:
+    """What is wrong with a weights file, without torch's advice to retry with weights_only=False (code could run)."""
+    text = str(err)
+    if isinstance(err, pickle.UnpicklingError):
+        found = _UNSUPPORTED_GLOBAL.search(text)
+        if found:
+            return f"it holds {found.group(1)}, not only tensors (pickled code is never run)"
+        return "it is corrupt or holds objects other than tensors (pickled code is never run)"
+    first = text.splitlines()[0].split(". ")[0] if text else type(err).__name__  # torch appends hints after ". "
+    return f"it is corrupt ({first})"
 
 
 def _zip_records(f) -> tuple[dict[int, int] | None, str]:
@@ -291,7 +313,7 @@ def _map_tensors(index: dict[str, torch.Tensor], records: dict[int, int], span: 
 
 def _read_tokenizer(path: Path, members, config: dict) -> bytes:
     tokenizer = config.get("tokenizer") or {}
-    reference = str(tokenizer.get("model_path") or "")
+    reference = str(tokenizer.get("model_path") or "") if isinstance(tokenizer, dict) else ""
     if not reference:
         raise CheckpointError(f"{path}: the config names no tokenizer.model_path")
     name = reference.removeprefix("nemo:")
@@ -299,4 +321,7 @@ def _read_tokenizer(path: Path, members, config: dict) -> bytes:
     if not members.has(name):
         raise CheckpointError(f"{path}: tokenizer file {name} is missing from the checkpoint")
     with members.open(name) as f:
-        return f.read()
+        data = f.read(MAX_TOKENIZER_BYTES + 1)
+    if len(data) > MAX_TOKENIZER_BYTES:
+        raise CheckpointError(f"{path}: tokenizer file {name} is larger than {MAX_TOKENIZER_BYTES >> 20} MB")
+    return data
