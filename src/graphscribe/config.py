@@ -64,6 +64,7 @@ class JointConfig:
     hidden: int = 640
     vocab_size: int = 8192  # without blank
     num_durations: int = 5  # extra outputs after the token logits (0 for RNN-T)
+    dropout_layer: bool = True  # NeMo trained it with jointnet.dropout > 0: the output layer is joint_net.2, else .1
 
 
 @dataclass(frozen=True)
@@ -387,6 +388,7 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         hidden=_size(jointnet, "joint_hidden", None, "joint.jointnet"),
         vocab_size=_size(joint, "num_classes", prediction.vocab_size, "joint", MAX_VOCAB),
         num_durations=len(durations),
+        dropout_layer=bool(_float(jointnet, "dropout", 0.0, "joint.jointnet")),
     )
     _require(
         joint_cfg.vocab_size == prediction.vocab_size,
