@@ -292,3 +292,27 @@ def test_joint_names_that_disagree_with_the_config_dropout_are_named(tmp_path):
     path = _pack(tmp_path / "model.nemo", _with(config=yaml.safe_dump(config).encode()))  # keys still joint_net.2
     with pytest.raises(CheckpointError, match="joint.joint_net"):
         load_model(path, device="cpu")
+
+
+def test_canary_checkpoint_is_named_before_its_tokenizer_is_looked_for(tmp_path):
+    config = _config()
+    config["target"] = "nemo.collections.asr.models.aed_multitask_models.EncDecMultiTaskModel"
+    config["tokenizer"] = {"type": "agg", "langs": {"en": {"type": "bpe"}}}  # no model_path, as Canary's
+    path = _pack(tmp_path / "canary-1b.nemo", _with(config=yaml.safe_dump(config).encode()))
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(path)
+    assert str(err.value) == (
+        f"{path}: a Canary (attention encoder-decoder) model (EncDecMultiTaskModel); "
+        "graphscribe runs full-context Parakeet transducers (TDT, RNN-T, hybrid TDT/RNN-T + CTC) only"
+    )
+
+
+def test_hybrid_checkpoint_with_a_ctc_head_loads(tmp_path, speech_ids):
+    config = _config()
+    config["target"] = "nemo.collections.asr.models.hybrid_rnnt_ctc_bpe_models.EncDecHybridRNNTCTCBPEModel"
+    state = _state_dict()
+    # NeMo's hybrid model keeps its CTC head as `ctc_decoder` (ConvASRDecoder: decoder_layers.0 a Conv1d k=1)
+    state["ctc_decoder.decoder_layers.0.weight"] = torch.zeros(129, 64, 1)
+    state["ctc_decoder.decoder_layers.0.bias"] = torch.zeros(129)
+    path = _pack(tmp_path / "model.nemo", _with(config=yaml.safe_dump(config).encode(), weights=_saved(state)))
+    _loads_and_transcribes(path, speech_ids)

@@ -32,6 +32,8 @@ from pathlib import Path, PurePosixPath
 import torch
 import yaml
 
+from .config import model_kind_problem
+
 DEMO_NAME = "demo"  # the small model shipped in the package (graphscribe/data/demo.nemo)
 CONFIG_NAME = "model_config.yaml"
 WEIGHTS_NAME = "model_weights.ckpt"
@@ -252,6 +254,9 @@ def read_checkpoint(source: str | os.PathLike) -> Checkpoint:
             if not members.has(name):
                 raise CheckpointError(f"{path}: not a .nemo checkpoint (no {name} inside)")
         config = _read_config(path, members)
+        problem = model_kind_problem(config)  # before the tokenizer: a Canary model's is not where a Parakeet's is
+        if problem is not None:
+            raise CheckpointError(f"{path}: {problem}")
         tokenizer_model = _read_tokenizer(path, members, config)
         read = time.perf_counter()
         state_dict = _read_weights(path, members)

@@ -239,9 +239,46 @@ def _log_zero_guard(value) -> float:
         raise UnsupportedModelError(f"config preprocessor.log_zero_guard_value={value!r} is not a number") from None
 
 
+SUPPORTED_MODELS = "graphscribe runs full-context Parakeet transducers (TDT, RNN-T, hybrid TDT/RNN-T + CTC) only"
+
+
+def model_kind_problem(cfg: dict) -> str | None:
+    """Why the model a NeMo config describes is not one graphscribe runs (Canary, CTC, cache-aware streaming), or None.
+
+    Read from the model class NeMo saves as `target` (a hybrid `EncDecHybridRNNTCTC*` model is a
+    transducer with an extra CTC head, which is ignored) and, for streaming, from the encoder's switches
+    that NeMo's cache-aware streaming configs set (conf/fastconformer/cache_aware_streaming).
+    """
+    target = str(cfg.get("target") or cfg.get("_target_") or "").rsplit(".", 1)[-1]
+    sections = {key for key, value in cfg.items() if isinstance(value, dict)}
+    decoder = _short_target(cfg["decoder"]) if "decoder" in sections else ""
+    if "MultiTask" in target or "transf_decoder" in sections:
+        return f"a Canary (attention encoder-decoder) model ({target or 'transf_decoder'}); {SUPPORTED_MODELS}"
+    if ("CTC" in target and "RNNT" not in target) or (not target and decoder == "ConvASRDecoder"):
+        return f"a CTC model ({target or decoder}); {SUPPORTED_MODELS}"
+    if target and "RNNT" not in target:
+        return f"a {target} model, not a transducer; {SUPPORTED_MODELS}"
+    enc = cfg["encoder"] if "encoder" in sections else {}
+    context = enc.get("att_context_size")
+    streaming = [
+        f"att_context_size={context}"
+        if isinstance(context, list) and len(context) > 1 and isinstance(context[0], list)
+        else "",
+        "att_context_style=chunked_limited" if enc.get("att_context_style") == "chunked_limited" else "",
+        "conv_context_size=causal" if enc.get("conv_context_size") == "causal" else "",
+        "causal_downsampling=true" if enc.get("causal_downsampling") is True else "",
+    ]
+    switches = ", ".join(s for s in streaming if s)
+    if switches:
+        return f"a cache-aware streaming model (encoder {switches}); {SUPPORTED_MODELS}"
+    return None
+
+
 def model_config_from_nemo(raw: dict) -> ModelConfig:
     """Build a `ModelConfig` from NeMo's `model_config.yaml` (already parsed)."""
     cfg = resolve_interpolations(raw, raw)
+    problem = model_kind_problem(cfg)
+    _require(problem is None, problem or "")
     for key in ("preprocessor", "encoder", "decoder", "joint"):
         _require(isinstance(cfg.get(key), dict), f"config has no '{key}' section: not a NeMo transducer checkpoint")
     pre, enc, dec, joint = cfg["preprocessor"], cfg["encoder"], cfg["decoder"], cfg["joint"]
