@@ -259,11 +259,7 @@ def model_kind_problem(cfg: dict) -> str | None:
     if target and "RNNT" not in target:
         return f"a {target} model, not a transducer; {SUPPORTED_MODELS}"
     enc = cfg["encoder"] if "encoder" in sections else {}
-    context = enc.get("att_context_size")
     streaming = [
-        f"att_context_size={context}"
-        if isinstance(context, list) and len(context) > 1 and isinstance(context[0], list)
-        else "",
         "att_context_style=chunked_limited" if enc.get("att_context_style") == "chunked_limited" else "",
         "conv_context_size=causal" if enc.get("conv_context_size") == "causal" else "",
         "causal_downsampling=true" if enc.get("causal_downsampling") is True else "",
