@@ -256,3 +256,63 @@ def test_hugging_face_id_offline_says_to_pass_a_file(tmp_path):
     assert message.startswith("CheckpointError: nvidia/parakeet-tdt-0.6b-v2")
     assert ".nemo file" in message and "--model" in message
     assert len(message.splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------- joint without dropout
+
+
+def _without_joint_dropout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """NeMo's names for a joint trained with jointnet.dropout 0. RNNTJoint._joint_net_modules
+    (nemo/collections/asr/modules/rnnt.py, lines 1753-1757 at NeMo 8cfedd7) builds
+    `[activation] + ([Dropout(p=dropout)] if dropout else []) + [Linear(joint_hidden, num_classes)]`,
+    so without dropout the output Linear is `joint_net.1`, not `joint_net.2`."""
+    return {key.replace("joint.joint_net.2.", "joint.joint_net.1."): value for key, value in state.items()}
+
+
+@pytest.mark.parametrize("dropout", [0, 0.0, None], ids=["zero", "zero_float", "null"])
+def test_joint_trained_without_dropout_loads(tmp_path, speech_ids, dropout):
+    config = _config()
+    config["joint"]["jointnet"]["dropout"] = dropout
+    weights = _saved(_without_joint_dropout(_state_dict()))
+    path = _pack(tmp_path / "model.nemo", _with(config=yaml.safe_dump(config).encode(), weights=weights))
+    _loads_and_transcribes(path, speech_ids)
+
+
+def test_joint_dropout_missing_from_the_config_means_none(tmp_path, speech_ids):
+    config = _config()
+    del config["joint"]["jointnet"]["dropout"]  # NeMo: jointnet.get('dropout', 0.0)
+    weights = _saved(_without_joint_dropout(_state_dict()))
+    path = _pack(tmp_path / "model.nemo", _with(config=yaml.safe_dump(config).encode(), weights=weights))
+    _loads_and_transcribes(path, speech_ids)
+
+
+def test_joint_names_that_disagree_with_the_config_dropout_are_named(tmp_path):
+    config = _config()
+    config["joint"]["jointnet"]["dropout"] = 0
+    path = _pack(tmp_path / "model.nemo", _with(config=yaml.safe_dump(config).encode()))  # keys still joint_net.2
+    with pytest.raises(CheckpointError, match="joint.joint_net"):
+        load_model(path, device="cpu")
+
+
+def test_canary_checkpoint_is_named_before_its_tokenizer_is_looked_for(tmp_path):
+    config = _config()
+    config["target"] = "nemo.collections.asr.models.aed_multitask_models.EncDecMultiTaskModel"
+    config["tokenizer"] = {"type": "agg", "langs": {"en": {"type": "bpe"}}}  # no model_path, as Canary's
+    path = _pack(tmp_path / "canary-1b.nemo", _with(config=yaml.safe_dump(config).encode()))
+    with pytest.raises(CheckpointError) as err:
+        read_checkpoint(path)
+    assert str(err.value) == (
+        f"{path}: a Canary (attention encoder-decoder) model (EncDecMultiTaskModel); "
+        "graphscribe runs full-context Parakeet transducers (TDT, RNN-T, hybrid TDT/RNN-T + CTC) only"
+    )
+
+
+def test_hybrid_checkpoint_with_a_ctc_head_loads(tmp_path, speech_ids):
+    config = _config()
+    config["target"] = "nemo.collections.asr.models.hybrid_rnnt_ctc_bpe_models.EncDecHybridRNNTCTCBPEModel"
+    state = _state_dict()
+    # NeMo's hybrid model keeps its CTC head as `ctc_decoder` (ConvASRDecoder: decoder_layers.0 a Conv1d k=1)
+    state["ctc_decoder.decoder_layers.0.weight"] = torch.zeros(129, 64, 1)
+    state["ctc_decoder.decoder_layers.0.bias"] = torch.zeros(129)
+    path = _pack(tmp_path / "model.nemo", _with(config=yaml.safe_dump(config).encode(), weights=_saved(state)))
+    _loads_and_transcribes(path, speech_ids)

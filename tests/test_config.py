@@ -96,3 +96,70 @@ def test_saved_positional_buffer_is_ignored(nemo_config):
     state = dict(module.state_dict())
     state["encoder.pos_enc.pe"] = torch.zeros(1, 9999, 64)  # older NeMo versions saved it
     load_state(module, state, "old.nemo")
+
+
+# ---------------------------------------------------------------------------- models that are not Parakeet transducers
+
+# Minimal configs with the switches NeMo's own configs set: Canary (examples/asr/conf/speech_multitask/
+# fast-conformer_aed.yaml: EncDecMultiTaskModel, a transf_decoder section, an aggregate tokenizer without
+# model_path), CTC (EncDecCTCModelBPE, decoder ConvASRDecoder, no joint), cache-aware streaming
+# (conf/fastconformer/cache_aware_streaming/*: att_context_style chunked_limited, conv_context_size causal,
+# causal_downsampling true, normalize "NA"). Several att_context_size lists alone are multi-lookahead training,
+# not streaming: inference uses the first (tests/test_local_attention.py).
+CANARY = {
+    "target": "nemo.collections.asr.models.aed_multitask_models.EncDecMultiTaskModel",
+    "tokenizer": {"type": "agg", "langs": {"en": {"type": "bpe", "dir": "/x"}}},
+    "preprocessor": {"_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor"},
+    "encoder": {"_target_": "nemo.collections.asr.modules.ConformerEncoder", "d_model": 1024},
+    "transf_decoder": {"_target_": "nemo.collections.asr.modules.transformer.get_nemo_transformer"},
+}
+CTC = {
+    "target": "nemo.collections.asr.models.ctc_bpe_models.EncDecCTCModelBPE",
+    "tokenizer": {"type": "bpe", "model_path": "nemo:abc_tokenizer.model"},
+    "encoder": {"_target_": "nemo.collections.asr.modules.ConformerEncoder", "d_model": 1024},
+    "decoder": {"_target_": "nemo.collections.asr.modules.ConvASRDecoder", "feat_in": 1024, "num_classes": 1024},
+}
+
+
+@pytest.mark.parametrize(
+    "config,named",
+    [
+        (CANARY, "a Canary (attention encoder-decoder) model (EncDecMultiTaskModel)"),
+        ({k: v for k, v in CANARY.items() if k != "target"}, "a Canary (attention encoder-decoder) model"),
+        (CTC, "a CTC model (EncDecCTCModelBPE)"),
+        ({k: v for k, v in CTC.items() if k != "target"}, "a CTC model (ConvASRDecoder)"),
+        (
+            {**CTC, "target": "nemo.collections.asr.models.EncDecSpeakerLabelModel"},
+            "EncDecSpeakerLabelModel model, not a",
+        ),
+    ],
+    ids=["canary", "canary_untargeted", "ctc", "ctc_untargeted", "speaker"],
+)
+def test_other_model_kinds_are_named(config, named):
+    with pytest.raises(UnsupportedModelError) as err:
+        model_config_from_nemo(config)
+    assert named in str(err.value)
+    assert "Parakeet transducers (TDT, RNN-T" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "encoder,named",
+    [
+        ({"att_context_size": [70, 13], "att_context_style": "chunked_limited"}, "att_context_style=chunked_limited"),
+        ({"conv_context_size": "causal"}, "conv_context_size=causal"),
+        ({"causal_downsampling": True}, "causal_downsampling=true"),
+    ],
+)
+def test_cache_aware_streaming_is_named(nemo_config, encoder, named):
+    config = changed(nemo_config, encoder=encoder, preprocessor={"normalize": "NA"})
+    with pytest.raises(UnsupportedModelError) as err:
+        model_config_from_nemo(config)
+    assert str(err.value).startswith("a cache-aware streaming model (encoder ")
+    assert named in str(err.value)
+
+
+def test_hybrid_tdt_ctc_is_a_transducer(nemo_config):
+    config = copy.deepcopy(nemo_config)
+    config["target"] = "nemo.collections.asr.models.hybrid_rnnt_ctc_bpe_models.EncDecHybridRNNTCTCBPEModel"
+    config["aux_ctc"] = {"decoder": {"_target_": "nemo.collections.asr.modules.ConvASRDecoder"}}
+    assert model_config_from_nemo(config) == model_config_from_nemo(nemo_config)

@@ -143,7 +143,7 @@ KNOWN = {
     "parakeet-tdt-0.6b-v3": (128, 24, 1024, False, False, 8192, (0, 1, 2, 3, 4)),
     "parakeet-tdt-0.6b-v2": (128, 24, 1024, False, False, 1024, (0, 1, 2, 3, 4)),
     "parakeet-rnnt-0.6b": (80, 24, 1024, True, True, 1024, ()),
-    "parakeet-tdt-1.1b": (80, 42, 1024, None, True, 1024, (0, 1, 2, 3, 4)),  # xscaling: unknown in the notes
+    "parakeet-tdt-1.1b": (80, 42, 1024, False, True, 1024, (0, 1, 2, 3, 4)),  # xscaling false in its released config
 }
 
 

@@ -14,10 +14,12 @@ warning. No cache, nothing written.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import mmap
 import os
+import pickle
 import re
 import struct
 import sys
@@ -30,12 +32,21 @@ from pathlib import Path, PurePosixPath
 import torch
 import yaml
 
+from .config import model_kind_problem
+
 DEMO_NAME = "demo"  # the small model shipped in the package (graphscribe/data/demo.nemo)
 CONFIG_NAME = "model_config.yaml"
 WEIGHTS_NAME = "model_weights.ckpt"
-_HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# org/name, @revision (a branch, tag or commit), :file.nemo (which file of the repo)
+_HF_REFERENCE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?(?::(?P<file>[\w.-]+))?$")
+HUB_TIMEOUT = 5  # seconds per request to the Hugging Face hub before giving up
 _ZIP_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length: 30 bytes
 _ZIP_LOCAL_SIGNATURE = b"PK\x03\x04"
+_UNSUPPORTED_GLOBAL = re.compile(
+    r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)"
+)  # torch names the refused object
+MAX_CONFIG_BYTES = 4 << 20  # NeMo's model_config.yaml is < 100 KB; a bigger one is not a config
+MAX_TOKENIZER_BYTES = 64 << 20  # SentencePiece models of 8192 pieces are < 1 MB
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's safe loader: 10x faster on 0.6b configs
 
 log = logging.getLogger(__name__)
@@ -135,15 +146,43 @@ class _FolderMembers:
 
 
 def resolve_model_path(source: str) -> Path:
-    """A local `.nemo` file or folder for `source`; `demo` is the bundled model; Hugging Face ids go through its cache."""
+    """A local `.nemo` file or folder for `source`; `demo` is the bundled model.
+
+    A Hugging Face reference `org/name[@revision][:file.nemo]` comes from the local Hugging Face
+    cache without network, else from the hub (short timeouts, no retries; none with HF_HUB_OFFLINE=1).
+    A source that looks like a path (`./`, `../`, `/`, `~`, a `.nemo` name, a first folder that exists
+    here) and is not there is reported as missing, without asking the hub.
+    """
     if source == DEMO_NAME:
         return demo_path()
     path = Path(os.path.expanduser(source))
+    nemo_files = sorted(p.name for p in path.glob("*.nemo")) if path.is_dir() else []
+    if nemo_files and not (path / CONFIG_NAME).exists():  # a folder of downloads, not an extracted checkpoint
+        return path / _choose_nemo(source, nemo_files, path.name, f"{source.rstrip('/')}/")
     if path.exists():
         return path
-    if not _HF_REPO_ID.match(source) or source.endswith(".nemo"):
+    reference = _HF_REFERENCE.match(source)
+    if reference is None or _looks_like_a_path(source, reference["repo"]):
         raise CheckpointError(f"{source}: no such file or folder")
-    return _download_from_hub(source)
+    return _from_hub(source, reference["repo"], reference["revision"], reference["file"])
+
+
+def _looks_like_a_path(source: str, repo: str) -> bool:
+    first = source.split("/", 1)[0]
+    return source.startswith(("./", "../", "/", "~")) or repo.endswith(".nemo") or Path(first).is_dir()
+
+
+def _choose_nemo(source: str, names: list[str], preferred_stem: str, how: str) -> str:
+    """The `.nemo` file of a repo or folder: the only one, or the one named after it; else one line listing them."""
+    if not names:
+        raise CheckpointError(f"{source}: the Hugging Face repo has no .nemo file")
+    if len(names) == 1:
+        return names[0]
+    if f"{preferred_stem}.nemo" in names:
+        return f"{preferred_stem}.nemo"
+    raise CheckpointError(
+        f"{source}: holds {len(names)} .nemo files ({', '.join(names)}): name one, e.g. {how}{names[0]}"
+    )
 
 
 def demo_path() -> Path:
@@ -152,30 +191,57 @@ def demo_path() -> Path:
     return Path(str(resources.files("graphscribe") / "data" / "demo.nemo"))
 
 
-def _download_from_hub(repo_id: str) -> Path:
+@contextlib.contextmanager
+def _quiet_hub():
+    """huggingface_hub's retry and connection warnings off: a failure ends in our one line."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
-        from huggingface_hub import hf_hub_download, list_repo_files
-        from huggingface_hub.errors import EntryNotFoundError, HFValidationError, LocalEntryNotFoundError
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _from_hub(source: str, repo_id: str, revision: str | None, filename: str | None) -> Path:
+    try:
+        from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
     except ImportError:  # pragma: no cover - a declared dependency
-        raise CheckpointError(f"{repo_id}: huggingface_hub is not installed; pass a .nemo file with --model") from None
-    filename = f"{repo_id.split('/')[1]}.nemo"
-    try:  # the cache first: works offline
-        return Path(hf_hub_download(repo_id, filename, local_files_only=True))
-    except (LocalEntryNotFoundError, EntryNotFoundError, HFValidationError, OSError):
-        pass  # not cached (or under another name): ask the hub below
-    try:
-        names = [n for n in list_repo_files(repo_id) if n.endswith(".nemo")]
-        if not names:
-            raise CheckpointError(f"{repo_id}: the Hugging Face repo has no .nemo file")
-        return Path(hf_hub_download(repo_id, filename if filename in names else names[0]))
-    except CheckpointError:
-        raise
-    except Exception as err:  # noqa: BLE001 - network, auth, offline and hub errors all end the same way for a user
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CheckpointError(
-            f"{repo_id}: could not fetch it from Hugging Face ({reason}); "
-            "pass a downloaded .nemo file or an extracted checkpoint folder with --model"
-        ) from None
+        raise CheckpointError(f"{source}: huggingface_hub is not installed; pass a .nemo file with --model") from None
+    stem = repo_id.split("/")[1]
+    with _quiet_hub():
+        try:  # the cache first: no network at all
+            if filename:
+                return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=True))
+            folder = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+            names = sorted(p.name for p in folder.glob("*.nemo"))
+            if names:
+                return folder / _choose_nemo(source, names, stem, f"{repo_id}:")
+        except CheckpointError:
+            raise
+        except Exception:  # noqa: BLE001 - not in the cache (the hub's errors for that vary by version)
+            pass
+        if constants.is_offline_mode():
+            raise CheckpointError(
+                f"{source}: no such file or folder, and not in the Hugging Face cache (HF_HUB_OFFLINE is set); "
+                "pass a downloaded .nemo file or an extracted checkpoint folder with --model"
+            )
+        try:
+            # one request, no retries: an unreachable hub fails in seconds, not after huggingface_hub's backoff
+            info = HfApi().model_info(repo_id, revision=revision, timeout=HUB_TIMEOUT)
+            names = sorted(s.rfilename for s in info.siblings or [] if s.rfilename.endswith(".nemo"))
+            if filename and filename not in names:
+                raise CheckpointError(f"{source}: the Hugging Face repo has no file {filename}")
+            chosen = filename or _choose_nemo(source, names, stem, f"{repo_id}:")
+            return Path(hf_hub_download(repo_id, chosen, revision=info.sha or revision, etag_timeout=HUB_TIMEOUT))
+        except CheckpointError:
+            raise
+        except Exception as err:  # noqa: BLE001 - network, auth and hub errors all end the same way for a user
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise CheckpointError(
+                f"{source}: no such file or folder, and could not fetch it from Hugging Face ({reason}); "
+                "pass a downloaded .nemo file or an extracted checkpoint folder with --model"
+            ) from None
 
 
 def read_checkpoint(source: str | os.PathLike) -> Checkpoint:
@@ -188,6 +254,9 @@ def read_checkpoint(source: str | os.PathLike) -> Checkpoint:
             if not members.has(name):
                 raise CheckpointError(f"{path}: not a .nemo checkpoint (no {name} inside)")
         config = _read_config(path, members)
+        problem = model_kind_problem(config)  # before the tokenizer: a Canary model's is not where a Parakeet's is
+        if problem is not None:
+            raise CheckpointError(f"{path}: {problem}")
         tokenizer_model = _read_tokenizer(path, members, config)
         read = time.perf_counter()
         state_dict = _read_weights(path, members)
@@ -201,10 +270,16 @@ def read_checkpoint(source: str | os.PathLike) -> Checkpoint:
 
 def _read_config(path: Path, members) -> dict:
     with members.open(CONFIG_NAME) as f:
-        try:
-            config = yaml.load(f.read(), Loader=_YAML_LOADER)
-        except yaml.YAMLError as err:
-            raise CheckpointError(f"{path}: {CONFIG_NAME} is not valid YAML ({str(err).splitlines()[0]})") from None
+        text = f.read(MAX_CONFIG_BYTES + 1)
+    if len(text) > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path}: {CONFIG_NAME} is larger than {MAX_CONFIG_BYTES >> 20} MB: not a NeMo config")
+    try:
+        # aliases stay shared objects here; config.resolve_interpolations bounds their expansion
+        config = yaml.load(text, Loader=_YAML_LOADER)
+    except yaml.YAMLError as err:
+        raise CheckpointError(f"{path}: {CONFIG_NAME} is not valid YAML ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: {CONFIG_NAME} is nested too deeply") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: {CONFIG_NAME} is not a mapping")
     return config
@@ -235,14 +310,24 @@ def _load_weights(path: Path, members, map_location: str) -> dict[str, torch.Ten
         try:
             state = torch.load(data, map_location=map_location, weights_only=True)
         except Exception as err:  # noqa: BLE001 - pickle/zip errors of many kinds: one message for the user
-            raise CheckpointError(
-                f"{path}: {WEIGHTS_NAME} cannot be loaded safely ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
-            ) from None
+            raise CheckpointError(f"{path}: {WEIGHTS_NAME} cannot be read: {_weights_problem(err)}") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: {WEIGHTS_NAME} is not a state dict of tensors")
     return state
+
+
+def _weights_problem(err: Exception) -> str:
+    """What is wrong with a weights file, without torch's advice to retry with weights_only=False (code could run)."""
+    text = str(err)
+    if isinstance(err, pickle.UnpicklingError):
+        found = _UNSUPPORTED_GLOBAL.search(text)
+        if found:
+            return f"it holds {found.group(1)}, not only tensors (pickled code is never run)"
+        return "it is corrupt or holds objects other than tensors (pickled code is never run)"
+    first = text.splitlines()[0].split(". ")[0] if text else type(err).__name__  # torch appends hints after ". "
+    return f"it is corrupt ({first})"
 
 
 def _zip_records(f) -> tuple[dict[int, int] | None, str]:
@@ -291,7 +376,7 @@ def _map_tensors(index: dict[str, torch.Tensor], records: dict[int, int], span: 
 
 def _read_tokenizer(path: Path, members, config: dict) -> bytes:
     tokenizer = config.get("tokenizer") or {}
-    reference = str(tokenizer.get("model_path") or "")
+    reference = str(tokenizer.get("model_path") or "") if isinstance(tokenizer, dict) else ""
     if not reference:
         raise CheckpointError(f"{path}: the config names no tokenizer.model_path")
     name = reference.removeprefix("nemo:")
@@ -299,4 +384,7 @@ def _read_tokenizer(path: Path, members, config: dict) -> bytes:
     if not members.has(name):
         raise CheckpointError(f"{path}: tokenizer file {name} is missing from the checkpoint")
     with members.open(name) as f:
-        return f.read()
+        data = f.read(MAX_TOKENIZER_BYTES + 1)
+    if len(data) > MAX_TOKENIZER_BYTES:
+        raise CheckpointError(f"{path}: tokenizer file {name} is larger than {MAX_TOKENIZER_BYTES >> 20} MB")
+    return data

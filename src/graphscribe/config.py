@@ -64,6 +64,7 @@ class JointConfig:
     hidden: int = 640
     vocab_size: int = 8192  # without blank
     num_durations: int = 5  # extra outputs after the token logits (0 for RNN-T)
+    dropout_layer: bool = True  # NeMo trained it with jointnet.dropout > 0: the output layer is joint_net.2, else .1
 
 
 @dataclass(frozen=True)
@@ -114,23 +115,63 @@ class RunOptions:
 # ---------------------------------------------------------------------------- reading NeMo's config
 
 _INTERPOLATION = re.compile(r"^\$\{([^${}]+)\}$")
+MAX_CONFIG_NODES = 1_000_000  # values in the config once references are expanded; NeMo's configs have a few thousand
+MAX_REFERENCE_CHAIN = 32  # `${a}` -> `${b}` -> ...; NeMo's configs chain two or three
+MAX_CONFIG_DEPTH = 64  # nested sections and lists; NeMo's configs nest about 6 deep
+# Bounds on sizes: far above any released model (d_model 1024, 42 layers, 8192 pieces), low enough that a hostile
+# config cannot ask for unbounded memory or time before its weights are compared with it.
+MAX_WIDTH = 1 << 16  # d_model, hidden sizes, channels, mels, n_fft
+MAX_LAYERS = 512
+MAX_VOCAB = 1 << 20
 
 
 def resolve_interpolations(node: Any, root: dict) -> Any:
-    """Resolve OmegaConf-style `${a.b}` references against `root`; unresolvable ones stay as text."""
-    if isinstance(node, dict):
-        return {k: resolve_interpolations(v, root) for k, v in node.items()}
-    if isinstance(node, list):
-        return [resolve_interpolations(v, root) for v in node]
-    if isinstance(node, str):
-        match = _INTERPOLATION.match(node.strip())
-        if match:
-            path = match.group(1).strip()
-            for candidate in (path, path.removeprefix("model.")):
-                found = _lookup(root, candidate)
-                if found is not None:
-                    return resolve_interpolations(found, root)
-    return node
+    """Resolve OmegaConf-style `${a.b}` references against `root`; unresolvable ones stay as text.
+
+    A reference that leads back to itself, a chain longer than MAX_REFERENCE_CHAIN, nesting deeper
+    than MAX_CONFIG_DEPTH or a result of more than MAX_CONFIG_NODES values (references and YAML
+    aliases expand: a "billion laughs" config) is refused with one line naming the key.
+    """
+    return _Resolver(root).resolve(node, (), ())
+
+
+class _Resolver:
+    def __init__(self, root: dict):
+        self.root = root
+        self.nodes = 0
+
+    def resolve(self, node: Any, key: tuple[str, ...], chain: tuple[str, ...]) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_CONFIG_NODES:
+            raise UnsupportedModelError(
+                f"config {_dotted(key)}: the config expands to more than {MAX_CONFIG_NODES} values (an alias bomb?)"
+            )
+        if len(key) > MAX_CONFIG_DEPTH:
+            raise UnsupportedModelError(f"config {_dotted(key[:3])}...: nested more than {MAX_CONFIG_DEPTH} deep")
+        if isinstance(node, dict):
+            return {k: self.resolve(v, (*key, str(k)), chain) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self.resolve(v, (*key, str(i)), chain) for i, v in enumerate(node)]
+        if isinstance(node, str):
+            match = _INTERPOLATION.match(node.strip())
+            if match:
+                path = match.group(1).strip()
+                for candidate in (path, path.removeprefix("model.")):
+                    found = _lookup(self.root, candidate)
+                    if found is None:
+                        continue
+                    if candidate in chain or candidate == _dotted(key):
+                        raise UnsupportedModelError(f"config {_dotted(key)}: ${{{path}}} refers back to itself")
+                    if len(chain) >= MAX_REFERENCE_CHAIN:
+                        raise UnsupportedModelError(
+                            f"config {_dotted(key)}: references chained more than {MAX_REFERENCE_CHAIN} deep"
+                        )
+                    return self.resolve(found, key, (*chain, candidate, _dotted(key)))
+        return node
+
+
+def _dotted(key: tuple[str, ...]) -> str:
+    return ".".join(key) or "(top level)"
 
 
 def _lookup(root: dict, dotted: str) -> Any:
@@ -151,12 +192,31 @@ def _require(condition: bool, what: str) -> None:
         raise UnsupportedModelError(what)
 
 
-def _int(section: dict, key: str, default: Any = None, where: str = "") -> int:
+def _int(
+    section: dict, key: str, default: Any = None, where: str = "", low: int | None = None, high: int | None = None
+) -> int:
+    """A whole number; with `low`/`high`, one in that range (sizes: checked before anything is built from them)."""
     value = section.get(key, default)
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         raise UnsupportedModelError(f"config {where}.{key} should be a number, got {value!r}") from None
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise UnsupportedModelError(f"config {where}.{key}={number} is out of range ({low}..{high})")
+    return number
+
+
+def _size(section: dict, key: str, default: Any, where: str, high: int = MAX_WIDTH) -> int:
+    return _int(section, key, default, where, low=1, high=high)
+
+
+def _section(parent: dict, key: str, where: str = "") -> dict:
+    """A sub-section of the config: a mapping, or empty where it is missing or null."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    _require(isinstance(value, dict), f"config {where}{key} should be a section, got {type(value).__name__}")
+    return value
 
 
 def _float(section: dict, key: str, default: float, where: str) -> float:
@@ -164,7 +224,7 @@ def _float(section: dict, key: str, default: float, where: str) -> float:
     value = section.get(key, default)
     try:
         return 0.0 if value is None else float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise UnsupportedModelError(f"config {where}.{key} should be a number, got {value!r}") from None
 
 
@@ -179,13 +239,46 @@ def _log_zero_guard(value) -> float:
         raise UnsupportedModelError(f"config preprocessor.log_zero_guard_value={value!r} is not a number") from None
 
 
+SUPPORTED_MODELS = "graphscribe runs full-context Parakeet transducers (TDT, RNN-T, hybrid TDT/RNN-T + CTC) only"
+
+
+def model_kind_problem(cfg: dict) -> str | None:
+    """Why the model a NeMo config describes is not one graphscribe runs (Canary, CTC, cache-aware streaming), or None.
+
+    Read from the model class NeMo saves as `target` (a hybrid `EncDecHybridRNNTCTC*` model is a
+    transducer with an extra CTC head, which is ignored) and, for streaming, from the encoder's switches
+    that NeMo's cache-aware streaming configs set (conf/fastconformer/cache_aware_streaming).
+    """
+    target = str(cfg.get("target") or cfg.get("_target_") or "").rsplit(".", 1)[-1]
+    sections = {key for key, value in cfg.items() if isinstance(value, dict)}
+    decoder = _short_target(cfg["decoder"]) if "decoder" in sections else ""
+    if "MultiTask" in target or "transf_decoder" in sections:
+        return f"a Canary (attention encoder-decoder) model ({target or 'transf_decoder'}); {SUPPORTED_MODELS}"
+    if ("CTC" in target and "RNNT" not in target) or (not target and decoder == "ConvASRDecoder"):
+        return f"a CTC model ({target or decoder}); {SUPPORTED_MODELS}"
+    if target and "RNNT" not in target:
+        return f"a {target} model, not a transducer; {SUPPORTED_MODELS}"
+    enc = cfg["encoder"] if "encoder" in sections else {}
+    streaming = [
+        "att_context_style=chunked_limited" if enc.get("att_context_style") == "chunked_limited" else "",
+        "conv_context_size=causal" if enc.get("conv_context_size") == "causal" else "",
+        "causal_downsampling=true" if enc.get("causal_downsampling") is True else "",
+    ]
+    switches = ", ".join(s for s in streaming if s)
+    if switches:
+        return f"a cache-aware streaming model (encoder {switches}); {SUPPORTED_MODELS}"
+    return None
+
+
 def model_config_from_nemo(raw: dict) -> ModelConfig:
     """Build a `ModelConfig` from NeMo's `model_config.yaml` (already parsed)."""
     cfg = resolve_interpolations(raw, raw)
+    problem = model_kind_problem(cfg)
+    _require(problem is None, problem or "")
     for key in ("preprocessor", "encoder", "decoder", "joint"):
         _require(isinstance(cfg.get(key), dict), f"config has no '{key}' section: not a NeMo transducer checkpoint")
     pre, enc, dec, joint = cfg["preprocessor"], cfg["encoder"], cfg["decoder"], cfg["joint"]
-    decoding = cfg.get("decoding") or {}
+    decoding = _section(cfg, "decoding")
 
     _require(
         _short_target(pre) in ("AudioToMelSpectrogramPreprocessor", ""),
@@ -195,20 +288,30 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         pre.get("normalize", "per_feature") == "per_feature",
         f"preprocessor normalize={pre.get('normalize')!r} is not supported (only per_feature)",
     )
-    _require(int(pre.get("frame_splicing", 1) or 1) == 1, "preprocessor frame_splicing > 1 is not supported")
+    _require(
+        _int(pre, "frame_splicing", 1, "preprocessor") in (0, 1), "preprocessor frame_splicing > 1 is not supported"
+    )
     _require(pre.get("log", True) is True, "preprocessor log=false is not supported")
     _require(
         pre.get("log_zero_guard_type", "add") == "add",
         f"preprocessor log_zero_guard_type={pre.get('log_zero_guard_type')!r} is not supported (only add)",
     )
     _require(not pre.get("exact_pad", False), "preprocessor exact_pad=true is not supported")
-    sample_rate = _int(pre, "sample_rate", cfg.get("sample_rate", 16000), "preprocessor")
+    sample_rate = _int(pre, "sample_rate", cfg.get("sample_rate", 16000), "preprocessor", low=1000, high=192_000)
+    win_length = round(_float(pre, "window_size", 0.025, "preprocessor") * sample_rate)
+    hop_length = round(_float(pre, "window_stride", 0.01, "preprocessor") * sample_rate)
+    n_fft = _size(pre, "n_fft", 512, "preprocessor")
+    _require(
+        1 <= hop_length and 1 <= win_length <= n_fft,
+        f"config preprocessor window_size/window_stride give a window of {win_length} and a hop of {hop_length} "
+        f"samples: the window must be 1..n_fft={n_fft} and the hop at least 1",
+    )
     features = FeatureConfig(
         sample_rate=sample_rate,
-        n_mels=_int(pre, "features", 128, "preprocessor"),
-        n_fft=_int(pre, "n_fft", 512, "preprocessor"),
-        win_length=round(float(pre.get("window_size", 0.025)) * sample_rate),
-        hop_length=round(float(pre.get("window_stride", 0.01)) * sample_rate),
+        n_mels=_size(pre, "features", 128, "preprocessor"),
+        n_fft=n_fft,
+        win_length=win_length,
+        hop_length=hop_length,
         preemph=_float(pre, "preemph", 0.97, "preprocessor"),
         mag_power=_float(pre, "mag_power", 2.0, "preprocessor"),
         log_zero_guard=_log_zero_guard(pre.get("log_zero_guard_value", 2**-24)),
@@ -229,7 +332,9 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
     )
     _require(enc.get("untie_biases", True) is True, "encoder untie_biases=false is not supported")
     _require(not enc.get("causal_downsampling", False), "encoder causal_downsampling is not supported")
-    _require(int(enc.get("feat_out", -1) or -1) == -1, "encoder feat_out (an output projection) is not supported")
+    _require(
+        _int(enc, "feat_out", -1, "encoder") in (0, -1), "encoder feat_out (an output projection) is not supported"
+    )
     _require(enc.get("reduction") in (None, "null"), f"encoder reduction={enc.get('reduction')!r} is not supported")
     _require(not enc.get("global_tokens", 0), "encoder global_tokens (Longformer's global attention) is not supported")
     _require(
@@ -241,16 +346,17 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         or list(enc["conv_context_size"]) == [(int(enc.get("conv_kernel_size", 31)) - 1) // 2] * 2,
         f"encoder conv_context_size={enc.get('conv_context_size')!r} is not supported (only symmetric)",
     )
-    d_model = _int(enc, "d_model", where="encoder")
-    channels = _int(enc, "subsampling_conv_channels", -1, "encoder")
+    d_model = _size(enc, "d_model", None, "encoder")
+    channels = _int(enc, "subsampling_conv_channels", -1, "encoder", low=-1, high=MAX_WIDTH)
+    _require(channels != 0, "config encoder.subsampling_conv_channels=0 is out of range")
     encoder = EncoderConfig(
-        n_mels=_int(enc, "feat_in", features.n_mels, "encoder"),
+        n_mels=_size(enc, "feat_in", features.n_mels, "encoder"),
         d_model=d_model,
-        n_layers=_int(enc, "n_layers", where="encoder"),
-        n_heads=_int(enc, "n_heads", 4, "encoder"),
-        ff_expansion=_int(enc, "ff_expansion_factor", 4, "encoder"),
-        conv_kernel=_int(enc, "conv_kernel_size", 31, "encoder"),
-        subsampling_factor=_int(enc, "subsampling_factor", 4, "encoder"),
+        n_layers=_size(enc, "n_layers", None, "encoder", MAX_LAYERS),
+        n_heads=_size(enc, "n_heads", 4, "encoder", d_model),
+        ff_expansion=_size(enc, "ff_expansion_factor", 4, "encoder", 64),
+        conv_kernel=_size(enc, "conv_kernel_size", 31, "encoder", 1023),
+        subsampling_factor=_size(enc, "subsampling_factor", 4, "encoder", 64),
         subsampling_channels=d_model if channels == -1 else channels,
         xscaling=bool(enc.get("xscaling", True)),
         use_bias=bool(enc.get("use_bias", True)),
@@ -260,6 +366,7 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         encoder.n_mels == features.n_mels,
         f"encoder feat_in={encoder.n_mels} does not match preprocessor features={features.n_mels}",
     )
+    _require(encoder.conv_kernel % 2 == 1, f"encoder conv_kernel_size={encoder.conv_kernel} is not odd")
     factor = encoder.subsampling_factor
     _require(factor >= 2 and factor & (factor - 1) == 0, f"encoder subsampling_factor={factor} is not a power of 2")
     _require(d_model % encoder.n_heads == 0, f"encoder d_model={d_model} is not divisible by n_heads={encoder.n_heads}")
@@ -269,30 +376,30 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
     )
     _require(dec.get("blank_as_pad", True) is True, "decoder blank_as_pad=false is not supported")
     _require(dec.get("normalization_mode") in (None, "null"), "decoder normalization_mode is not supported")
-    prednet = dec.get("prednet") or {}
+    prednet = _section(dec, "prednet", "decoder.")
     _require(
         prednet.get("rnn_hidden_size", -1) in (None, -1, prednet.get("pred_hidden")),
         f"decoder.prednet rnn_hidden_size={prednet.get('rnn_hidden_size')} (a projected LSTM) is not supported",
     )
     prediction = PredictionConfig(
-        vocab_size=_int(dec, "vocab_size", where="decoder"),
-        hidden=_int(prednet, "pred_hidden", where="decoder.prednet"),
-        layers=_int(prednet, "pred_rnn_layers", 1, "decoder.prednet"),
+        vocab_size=_size(dec, "vocab_size", None, "decoder", MAX_VOCAB),
+        hidden=_size(prednet, "pred_hidden", None, "decoder.prednet"),
+        layers=_size(prednet, "pred_rnn_layers", 1, "decoder.prednet", 64),
     )
 
     _require(
         _short_target(joint) == "RNNTJoint", f"joint {_short_target(joint) or '?'} is not supported (only RNNTJoint)"
     )
-    jointnet = joint.get("jointnet") or {}
+    jointnet = _section(joint, "jointnet", "joint.")
     _require(
         jointnet.get("activation", "relu") == "relu",
         f"joint activation={jointnet.get('activation')!r} is not supported (only relu)",
     )
-    num_extra = _int(joint, "num_extra_outputs", 0, "joint")
+    num_extra = _int(joint, "num_extra_outputs", 0, "joint", low=0, high=1024)
     listed = (
         decoding.get("durations")
-        or (cfg.get("model_defaults") or {}).get("tdt_durations")
-        or ((cfg.get("loss") or {}).get("tdt_kwargs") or {}).get("durations")
+        or _section(cfg, "model_defaults").get("tdt_durations")
+        or _section(_section(cfg, "loss"), "tdt_kwargs", "loss.").get("durations")
         or []
     )
     model_type = str(decoding.get("model_type") or ("tdt" if num_extra and listed else "rnnt"))
@@ -309,28 +416,28 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         _require(min(durations) >= 0, f"TDT durations {list(durations)} must not be negative")
         _require(max(durations) >= 1, f"TDT durations {list(durations)} must include one of 1 or more")
     joint_cfg = JointConfig(
-        encoder_hidden=_int(jointnet, "encoder_hidden", d_model, "joint.jointnet"),
-        pred_hidden=_int(jointnet, "pred_hidden", prediction.hidden, "joint.jointnet"),
-        hidden=_int(jointnet, "joint_hidden", where="joint.jointnet"),
-        vocab_size=_int(joint, "num_classes", prediction.vocab_size, "joint"),
+        encoder_hidden=_size(jointnet, "encoder_hidden", d_model, "joint.jointnet"),
+        pred_hidden=_size(jointnet, "pred_hidden", prediction.hidden, "joint.jointnet"),
+        hidden=_size(jointnet, "joint_hidden", None, "joint.jointnet"),
+        vocab_size=_size(joint, "num_classes", prediction.vocab_size, "joint", MAX_VOCAB),
         num_durations=len(durations),
+        dropout_layer=bool(_float(jointnet, "dropout", 0.0, "joint.jointnet")),
     )
     _require(
         joint_cfg.vocab_size == prediction.vocab_size,
         f"joint num_classes={joint_cfg.vocab_size} does not match decoder vocab_size={prediction.vocab_size}",
     )
-    tokenizer_type = (cfg.get("tokenizer") or {}).get("type", "bpe")
+    tokenizer_type = _section(cfg, "tokenizer").get("type", "bpe")
     _require(tokenizer_type == "bpe", f"tokenizer type {tokenizer_type!r} is not supported (only SentencePiece bpe)")
-    greedy = decoding.get("greedy") or {}
+    greedy = _section(decoding, "greedy", "decoding.")
     max_symbols = greedy.get("max_symbols", greedy.get("max_symbols_per_step", 10))
+    max_symbols = _int({"max_symbols": max_symbols or 10}, "max_symbols", where="decoding.greedy", low=1, high=1000)
     return ModelConfig(
         features=features,
         encoder=encoder,
         prediction=prediction,
         joint=joint_cfg,
-        decoding=DecodingConfig(
-            durations=durations, max_symbols=int(max_symbols) if max_symbols else 10, **_timestamp_options(decoding)
-        ),
+        decoding=DecodingConfig(durations=durations, max_symbols=max_symbols, **_timestamp_options(decoding)),
     )
 
 
@@ -338,6 +445,10 @@ def _local_context(enc: dict) -> tuple[int, int] | None:
     """The encoder's attention: None for full-context rel_pos, (left, right) frames for rel_pos_local_attn."""
     kind = enc.get("self_attention_model", "rel_pos")
     context = enc.get("att_context_size") or [-1, -1]
+    _require(
+        isinstance(context, (list, tuple)) and len(context) > 0,
+        f"encoder att_context_size={context!r} is not [left, right]",
+    )
     if context and isinstance(context[0], (list, tuple)):
         context = context[0]  # several context sizes (multi-lookahead training): inference uses the first
     try:

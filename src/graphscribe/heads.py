@@ -1,7 +1,8 @@
 """Transducer heads: the prediction network (embedding + LSTM) and the joint network.
 
 Names follow NeMo's state dict: `decoder.prediction.embed`, `decoder.prediction.dec_rnn.lstm`,
-`joint.enc`, `joint.pred`, `joint.joint_net.2`.
+`joint.enc`, `joint.pred`, `joint.joint_net.2` (`joint_net.1` where the model was trained
+without joint dropout: NeMo adds the Dropout layer only for `jointnet.dropout` > 0).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ class Joint(nn.Module):
         self.cfg = cfg
         self.enc = nn.Linear(cfg.encoder_hidden, cfg.hidden)
         self.pred = nn.Linear(cfg.pred_hidden, cfg.hidden)
-        self.joint_net = nn.Sequential(
-            nn.ReLU(), nn.Identity(), nn.Linear(cfg.hidden, cfg.vocab_size + 1 + cfg.num_durations)
+        out = nn.Linear(cfg.hidden, cfg.vocab_size + 1 + cfg.num_durations)
+        # NeMo's RNNTJoint._joint_net_modules: [activation] + ([Dropout] if dropout else []) + [Linear]
+        self.joint_net = (
+            nn.Sequential(nn.ReLU(), nn.Identity(), out) if cfg.dropout_layer else nn.Sequential(nn.ReLU(), out)
         )
 
     @property
