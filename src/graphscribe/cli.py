@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
 import sys
@@ -29,22 +28,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
-from .config import UnsupportedModelError
-from .tokenizer import TokenizerError
+from .console import DEVICE_HELP as _DEVICE_HELP
+from .console import DTYPE_HELP as _DTYPE_HELP
+from .console import MODEL_DEFAULT as _MODEL_DEFAULT
+from .console import MODEL_HELP as _MODEL_HELP
+from .console import err_console, load_or_exit, model_source
+from .console import fail_usage as _fail_usage
+from .console import setup_logging as _setup_logging
 from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text, write_file
 
 if TYPE_CHECKING:
     from .model import Transcript
 
-MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
 STDIN = "-"  # the input that reads standard input (audio.STDIN; audio.py imports torch)
-
-err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "cuda:x" is no emoji
-
-
-def _fail_usage(message: str) -> None:
-    err_console.print(f"[red]error:[/red] {escape(message)}")
-    raise typer.Exit(2)
 
 
 class Interrupted(BaseException):
@@ -100,83 +96,6 @@ def find_audio_files(folder: Path) -> list[Path]:
     from .audio import find_audio_files as find
 
     return find(folder)
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to sys.stderr as it is when a record comes (transcribing routes it around libmpg123's chatter)."""
-
-    def __init__(self):
-        logging.Handler.__init__(self)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-
-def _setup_logging() -> None:
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("warning: %(message)s"))
-    root = logging.getLogger("graphscribe")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.WARNING)
-    root.propagate = False
-
-
-def model_source(model: Optional[str]) -> str:
-    """--model, else $GRAPHSCRIBE_MODEL, else the demo model (with a note saying so)."""
-    from .checkpoint import DEMO_NAME
-
-    source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
-    if source == DEMO_NAME:
-        err_console.print(
-            "note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
-            "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
-            f"or a .nemo file, or set {MODEL_ENV}"
-        )
-    return source
-
-
-def load_or_exit(
-    model: Optional[str],
-    device: str,
-    dtype: str,
-    graphs: Optional[bool],
-    batch: Optional[int] = None,
-    attention: str = "auto",
-    attention_window: int = 256,
-    on_config=None,
-):
-    """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is.
-    on_config: see `load_model`."""
-    from .checkpoint import CheckpointError
-    from .model import load_model
-    from .pipeline import limit_host_threads
-    from .priming import prime
-
-    primer = prime(device, dtype)  # CUDA's libraries load while the checkpoint does
-    source = model_source(model)
-    try:
-        limit_host_threads(device)
-        loaded = load_model(
-            source,
-            device=device,
-            dtype=dtype,
-            graphs=graphs is not False,
-            batch_size=batch,
-            attention=attention,
-            attention_window=attention_window,
-            on_config=on_config,
-        )
-    except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
-        if primer is not None:
-            primer.join()  # not exiting while it is inside a CUDA library
-        message = str(err)
-        if isinstance(err, UnsupportedModelError):
-            message = f"{source}: {message}"
-        _fail_usage(message)
-    if graphs and loaded.device.type != "cuda":  # asked for explicitly
-        err_console.print("note: CUDA graphs need a CUDA device; decoding eagerly on the CPU")
-    return loaded  # the primer may still be at work: what it loads is locked, the first use waits for it
 
 
 def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
@@ -277,16 +196,9 @@ def parse_formats(value: str, output_dir: Optional[Path], n_files: int) -> list[
     return formats
 
 
-_MODEL_HELP = ".nemo file, extracted checkpoint folder, Hugging Face repo id (nvidia/parakeet-tdt-0.6b-v3), or demo."
-_MODEL_DEFAULT = f"${MODEL_ENV}, else demo"
-_DEVICE_HELP = "auto: CUDA when present, else the CPU."
 _DEVICES_HELP = (
     "Several devices of this host, one worker process and model each, sharing one longest-first plan: "
     "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."
-)
-_DTYPE_HELP = (
-    "auto: bfloat16 on CUDA GPUs that have it (same word error rate, about twice as fast), float32 elsewhere. "
-    "float32 gives NeMo's exact token ids. On the CPU, float16 falls back to float32."
 )
 _ATTENTION_HELP = (
     "Encoder attention. auto: full attention (NeMo's default) unless an input is over 24 min or full "

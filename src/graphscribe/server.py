@@ -44,16 +44,12 @@ from starlette.routing import Route
 
 from .audio import AudioError, read_bytes
 from .checkpoint import DEMO_NAME
-from .cli import (
-    _DEVICE_HELP,
-    _DTYPE_HELP,
-    _MODEL_DEFAULT,
-    _MODEL_HELP,
-    MODEL_ENV,
-    _setup_logging,
-    err_console,
-    load_or_exit,
-)
+from .console import DEVICE_HELP as _DEVICE_HELP
+from .console import DTYPE_HELP as _DTYPE_HELP
+from .console import MODEL_DEFAULT as _MODEL_DEFAULT
+from .console import MODEL_ENV, err_console, load_or_exit
+from .console import MODEL_HELP as _MODEL_HELP
+from .console import setup_logging as _setup_logging
 from .metrics import Metrics
 from .openai_api import RETRY_AFTER, ApiError, answer, drain, parse_options, read_form
 from .pipeline import default_workers

@@ -1,0 +1,113 @@
+"""What the commands share: stderr, one-line usage errors, logging, the model's source and its loading.
+
+The `transcribe` command (cli.py) and `transcribe serve` (server.py) both build on it. Like cli.py, it imports no
+torch: the model's modules are imported when a model is loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .config import UnsupportedModelError
+from .tokenizer import TokenizerError
+
+MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "cuda:x" is no emoji
+
+
+def fail_usage(message: str) -> None:
+    err_console.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(2)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a record comes (transcribing routes it around libmpg123's chatter)."""
+
+    def __init__(self):
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+
+def setup_logging() -> None:
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    root = logging.getLogger("graphscribe")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    root.propagate = False
+
+
+def model_source(model: Optional[str]) -> str:
+    """--model, else $GRAPHSCRIBE_MODEL, else the demo model (with a note saying so)."""
+    from .checkpoint import DEMO_NAME
+
+    source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
+    if source == DEMO_NAME:
+        err_console.print(
+            "note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
+            "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
+            f"or a .nemo file, or set {MODEL_ENV}"
+        )
+    return source
+
+
+def load_or_exit(
+    model: Optional[str],
+    device: str,
+    dtype: str,
+    graphs: Optional[bool],
+    batch: Optional[int] = None,
+    attention: str = "auto",
+    attention_window: int = 256,
+    on_config=None,
+):
+    """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is.
+    on_config: see `load_model`."""
+    from .checkpoint import CheckpointError
+    from .model import load_model
+    from .pipeline import limit_host_threads
+    from .priming import prime
+
+    primer = prime(device, dtype)  # CUDA's libraries load while the checkpoint does
+    source = model_source(model)
+    try:
+        limit_host_threads(device)
+        loaded = load_model(
+            source,
+            device=device,
+            dtype=dtype,
+            graphs=graphs is not False,
+            batch_size=batch,
+            attention=attention,
+            attention_window=attention_window,
+            on_config=on_config,
+        )
+    except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
+        if primer is not None:
+            primer.join()  # not exiting while it is inside a CUDA library
+        message = str(err)
+        if isinstance(err, UnsupportedModelError):
+            message = f"{source}: {message}"
+        fail_usage(message)
+    if graphs and loaded.device.type != "cuda":  # asked for explicitly
+        err_console.print("note: CUDA graphs need a CUDA device; decoding eagerly on the CPU")
+    return loaded  # the primer may still be at work: what it loads is locked, the first use waits for it
+
+
+MODEL_HELP = ".nemo file, extracted checkpoint folder, Hugging Face repo id (nvidia/parakeet-tdt-0.6b-v3), or demo."
+MODEL_DEFAULT = f"${MODEL_ENV}, else demo"
+DEVICE_HELP = "auto: CUDA when present, else the CPU."
+DTYPE_HELP = (
+    "auto: bfloat16 on CUDA GPUs that have it (same word error rate, about twice as fast), float32 elsewhere. "
+    "float32 gives NeMo's exact token ids. On the CPU, float16 falls back to float32."
+)
