@@ -448,58 +448,47 @@ def load_model(
     on_config(cfg, device, dtype): called once the config is read, before the weights are placed (the CLI
     starts reading audio there).
     """
-    clock = _Clock()
-    checkpoint = read_checkpoint(source)
-    cfg = model_config_from_nemo(checkpoint.config)
-    tokenizer = Tokenizer(checkpoint.tokenizer_model, checkpoint.source)
-    if tokenizer.vocab_size != cfg.prediction.vocab_size:
-        raise CheckpointError(
-            f"{checkpoint.source}: the tokenizer has {tokenizer.vocab_size} pieces, "
-            f"the decoder expects {cfg.prediction.vocab_size}"
+    clock = StageClock(torch.device("cpu"))  # seconds per loading phase, on the host
+    start = time.perf_counter()
+    with clock.host("read"):
+        checkpoint = read_checkpoint(source)
+        cfg = model_config_from_nemo(checkpoint.config)
+        tokenizer = Tokenizer(checkpoint.tokenizer_model, checkpoint.source)
+        if tokenizer.vocab_size != cfg.prediction.vocab_size:
+            raise CheckpointError(
+                f"{checkpoint.source}: the tokenizer has {tokenizer.vocab_size} pieces, "
+                f"the decoder expects {cfg.prediction.vocab_size}"
+            )
+    with clock.host("device_init"):
+        target = resolve_device(device)
+        target_dtype = resolve_dtype(dtype, target)
+        if on_config is not None:
+            on_config(cfg, target, target_dtype)
+        if target.type == "cuda":
+            torch.empty(0, device=target)  # the CUDA context, timed on its own
+    with clock.host("build"):
+        module = empty_transducer(cfg, target_dtype)
+    with clock.host("place"):
+        load_state(module, checkpoint.state_dict, checkpoint.source, device=target)
+        if target.type == "cuda":
+            torch.cuda.synchronize(target)
+    with clock.host("model"):
+        options = RunOptions(
+            device=str(target),
+            dtype=_DTYPE_NAMES[target_dtype],
+            graphs=graphs,
+            batch_size=batch_size,
+            batch_seconds=batch_seconds,
+            attention=attention,
+            attention_window=attention_window,
         )
-    clock.lap("read")
-    target = resolve_device(device)
-    target_dtype = resolve_dtype(dtype, target)
-    if on_config is not None:
-        on_config(cfg, target, target_dtype)
-    if target.type == "cuda":
-        torch.empty(0, device=target)  # the CUDA context, timed on its own
-    clock.lap("device_init")
-    module = empty_transducer(cfg, target_dtype)
-    clock.lap("build")
-    load_state(module, checkpoint.state_dict, checkpoint.source, device=target)
-    if target.type == "cuda":
-        torch.cuda.synchronize(target)
-    clock.lap("place")
-    options = RunOptions(
-        device=str(target),
-        dtype=_DTYPE_NAMES[target_dtype],
-        graphs=graphs,
-        batch_size=batch_size,
-        batch_seconds=batch_seconds,
-        attention=attention,
-        attention_window=attention_window,
-    )
-    model = Model(module, tokenizer, options, checkpoint.source)
-    clock.lap("model")
+        model = Model(module, tokenizer, options, checkpoint.source)
+    phases = clock.seconds()
     weights = checkpoint.seconds["weights"]
     model.load_seconds = {
-        "config_tokenizer": clock.seconds.pop("read") - weights,
+        "config_tokenizer": phases.pop("read") - weights,
         "weights": weights,
-        **clock.seconds,
-        "total": clock.total(),
+        **phases,
+        "total": time.perf_counter() - start,
     }
     return model
-
-
-class _Clock:
-    def __init__(self):
-        self.start = self.last = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name], self.last = now - self.last, now
-
-    def total(self) -> float:
-        return time.perf_counter() - self.start
