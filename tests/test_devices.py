@@ -129,7 +129,8 @@ def test_one_killed_worker_loses_nothing(tmp_path):
     out = tmp_path / "out"
     process = start(folder, "--batch", "1", "-o", out, "--devices", "cpu,cpu")
     deadline = time.monotonic() + 240
-    while not out.exists() and time.monotonic() < deadline:
+    # the first result, not the folder: the folder is made (and checked) before the workers start
+    while not (out.exists() and any(out.iterdir())) and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(workers_of(process.pid)[0], signal.SIGKILL)
     _, stderr = process.communicate(timeout=240)

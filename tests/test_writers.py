@@ -248,7 +248,7 @@ def test_help_lists_choices_defaults_and_examples():
         "Examples:",
         "-f srt,json -o",
         "--batch-seconds",
-        "64 on CUDA, 8 on the CPU",
+        "32 on CUDA in float32, 64 in 16 bits, 8 on the CPU",
         "per GiB of GPU memory",
     ):
         assert text in page, text
