@@ -12,9 +12,12 @@ import soundfile as sf
 import torch
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
+from graphscribe import pipeline
 from graphscribe.audio import load_audio
 from graphscribe.bench import make_folder
+from graphscribe.finishing import RenderPool
 from graphscribe.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches, read_ahead
+from graphscribe.writers import WRITERS, render
 
 
 def test_plan_is_longest_first_in_batches_of_n():
@@ -221,3 +224,68 @@ def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
     seconds = clock.seconds()
     for stage in ("read", "features", "encoder", "decode", "text"):
         assert seconds[stage] > 0, stage
+
+
+TIMED_FORMATS = ("json", "srt", "vtt", "tsv")
+
+
+def test_rendered_results_are_the_writers_bytes_in_the_same_order(model, tmp_path):
+    """render: worker processes make each input's outputs; they are what the writers make of `Model.finish`'s
+    Transcript (the reference path), in the same order, with an unreadable input where it was, and light."""
+    bad = tmp_path / "bad.wav"
+    bad.write_text("not audio\n")
+    paths = [*(CLIPS / name for name in CLIP_NAMES), bad]
+    full = list(model.transcribe_iter(paths, batch_size=4))
+    light = list(model.transcribe_iter(paths, batch_size=4, render=TIMED_FORMATS))
+    assert [i for i, _ in light] == [i for i, _ in full]
+    for (_, expected), (_, got) in zip(full, light):
+        assert (got.source, got.text, got.token_ids, got.audio_seconds, got.error) == (
+            expected.source,
+            expected.text,
+            expected.token_ids,
+            expected.audio_seconds,
+            expected.error,
+        )
+        if expected.error is not None:
+            assert got.rendered == {}
+            continue
+        assert expected.words and got.tokens == got.words == got.segments == []  # no timing objects came back
+        assert got.rendered == {fmt: WRITERS[fmt](expected) for fmt in TIMED_FORMATS}
+        assert all(render(got, fmt) == got.rendered[fmt] for fmt in TIMED_FORMATS)
+
+
+def test_rendered_results_of_one_at_a_time_batches(model, monkeypatch):
+    """A batch that runs out of memory is redone one input at a time, rendered by the workers all the same."""
+    real, calls = model.decode, []
+
+    def decode_or_out_of_memory(encoded, lengths):
+        calls.append(len(lengths))
+        if len(lengths) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(encoded, lengths)
+
+    paths = [CLIPS / name for name in CLIP_NAMES]
+    expected = {i: WRITERS["srt"](t) for i, t in model.transcribe_iter(paths, batch_size=3)}
+    monkeypatch.setattr(model, "decode", decode_or_out_of_memory)
+    got = {i: t.rendered["srt"] for i, t in model.transcribe_iter(paths, batch_size=3, render=("srt",))}
+    assert max(calls) == 3 and got == expected
+
+
+def test_render_workers_import_no_torch(model):
+    """The workers load the writers and the tokenizer only: no torch (seconds to import, CUDA state)."""
+    pool = RenderPool(model.finishing, ("json",))
+    try:
+        check = "[m for m in ('torch', 'graphscribe.finishing') if m in __import__('sys').modules]"
+        assert pool._pool.submit(eval, check).result(timeout=60) == ["graphscribe.finishing"]
+    finally:
+        pool.close()
+
+
+def test_txt_alone_starts_no_worker_processes(model, monkeypatch):
+    """Without timings (txt) or without formats to render, nothing is spawned."""
+    started = []
+    monkeypatch.setattr(pipeline, "RenderPool", lambda *args: started.append(args))
+    paths = [CLIPS / name for name in CLIP_NAMES[:2]]
+    list(model.transcribe_iter(paths, timings=False, render=("txt",)))
+    list(model.transcribe_iter(paths))
+    assert started == []

@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from .config import UnsupportedModelError
 from .tokenizer import TokenizerError
-from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text, write_file
+from .writers import FORMATS, LINE_FORMATS, WRITERS, render, stdout_text, write_file
 
 if TYPE_CHECKING:
     from .model import Transcript
@@ -441,6 +441,7 @@ def _load_and_transcribe(
         with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
             loaded, results = _results(
                 files,
+                formats,
                 devices,
                 model,
                 device,
@@ -480,6 +481,7 @@ def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
 
 def _results(
     files,
+    formats,
     devices,
     model,
     device,
@@ -495,7 +497,10 @@ def _results(
 ):
     """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
     Transcript) in plan order). One device: this process, reading while the weights load; several: a worker process
-    per device (`devices.transcribe_on_devices`). What it starts is put in `running`, for the caller to close."""
+    per device (`devices.transcribe_on_devices`). What it starts is put in `running`, for the caller to close.
+    With timings the outputs come rendered by worker processes of the process that feeds the device
+    (`finishing.RenderPool`): each file's timing and formatting would take its GIL from the GPU's launches."""
+    render = tuple(formats) if timings else ()
     if len(devices) > 1:
         from .config import RunOptions
         from .devices import LoadError, transcribe_on_devices
@@ -503,7 +508,7 @@ def _results(
         options = RunOptions(
             dtype=dtype, graphs=graphs is not False, attention=attention, attention_window=attention_window
         )
-        run = transcribe_on_devices(files, devices, model_source(model), options, batch, batch_seconds, timings)
+        run = transcribe_on_devices(files, devices, model_source(model), options, batch, batch_seconds, timings, render)
         running.append(run)
         try:
             run.wait_loaded()
@@ -519,7 +524,7 @@ def _results(
         running.append(reads[-1])
 
     loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading)
-    return loaded, transcribe_stream(status.watch(loaded), reads[0], timings=timings)
+    return loaded, transcribe_stream(status.watch(loaded), reads[0], timings=timings, render=render)
 
 
 def write_results(
@@ -565,7 +570,7 @@ def _write_one(transcript, i: int, formats, targets, several: bool, status) -> b
             sys.stdout.write(stdout_text(transcript, formats[0], several=several))
             sys.stdout.flush()
         return True
-    return all(_write(paths[i], WRITERS[f](transcript), status) for f, paths in targets.items())
+    return all(_write(paths[i], render(transcript, f), status) for f, paths in targets.items())
 
 
 def _write(target: Path, content: str, status: Optional[_Status] = None) -> bool:
