@@ -15,11 +15,12 @@ from conftest import CLIPS, JFK_FLAC
 from test_cli import transcribe
 from test_timestamps import DEMO_PATH, STAMPS
 
-from graphscribe.model import Transcript
+from graphscribe.model import Transcript, load_model
 from graphscribe.timestamps import Word
 from graphscribe.writers import (
     MAX_CUE_SECONDS,
     MAX_LINE_CHARS,
+    WRITERS,
     cues,
     write_json,
     write_srt,
@@ -153,6 +154,18 @@ def test_srt_and_json_for_every_input_of_a_folder(speech_tree, tmp_path):
     assert result.stdout == ""
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert written == sorted(f"{stem}.{ext}" for stem in _stems(speech_tree) for ext in ("json", "srt"))
+
+
+def test_written_files_are_the_in_process_writers_bytes(speech_tree, written):
+    """The CLI's files, rendered by worker processes, are what the writers make here of `Model.finish`'s
+    Transcripts (the reference path), byte for byte, with the same batching."""
+    files = sorted(speech_tree.rglob("*.flac"))
+    model = load_model(DEMO_PATH, device="cpu")
+    for path, transcript in zip(files, model.transcribe([str(p) for p in files], batch_size=3)):
+        assert transcript.words
+        stem = path.relative_to(speech_tree).with_suffix("")
+        for fmt in ("srt", "vtt", "tsv", "json"):
+            assert (written / f"{stem}.{fmt}").read_bytes() == WRITERS[fmt](transcript).encode(), (stem, fmt)
 
 
 def _words_of(record: dict) -> list[str]:
