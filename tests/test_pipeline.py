@@ -3,6 +3,9 @@ results in a stable order whatever the batching, threads gone when the caller st
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -289,3 +292,23 @@ def test_txt_alone_starts_no_worker_processes(model, monkeypatch):
     list(model.transcribe_iter(paths, timings=False, render=("txt",)))
     list(model.transcribe_iter(paths))
     assert started == []
+
+
+def test_render_workers_end_with_their_parent():
+    """`transcribe` ends with os._exit, telling its workers nothing: they exit by themselves, at once."""
+    script = (
+        "import os\n"
+        "from graphscribe.model import load_model\n"
+        "from graphscribe.finishing import RenderPool\n"
+        f"pool = RenderPool(load_model({str(NEMO_PATH)!r}, device='cpu').finishing, ('json',))\n"
+        "pool._pool.submit(int).result()\n"
+        "print(*pool._pool._processes, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2, done.stderr
+    deadline = time.monotonic() + 30
+    while (alive := [p for p in pids if os.path.exists(f"/proc/{p}")]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive == []

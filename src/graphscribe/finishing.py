@@ -17,6 +17,8 @@ starts in a fraction of a second and holds no CUDA state.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
+import os
 import signal
 import threading
 from concurrent.futures import ProcessPoolExecutor
@@ -126,7 +128,16 @@ _WORKER: tuple[Finishing, Tokenizer] | None = None  # a worker process's own, fr
 def _start_worker(finishing: Finishing) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    threading.Thread(target=_end_with_parent, name="graphscribe-render-parent", daemon=True).start()
     _WORKER = finishing, Tokenizer(finishing.tokenizer_model)
+
+
+def _end_with_parent() -> None:
+    """Exit when the parent does: `transcribe` ends with os._exit, before the pool's manager thread has told the
+    workers, and a worker holds its own task queue's writing end, so it would wait for a task forever (holding the
+    parent's stdout open, too)."""
+    multiprocessing.connection.wait([multiprocessing.parent_process().sentinel])
+    os._exit(0)
 
 
 def _render(rows: list[tuple[str, int, Timed]], formats: tuple[str, ...]) -> list[Transcript]:
