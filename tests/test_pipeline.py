@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 from graphscribe import pipeline
 from graphscribe.audio import load_audio
 from graphscribe.bench import make_folder
-from graphscribe.finishing import RenderPool
+from graphscribe.finishing import RenderPool, Timed
 from graphscribe.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches, read_ahead
 from graphscribe.writers import WRITERS, render
 
@@ -275,11 +276,15 @@ def test_rendered_results_of_one_at_a_time_batches(model, monkeypatch):
 
 
 def test_render_workers_import_no_torch(model):
-    """The workers load the writers and the tokenizer only: no torch (seconds to import, CUDA state)."""
+    """The workers load the writers and the tokenizer (SentencePiece's library) only: no torch (seconds to import,
+    CUDA state). Read from the workers' own memory maps, after they have rendered."""
     pool = RenderPool(model.finishing, ("json",))
     try:
-        check = "[m for m in ('torch', 'graphscribe.finishing') if m in __import__('sys').modules]"
-        assert pool._pool.submit(eval, check).result(timeout=60) == ["graphscribe.finishing"]
+        [light] = pool.transcripts(["x.wav"], [16000], [Timed([1, 2], [0, 3], [1, 1])])
+        assert light.rendered["json"].startswith('{"path": "x.wav"')
+        for process, _ in pool._children:
+            libraries = Path(f"/proc/{process.pid}/maps").read_text()
+            assert "_sentencepiece" in libraries and "libtorch" not in libraries
     finally:
         pool.close()
 
@@ -299,10 +304,10 @@ def test_render_workers_end_with_their_parent():
     script = (
         "import os\n"
         "from graphscribe.model import load_model\n"
-        "from graphscribe.finishing import RenderPool\n"
+        "from graphscribe.finishing import RenderPool, Timed\n"
         f"pool = RenderPool(load_model({str(NEMO_PATH)!r}, device='cpu').finishing, ('json',))\n"
-        "pool._pool.submit(int).result()\n"
-        "print(*pool._pool._processes, flush=True)\n"
+        "pool.transcripts(['x.wav'], [16000], [Timed([1], [0], [1])])\n"
+        "print(*(process.pid for process, _ in pool._children), flush=True)\n"
         "os._exit(0)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -17,12 +17,10 @@ starts in a fraction of a second and holds no CUDA state.
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.connection
-import os
 import signal
 import threading
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from .timestamps import WordRules, token_spans, words_and_segments
@@ -93,55 +91,69 @@ class RenderPool:
 
     Spawned (the parent may hold CUDA, which a forked child cannot use) when made, so they start while the first
     batches are read and encoded; each builds its tokenizer once. As with any spawned process, a worker imports
-    the caller's `__main__` module first (`transcribe`'s imports no torch). `close` ends them."""
+    the caller's `__main__` module first (`transcribe`'s imports no torch). Each worker has a pipe of its own and
+    no other channel: no semaphores for the resource tracker to find left over when `transcribe` ends with
+    os._exit, and a worker sees its parent's end, however it comes, as the end of its pipe. `close` ends them."""
 
     def __init__(self, finishing: Finishing, formats: Sequence[str], workers: int = RENDER_WORKERS):
-        self.finishing, self.formats, self.workers = finishing, tuple(formats), workers
-        self._pool = ProcessPoolExecutor(
-            workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_worker,
-            initargs=(finishing,),
-        )
-        # Spawning writes the tokenizer's model (~250 KB) into each worker's pipe, which blocks until that worker's
+        self.formats = tuple(formats)
+        context = multiprocessing.get_context("spawn")
+        pipes = [context.Pipe() for _ in range(workers)]
+        self._conns: list[Connection] = [conn for conn, _ in pipes]
+        self._children = [
+            (context.Process(target=_serve, args=(child, finishing), name="graphscribe-render", daemon=True), child)
+            for _, child in pipes
+        ]
+        # Starting a worker writes the tokenizer's model (~250 KB) into its pipe, which blocks until that worker's
         # Python has started and reads it (0.4 s for two on a busy 2-core host): on a thread of its own, that waits
-        # without holding the GIL. A spawn pool starts all its workers at its first task.
-        self._starter = threading.Thread(target=self._pool.submit, args=(int,), name="graphscribe-render-start")
+        # without holding the GIL.
+        self._starter = threading.Thread(target=self._start, name="graphscribe-render-start", daemon=True)
         self._starter.start()
 
+    def _start(self) -> None:
+        for process, child in self._children:
+            process.start()
+            child.close()  # the worker's end lives in the worker only: the parent's end is its pipe's only writer
+
     def transcripts(self, sources: list[str], samples: list[int], hyps: Sequence[Hypothesis]) -> list[Transcript]:
-        """One batch's light Transcripts, in order (`seconds` 0): split among the workers, waited for."""
+        """One batch's light Transcripts, in order (`seconds` 0): a share to each worker, waited for."""
+        self._starter.join()
         rows = [(s, n, Timed(h.token_ids, h.frames, h.durations)) for s, n, h in zip(sources, samples, hyps)]
-        size = -(-len(rows) // self.workers)  # a share each: a batch's wait is its slowest share
-        parts = [self._pool.submit(_render, rows[k : k + size], self.formats) for k in range(0, len(rows), size)]
-        return [t for part in parts for t in part.result()]
+        size = -(-len(rows) // len(self._conns))  # a share each: a batch's wait is its slowest share
+        shares = [rows[k : k + size] for k in range(0, len(rows), size)]
+        for conn, share in zip(self._conns, shares):
+            conn.send((share, self.formats))
+        return [t for conn, _ in zip(self._conns, shares) for t in _received(conn)]
 
     def close(self) -> None:
-        """Tell the workers to end; they exit on their own (waiting for them took 80 ms at the end of every run)."""
+        """End the workers: the end of their pipes tells them (waiting for them would take 80 ms a run)."""
         self._starter.join()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for conn in self._conns:
+            conn.close()
 
 
-_WORKER: tuple[Finishing, Tokenizer] | None = None  # a worker process's own, from `_start_worker`
+def _received(conn: Connection) -> list[Transcript]:
+    try:
+        return conn.recv()
+    except EOFError:
+        raise RuntimeError("a render worker process ended unexpectedly") from None
 
 
-def _start_worker(finishing: Finishing) -> None:
-    global _WORKER
+def _serve(conn: Connection, finishing: Finishing) -> None:
+    """A worker's main: its tokenizer, once; then (rows, formats) in, light Transcripts out, till the pipe ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
-    threading.Thread(target=_end_with_parent, name="graphscribe-render-parent", daemon=True).start()
-    _WORKER = finishing, Tokenizer(finishing.tokenizer_model)
+    tokenizer = Tokenizer(finishing.tokenizer_model)
+    while True:
+        try:
+            rows, formats = conn.recv()
+        except EOFError:
+            return
+        conn.send(_render(finishing, tokenizer, rows, formats))
 
 
-def _end_with_parent() -> None:
-    """Exit when the parent does: `transcribe` ends with os._exit, before the pool's manager thread has told the
-    workers, and a worker holds its own task queue's writing end, so it would wait for a task forever (holding the
-    parent's stdout open, too)."""
-    multiprocessing.connection.wait([multiprocessing.parent_process().sentinel])
-    os._exit(0)
-
-
-def _render(rows: list[tuple[str, int, Timed]], formats: tuple[str, ...]) -> list[Transcript]:
-    finishing, tokenizer = _WORKER
+def _render(
+    finishing: Finishing, tokenizer: Tokenizer, rows: list[tuple[str, int, Timed]], formats: tuple[str, ...]
+) -> list[Transcript]:
     light = []
     for source, samples, hyp in rows:
         full = finishing.transcript(tokenizer, source, samples, hyp, 0.0, timings=True)
