@@ -3,8 +3,12 @@ results in a stable order whatever the batching, threads gone when the caller st
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +16,12 @@ import soundfile as sf
 import torch
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
+from graphscribe import pipeline
 from graphscribe.audio import load_audio
 from graphscribe.bench import make_folder
+from graphscribe.finishing import RenderPool, Timed
 from graphscribe.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches, read_ahead
+from graphscribe.writers import WRITERS, render
 
 
 def test_plan_is_longest_first_in_batches_of_n():
@@ -221,3 +228,92 @@ def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
     seconds = clock.seconds()
     for stage in ("read", "features", "encoder", "decode", "text"):
         assert seconds[stage] > 0, stage
+
+
+TIMED_FORMATS = ("json", "srt", "vtt", "tsv")
+
+
+def test_rendered_results_are_the_writers_bytes_in_the_same_order(model, tmp_path):
+    """render: worker processes make each input's outputs; they are what the writers make of `Model.finish`'s
+    Transcript (the reference path), in the same order, with an unreadable input where it was, and light."""
+    bad = tmp_path / "bad.wav"
+    bad.write_text("not audio\n")
+    paths = [*(CLIPS / name for name in CLIP_NAMES), bad]
+    full = list(model.transcribe_iter(paths, batch_size=4))
+    light = list(model.transcribe_iter(paths, batch_size=4, render=TIMED_FORMATS))
+    assert [i for i, _ in light] == [i for i, _ in full]
+    for (_, expected), (_, got) in zip(full, light):
+        assert (got.source, got.text, got.token_ids, got.audio_seconds, got.error) == (
+            expected.source,
+            expected.text,
+            expected.token_ids,
+            expected.audio_seconds,
+            expected.error,
+        )
+        if expected.error is not None:
+            assert got.rendered == {}
+            continue
+        assert expected.words and got.tokens == got.words == got.segments == []  # no timing objects came back
+        assert got.rendered == {fmt: WRITERS[fmt](expected) for fmt in TIMED_FORMATS}
+        assert all(render(got, fmt) == got.rendered[fmt] for fmt in TIMED_FORMATS)
+
+
+def test_rendered_results_of_one_at_a_time_batches(model, monkeypatch):
+    """A batch that runs out of memory is redone one input at a time, rendered by the workers all the same."""
+    real, calls = model.decode, []
+
+    def decode_or_out_of_memory(encoded, lengths):
+        calls.append(len(lengths))
+        if len(lengths) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(encoded, lengths)
+
+    paths = [CLIPS / name for name in CLIP_NAMES]
+    expected = {i: WRITERS["srt"](t) for i, t in model.transcribe_iter(paths, batch_size=3)}
+    monkeypatch.setattr(model, "decode", decode_or_out_of_memory)
+    got = {i: t.rendered["srt"] for i, t in model.transcribe_iter(paths, batch_size=3, render=("srt",))}
+    assert max(calls) == 3 and got == expected
+
+
+def test_render_workers_import_no_torch(model):
+    """The workers load the writers and the tokenizer (SentencePiece's library) only: no torch (seconds to import,
+    CUDA state). Read from the workers' own memory maps, after they have rendered."""
+    pool = RenderPool(model.finishing, ("json",))
+    try:
+        [light] = pool.transcripts(["x.wav"], [16000], [Timed([1, 2], [0, 3], [1, 1])])
+        assert light.rendered["json"].startswith('{"path": "x.wav"')
+        for process, _ in pool._children:
+            libraries = Path(f"/proc/{process.pid}/maps").read_text()
+            assert "_sentencepiece" in libraries and "libtorch" not in libraries
+    finally:
+        pool.close()
+
+
+def test_txt_alone_starts_no_worker_processes(model, monkeypatch):
+    """Without timings (txt) or without formats to render, nothing is spawned."""
+    started = []
+    monkeypatch.setattr(pipeline, "RenderPool", lambda *args: started.append(args))
+    paths = [CLIPS / name for name in CLIP_NAMES[:2]]
+    list(model.transcribe_iter(paths, timings=False, render=("txt",)))
+    list(model.transcribe_iter(paths))
+    assert started == []
+
+
+def test_render_workers_end_with_their_parent():
+    """`transcribe` ends with os._exit, telling its workers nothing: they exit by themselves, at once."""
+    script = (
+        "import os\n"
+        "from graphscribe.model import load_model\n"
+        "from graphscribe.finishing import RenderPool, Timed\n"
+        f"pool = RenderPool(load_model({str(NEMO_PATH)!r}, device='cpu').finishing, ('json',))\n"
+        "pool.transcripts(['x.wav'], [16000], [Timed([1], [0], [1])])\n"
+        "print(*(process.pid for process, _ in pool._children), flush=True)\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2, done.stderr
+    deadline = time.monotonic() + 30
+    while (alive := [p for p in pids if os.path.exists(f"/proc/{p}")]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive == []

@@ -15,11 +15,12 @@ from conftest import CLIPS, JFK_FLAC
 from test_cli import transcribe
 from test_timestamps import DEMO_PATH, STAMPS
 
-from graphscribe.model import Transcript
+from graphscribe.model import Transcript, load_model
 from graphscribe.timestamps import Word
 from graphscribe.writers import (
     MAX_CUE_SECONDS,
     MAX_LINE_CHARS,
+    WRITERS,
     cues,
     write_json,
     write_srt,
@@ -155,6 +156,18 @@ def test_srt_and_json_for_every_input_of_a_folder(speech_tree, tmp_path):
     assert written == sorted(f"{stem}.{ext}" for stem in _stems(speech_tree) for ext in ("json", "srt"))
 
 
+def test_written_files_are_the_in_process_writers_bytes(speech_tree, written):
+    """The CLI's files are what the writers make here of `Model.finish`'s Transcripts (the reference path), byte
+    for byte, with the same batching."""
+    files = sorted(speech_tree.rglob("*.flac"))
+    model = load_model(DEMO_PATH, device="cpu")
+    for path, transcript in zip(files, model.transcribe([str(p) for p in files], batch_size=3)):
+        assert transcript.words
+        stem = path.relative_to(speech_tree).with_suffix("")
+        for fmt in ("srt", "vtt", "tsv", "json"):
+            assert (written / f"{stem}.{fmt}").read_bytes() == WRITERS[fmt](transcript).encode(), (stem, fmt)
+
+
 def _words_of(record: dict) -> list[str]:
     return [w["word"] for w in record["words"] if w["word"].strip()]
 
@@ -264,3 +277,23 @@ def test_help_lists_choices_defaults_and_examples():
     ):
         assert text in bench, text
     assert "<str>" not in bench
+
+
+def test_a_large_folder_is_rendered_by_worker_processes_to_the_same_bytes(tmp_path):
+    """From RENDER_POOL_MIN_FILES files on, the CLI's outputs with times come from worker processes
+    (`finishing.RenderPool`): each file the bytes the writers make here of `Model.finish`'s Transcript."""
+    from graphscribe.cli import RENDER_POOL_MIN_FILES
+
+    clip = STAMPS / "clips" / "demo0.flac"
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    for k in range(RENDER_POOL_MIN_FILES):
+        shutil.copy(clip, folder / f"c{k:03d}.flac")
+    out = tmp_path / "out"
+    result = transcribe(folder, "-f", "json,srt", "-o", out, "--batch", "32", model=str(DEMO_PATH))
+    assert result.returncode == 0, result.stderr
+    [expected] = load_model(DEMO_PATH, device="cpu").transcribe([str(clip)])
+    for k in range(RENDER_POOL_MIN_FILES):
+        expected.source = str(folder / f"c{k:03d}.flac")
+        assert (out / f"c{k:03d}.srt").read_bytes() == WRITERS["srt"](expected).encode()
+        assert (out / f"c{k:03d}.json").read_bytes() == WRITERS["json"](expected).encode()

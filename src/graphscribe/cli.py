@@ -35,11 +35,14 @@ from .console import MODEL_HELP as _MODEL_HELP
 from .console import err_console, load_or_exit, model_source
 from .console import fail_usage as _fail_usage
 from .console import setup_logging as _setup_logging
-from .writers import FORMATS, LINE_FORMATS, WRITERS, stdout_text, write_file
+from .writers import FORMATS, LINE_FORMATS, WRITERS, render, stdout_text, write_file
 
 if TYPE_CHECKING:
     from .model import Transcript
 
+# Files from which the outputs with times are rendered in worker processes: starting them costs about half a
+# second (overlapped with the first batch), and rendering in this process about a millisecond a file.
+RENDER_POOL_MIN_FILES = 256
 STDIN = "-"  # the input that reads standard input (audio.STDIN; audio.py imports torch)
 
 
@@ -372,6 +375,7 @@ def _load_and_transcribe(
         with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
             loaded, results = _results(
                 files,
+                formats,
                 devices,
                 model,
                 device,
@@ -411,6 +415,7 @@ def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
 
 def _results(
     files,
+    formats,
     devices,
     model,
     device,
@@ -426,7 +431,10 @@ def _results(
 ):
     """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
     Transcript) in plan order). One device: this process, reading while the weights load; several: a worker process
-    per device (`devices.transcribe_on_devices`). What it starts is put in `running`, for the caller to close."""
+    per device (`devices.transcribe_on_devices`). What it starts is put in `running`, for the caller to close.
+    With timings and many files the outputs come rendered by worker processes of the process that feeds the device
+    (`finishing.RenderPool`): each file's timing and formatting would take its GIL from the GPU's launches."""
+    render = tuple(formats) if timings and len(files) >= RENDER_POOL_MIN_FILES else ()
     if len(devices) > 1:
         from .config import RunOptions
         from .devices import LoadError, transcribe_on_devices
@@ -434,7 +442,7 @@ def _results(
         options = RunOptions(
             dtype=dtype, graphs=graphs is not False, attention=attention, attention_window=attention_window
         )
-        run = transcribe_on_devices(files, devices, model_source(model), options, batch, batch_seconds, timings)
+        run = transcribe_on_devices(files, devices, model_source(model), options, batch, batch_seconds, timings, render)
         running.append(run)
         try:
             run.wait_loaded()
@@ -450,7 +458,7 @@ def _results(
         running.append(reads[-1])
 
     loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading)
-    return loaded, transcribe_stream(status.watch(loaded), reads[0], timings=timings)
+    return loaded, transcribe_stream(status.watch(loaded), reads[0], timings=timings, render=render)
 
 
 def write_results(
@@ -496,7 +504,7 @@ def _write_one(transcript, i: int, formats, targets, several: bool, status) -> b
             sys.stdout.write(stdout_text(transcript, formats[0], several=several))
             sys.stdout.flush()
         return True
-    return all(_write(paths[i], WRITERS[f](transcript), status) for f, paths in targets.items())
+    return all(_write(paths[i], render(transcript, f), status) for f, paths in targets.items())
 
 
 def _write(target: Path, content: str, status: Optional[_Status] = None) -> bool:

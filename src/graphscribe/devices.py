@@ -165,13 +165,15 @@ class DevicePool:
         batch_seconds: float | None = None,
         timings: bool = True,
         workers: int | None = None,
+        render: tuple[str, ...] = (),
     ) -> DeviceRun:
         """(index, Transcript) for every file, in the order one device's `transcribe_stream` yields them, from the
         first `workers` workers (None: all). batch_size, batch_seconds: the batching rule's (None: the devices'
-        defaults, the smallest of them)."""
+        defaults, the smallest of them); timings, render: `transcribe_stream`'s, run in each worker (so the
+        rendering is done beside each device, and light transcripts cross the pipes)."""
         rows = batch_size or min(b for b, _ in self.default_batching)
         seconds = min(s for _, s in self.default_batching) if batch_seconds is None else batch_seconds
-        return DeviceRun(self, [str(f) for f in files], rows, seconds, timings, self.workers[:workers])
+        return DeviceRun(self, [str(f) for f in files], rows, seconds, timings, self.workers[:workers], tuple(render))
 
     def close(self) -> None:
         """Stop the workers and wait for them."""
@@ -201,18 +203,20 @@ class DeviceRun:
     the consumer writes; results wait for the batches before them in the plan: at most the batches in flight.
     """
 
-    def __init__(self, pool: DevicePool, files: list[str], rows: int, seconds: float, timings: bool, workers):
+    def __init__(
+        self, pool: DevicePool, files: list[str], rows: int, seconds: float, timings: bool, workers, render: tuple = ()
+    ):
         self.pool, self.files, self.workers = pool, files, list(workers)
         self.stats = {w: DeviceStats(w.device, load_seconds=w.load_seconds) for w in self.workers}
         self.close_pool = False  # `transcribe_on_devices`: the pool is this run's alone
-        self._rows, self._seconds, self._timings = rows, seconds, timings
+        self._rows, self._seconds, self._timings, self._render = rows, seconds, timings, render
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._loaded = threading.Event()
         self._load_error: str | None = None
         self._cancelled = False
         self._started = time.perf_counter()
-        for worker in self.workers:
-            worker.send(("job", files, timings))  # before planning: reading starts as soon as a worker has a config
+        for worker in self.workers:  # before planning: reading starts as soon as a worker has a config
+            worker.send(("job", files, timings, render))
         if all(w.loaded for w in self.workers):  # a pool's later run: nothing to wait for
             self._loaded.set()
         self._thread = threading.Thread(target=self._dispatch, name="graphscribe-devices", daemon=True)
@@ -356,7 +360,7 @@ class DeviceRun:
         for worker in list(self.idle):
             if self.retry and worker.alive:
                 self.idle.discard(worker)
-                worker.send(("job", self.files, self._timings))
+                worker.send(("job", self.files, self._timings, self._render))
 
     def _died(self, worker: _Worker) -> None:
         worker.alive = False
@@ -415,13 +419,14 @@ def transcribe_on_devices(
     batch_size: int | None = None,
     batch_seconds: float | None = None,
     timings: bool = True,
+    render: tuple[str, ...] = (),
 ) -> DeviceRun:
     """Transcribe `files` on several devices of this host: (index, Transcript) in the order one device yields them,
     each file once. One worker process per device loads its own model from `source` (options: dtype, graphs,
     attention; see `load_model`); batch_size, batch_seconds: `transcribe`'s --batch, --batch-seconds. The run's
     `stats` give each device's files, audio and busy seconds; `wait_loaded()` raises LoadError if no worker
     could load the model. The workers end with the run."""
-    run = DevicePool(source, devices, options).transcribe(files, batch_size, batch_seconds, timings)
+    run = DevicePool(source, devices, options).transcribe(files, batch_size, batch_seconds, timings, render=render)
     run.close_pool = True
     return run
 
@@ -470,8 +475,8 @@ def _work(conn: Connection, source: str, options: RunOptions, threads: int) -> N
     model = None
     try:
         while (message := conn.recv())[0] == "job":
-            _, files, timings = message
-            model = _job(conn, sender, model, source, options, files, timings)
+            _, files, timings, render = message
+            model = _job(conn, sender, model, source, options, files, timings, render)
     except (EOFError, BrokenPipeError):
         pass  # the parent is gone
     except BaseException as err:  # noqa: BLE001 - told to the parent, which redoes this worker's batches
@@ -481,7 +486,16 @@ def _work(conn: Connection, source: str, options: RunOptions, threads: int) -> N
         os._exit(1)
 
 
-def _job(conn: Connection, sender: _Sender, model, source: str, options: RunOptions, files: list[str], timings: bool):
+def _job(
+    conn: Connection,
+    sender: _Sender,
+    model,
+    source: str,
+    options: RunOptions,
+    files: list[str],
+    timings: bool,
+    render: tuple[str, ...],
+):
     from .checkpoint import CheckpointError
     from .config import UnsupportedModelError
     from .model import load_model
@@ -530,7 +544,7 @@ def _job(conn: Connection, sender: _Sender, model, source: str, options: RunOpti
     else:
         reads.append(start(model.sample_rate, model.device, model.dtype))
     groups: dict[int, list[tuple[int, Transcript]]] = {}
-    for i, transcript in transcribe_stream(model, reads[0], timings=timings):
+    for i, transcript in transcribe_stream(model, reads[0], timings=timings, render=render):
         seq = owner.pop(i)
         group = groups.setdefault(seq, [])
         group.append((i, transcript))

@@ -24,12 +24,13 @@ from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
 from .encoder import FastConformer, memory_estimate
 from .features import LogMel
+from .finishing import Finishing
 from .graphs import LayerGraphs
 from .heads import Joint, PredictionNet
 from .pipeline import StageClock, read_ahead, transcribe_stream
-from .timestamps import WordRules, token_spans, words_and_segments
+from .timestamps import WordRules
 from .tokenizer import Tokenizer
-from .transcript import Token, Transcript
+from .transcript import Transcript
 
 log = logging.getLogger(__name__)
 
@@ -201,14 +202,20 @@ class Model:
         self.decoder = self._new_decoder()
         self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
         decoding = self.cfg.decoding
-        self._window_stride = self.cfg.features.hop_length / self.cfg.features.sample_rate  # seconds
-        self._subsampling = self.cfg.encoder.subsampling_factor
         self.word_rules = WordRules(
             tokenizer.punctuation,
             tokenizer.wordpiece,
             decoding.word_separator,
             decoding.segment_separators,
             decoding.segment_gap,
+        )
+        self.finishing = Finishing(
+            tokenizer.model_proto,
+            self.word_rules,
+            decoding.is_tdt,
+            window_stride=self.cfg.features.hop_length / self.cfg.features.sample_rate,
+            subsampling=self.cfg.encoder.subsampling_factor,
+            sample_rate=self.cfg.features.sample_rate,
         )
 
     def use_graphs(self, enabled: bool) -> None:
@@ -324,31 +331,12 @@ class Model:
 
     def frame_seconds(self, frame: int) -> float:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
-        return frame * self._window_stride * self._subsampling
+        return self.finishing.frame_seconds(frame)
 
     def finish(self, source: str, samples: int, hyp: Hypothesis, seconds: float, timings: bool = True) -> Transcript:
         """A hypothesis of `samples` samples of audio as a Transcript; `timings=False`: text and token ids only
         (no tokens, words, segments)."""
-        common = dict(
-            source=source,
-            text=self.tokenizer.decode(hyp.token_ids),
-            token_ids=list(hyp.token_ids),
-            audio_seconds=samples / self.sample_rate,
-            seconds=seconds,
-        )
-        if not timings:
-            return Transcript(**common)
-        tdt = self.cfg.decoding.is_tdt
-        pieces = [self.tokenizer.piece(i) for i in hyp.token_ids]
-        spans = token_spans(hyp.frames, hyp.durations, tdt)
-        tokens = [
-            Token(i, p, s, self.frame_seconds(s), self.frame_seconds(e), e)
-            for i, p, (s, e) in zip(hyp.token_ids, pieces, spans)
-        ]
-        words, segments = words_and_segments(
-            pieces, spans, self.tokenizer.decode_pieces, self.word_rules, tdt, self.frame_seconds
-        )
-        return Transcript(**common, tokens=tokens, words=words, segments=segments)
+        return self.finishing.transcript(self.tokenizer, source, samples, hyp, seconds, timings)
 
     # ------------------------------------------------------------------ API
     def transcribe_audio(self, sources: list[str], audios: list[torch.Tensor]) -> list[Transcript]:
@@ -366,6 +354,7 @@ class Model:
         batch_seconds: float | None = None,
         clock: StageClock | None = None,
         timings: bool = True,
+        render: tuple[str, ...] = (),
     ):
         """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
@@ -375,6 +364,7 @@ class Model:
         input yields a Transcript with `error` set and the rest goes on. Padded frames are masked, so the
         batching changes a result only through rounding. `clock` collects seconds per stage (the benchmark's).
         `timings=False` leaves out the token, word and segment times (text and token ids only: less host work).
+        `render`: output formats made by worker processes instead, in light Transcripts (`transcribe_stream`).
         """
         if batch_seconds is None:
             batch_seconds = self.options.batch_seconds
@@ -388,7 +378,7 @@ class Model:
             read=self.read,
             dtype=self.dtype,
         )
-        yield from transcribe_stream(self, reads, clock, timings)
+        yield from transcribe_stream(self, reads, clock, timings, render)
 
     def transcribe(
         self, inputs, batch_size: int | None = None, batch_seconds: float | None = None, timings: bool = True

@@ -28,11 +28,12 @@ import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from .audio import AudioError, audio_seconds, read_input
+from .finishing import RenderPool
 from .scheduler import plan_batches
 from .transcript import Transcript
 
@@ -371,7 +372,7 @@ def pad_samples(device: torch.device, dtype: torch.dtype | None, sample_rate: in
 
 
 def transcribe_stream(
-    model: Model, reads: ReadAhead, clock: StageClock | None = None, timings: bool = True
+    model: Model, reads: ReadAhead, clock: StageClock | None = None, timings: bool = True, render: Sequence[str] = ()
 ) -> Iterator[tuple[int, Transcript]]:
     """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
     leaves out the token, word and segment times (text and token ids only: less host work a file), as does a
@@ -382,12 +383,15 @@ def transcribe_stream(
     so a source that is about to wait for inputs yields one first.
 
     With timings, a batch's transcripts are made on a thread of their own (`_Finisher`) while this one queues and
-    decodes the next batches: the token, word and segment times cost about a millisecond of Python a file, which
-    here would hold back the GPU's next launches, and this thread spends most of a batch waiting for the GPU."""
+    decodes the next batches: this thread spends most of a batch waiting for the GPU. `render`, output formats
+    (`writers.WRITERS`' names): with timings, transcripts are made and rendered by worker processes instead
+    (`finishing.RenderPool`), and come light: text, token ids and `rendered`, no token, word or segment objects.
+    Their millisecond of Python a file would otherwise hold the GIL that this thread launches the GPU's work with."""
     clock = clock or StageClock(model.device, enabled=False)
     items = reads.items
     streams = _Streams(model.device)
-    finisher = _Finisher(model, clock, timings) if timings else None
+    renderer = RenderPool(model.finishing, render) if render and timings else None
+    finisher = _Finisher(model, clock, timings, renderer) if timings else None
     try:
         encoded: _Job | None = None  # queued up to its encoder, not decoded yet
         for batch in reads:
@@ -396,7 +400,7 @@ def transcribe_stream(
                 decoded = _decode(model, encoded, clock, streams)
                 if finisher is None or decoded.out_of_memory:  # one at a time runs the GPU: here, in order
                     yield from finisher.drain() if finisher else ()
-                    yield from _finish(model, decoded, clock, streams, timings)
+                    yield from _finish(model, decoded, clock, streams, timings, renderer)
                 else:
                     finisher.submit(decoded)
                     yield from finisher.ready() if batch.indices else finisher.drain()  # empty: the source waits
@@ -410,23 +414,28 @@ def transcribe_stream(
         if encoded is not None:
             decoded = _decode(model, encoded, clock, streams)
             yield from finisher.drain() if finisher else ()
-            yield from _finish(model, decoded, clock, streams, timings)
+            yield from _finish(model, decoded, clock, streams, timings, renderer)
     finally:  # also when the caller stops early: reads not started are dropped
         if finisher is not None:
             finisher.close()
+        if renderer is not None:
+            renderer.close()
         reads.close()
 
 
 class _Finisher:
-    """Decoded batches made into transcripts on one thread, handed back in the order they were given."""
+    """Decoded batches made into transcripts on one thread (or by `renderer`'s processes, which that thread waits
+    for), handed back in the order they were given."""
 
-    def __init__(self, model: Model, clock: StageClock, timings: bool):
-        self.model, self.clock, self.timings = model, clock, timings
+    def __init__(self, model: Model, clock: StageClock, timings: bool, renderer: RenderPool | None = None):
+        self.model, self.clock, self.timings, self.renderer = model, clock, timings, renderer
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="graphscribe-finish")
         self._queue: collections.deque[Future] = collections.deque()
 
     def submit(self, job: _Job) -> None:
-        self._queue.append(self._pool.submit(lambda: list(_finish(self.model, job, self.clock, None, self.timings))))
+        self._queue.append(
+            self._pool.submit(lambda: list(_finish(self.model, job, self.clock, None, self.timings, self.renderer)))
+        )
 
     def add(self, results: list[tuple[int, Transcript]]) -> None:
         if not results:
@@ -511,32 +520,38 @@ def _decode(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> _J
 
 
 def _finish(
-    model: Model, job: _Job, clock: StageClock, streams: _Streams, timings: bool
+    model: Model, job: _Job, clock: StageClock, streams: _Streams, timings: bool, renderer: RenderPool | None = None
 ) -> Iterator[tuple[int, Transcript]]:
-    """A decoded job's transcripts; one that ran out of memory is redone one input at a time."""
+    """A decoded job's transcripts (light and rendered by `renderer` when given); one that ran out of memory is
+    redone one input at a time."""
     batch = job.batch
     if job.out_of_memory:
-        yield from (_alone(model, batch.row(r), clock, streams, timings) for r in range(len(batch.indices)))
+        yield from (_alone(model, batch.row(r), clock, streams, timings, renderer) for r in range(len(batch.indices)))
         return
     if job.hyps is None:
         return
     start = time.perf_counter()
     with clock.host("text"):
-        transcripts = [
-            model.finish(source, int(n), hyp, 0.0, timings and batch.timings)
-            for n, source, hyp in zip(batch.lengths.tolist(), batch.sources, job.hyps)
-        ]
+        if renderer is not None:
+            transcripts = renderer.transcripts(batch.sources, batch.lengths.tolist(), job.hyps)
+        else:
+            transcripts = [
+                model.finish(source, int(n), hyp, 0.0, timings and batch.timings)
+                for n, source, hyp in zip(batch.lengths.tolist(), batch.sources, job.hyps)
+            ]
     seconds = (job.seconds + time.perf_counter() - start) / len(transcripts)  # its batch's host time, shared
     for transcript in transcripts:
         transcript.seconds = seconds
     yield from zip(batch.indices, transcripts)
 
 
-def _alone(model: Model, batch: Batch, clock: StageClock, streams: _Streams, timings: bool) -> tuple[int, Transcript]:
+def _alone(
+    model: Model, batch: Batch, clock: StageClock, streams: _Streams, timings: bool, renderer: RenderPool | None
+) -> tuple[int, Transcript]:
     """One input, start to end; an error if it does not fit in memory either."""
     job = _decode(model, _start(model, batch, clock), clock, streams)
     if not job.out_of_memory:
-        [result] = _finish(model, job, clock, streams, timings)
+        [result] = _finish(model, job, clock, streams, timings, renderer)
         return result
     minutes = int(batch.lengths[0]) / model.sample_rate / 60
     source = batch.sources[0]

@@ -30,6 +30,9 @@ class Transcript:
     audio_seconds: float = 0.0
     seconds: float = 0.0  # processing time: its batch's time divided by the batch size
     error: str | None = None
+    # format -> its writer's text, made in a worker process (`finishing.RenderPool`), which leaves tokens, words and
+    # segments empty; `writers.render` takes it from here
+    rendered: dict[str, str] = field(default_factory=dict)
 
     @property
     def frames(self) -> list[int]:

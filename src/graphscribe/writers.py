@@ -7,6 +7,7 @@ sentence (., ?, !) and before a pause of a second or more. Cue times are the fir
 and the last word's end, in milliseconds, cut to the audio's length and to the next cue's start
 (RNN-T words may overlap by a frame); a cue of no duration is shown for half a second if there is room.
 
+`render` is the one place an output's text is taken: made in a worker process already, or by its writer here.
 `write_file` is the one place output files are written: whole or not at all.
 """
 
@@ -140,11 +141,19 @@ FORMATS = tuple(WRITERS)
 LINE_FORMATS = ("txt", "json")  # one line per input: several inputs can share stdout
 
 
+def render(transcript: Transcript, fmt: str) -> str:
+    """The text of `transcript`'s `fmt` output: as a worker process rendered it (`finishing.RenderPool`), else
+    made here by the format's writer."""
+    if fmt in transcript.rendered:
+        return transcript.rendered[fmt]
+    return WRITERS[fmt](transcript)
+
+
 def stdout_text(transcript: Transcript, fmt: str, several: bool) -> str:
     """What `transcribe` prints for one input without --output-dir: txt of several inputs names each."""
     if fmt == "txt" and several:
         return f"{transcript.source}: {transcript.text}\n"
-    return WRITERS[fmt](transcript)
+    return render(transcript, fmt)
 
 
 def write_file(path: Path, text: str) -> None:

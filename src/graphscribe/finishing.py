@@ -1,0 +1,162 @@
+"""Hypotheses -> transcripts, and their output files' text rendered in a small pool of worker processes.
+
+    token ids, frames, durations -> text, token times, NeMo's words and segments   [`Finishing.transcript`]
+    -> a writer's text per output format                                              [`writers.WRITERS`]
+
+`Model.finish` runs `Finishing.transcript` in its own process; `RenderPool` runs it and the writers in worker
+processes, for the pipeline of a run that writes json, srt, vtt or tsv: the token, word and segment times and
+their formatting cost about a millisecond of Python a file, and in the process that feeds the GPU every such
+millisecond holds the GIL that launches its work (a thread does not help). The pool's workers get plain
+hypotheses and send back light Transcripts (text, token ids, the rendered outputs), never the token, word and
+segment objects, whose pickling would cost as much as making them.
+
+This module and what it imports (tokenizer, timestamps, transcript, writers) import no torch: a worker process
+starts in a fraction of a second and holds no CUDA state.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+from .timestamps import WordRules, token_spans, words_and_segments
+from .tokenizer import Tokenizer
+from .transcript import Token, Transcript
+from .writers import WRITERS
+
+if TYPE_CHECKING:
+    from .decoding import Hypothesis
+
+# Worker processes of a RenderPool. A 0.6b model's bfloat16 batch of 64 LibriSpeech-like files takes ~70 ms on an
+# H100; its transcripts and json ~50 ms of one core of that host: two workers, each given half a batch, keep up.
+RENDER_WORKERS = 2
+
+
+class Timed(NamedTuple):
+    """A hypothesis as it crosses to a worker: `decoding.Hypothesis`'s fields, without importing decoding (torch)."""
+
+    token_ids: list[int]
+    frames: list[int]  # encoder frame of each token
+    durations: list[int]  # encoder frames (RNN-T: 0)
+
+
+@dataclass(frozen=True)
+class Finishing:
+    """What makes a hypothesis a Transcript besides the hypothesis: picklable, so a worker process can hold it."""
+
+    tokenizer_model: bytes  # the checkpoint's SentencePiece model proto
+    rules: WordRules
+    tdt: bool  # TDT (a token lasts its predicted duration) or RNN-T (one frame)
+    window_stride: float  # seconds per feature frame
+    subsampling: int  # feature frames per encoder frame
+    sample_rate: int  # Hz
+
+    def frame_seconds(self, frame: int) -> float:
+        """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
+        return frame * self.window_stride * self.subsampling
+
+    def transcript(
+        self, tokenizer: Tokenizer, source: str, samples: int, hyp: Hypothesis | Timed, seconds: float, timings: bool
+    ) -> Transcript:
+        """A hypothesis of `samples` samples of audio as a Transcript; `timings=False`: text and token ids only
+        (no tokens, words, segments). `tokenizer` is the one built from `tokenizer_model`."""
+        common = dict(
+            source=source,
+            text=tokenizer.decode(hyp.token_ids),
+            token_ids=list(hyp.token_ids),
+            audio_seconds=samples / self.sample_rate,
+            seconds=seconds,
+        )
+        if not timings:
+            return Transcript(**common)
+        pieces = [tokenizer.piece(i) for i in hyp.token_ids]
+        spans = token_spans(hyp.frames, hyp.durations, self.tdt)
+        tokens = [
+            Token(i, p, s, self.frame_seconds(s), self.frame_seconds(e), e)
+            for i, p, (s, e) in zip(hyp.token_ids, pieces, spans)
+        ]
+        words, segments = words_and_segments(
+            pieces, spans, tokenizer.decode_pieces, self.rules, self.tdt, self.frame_seconds
+        )
+        return Transcript(**common, tokens=tokens, words=words, segments=segments)
+
+
+class RenderPool:
+    """Worker processes that make hypotheses into light Transcripts whose `rendered` holds each of `formats`'
+    writer's text (`writers.render` uses it), byte for byte what the writers make of `Finishing.transcript`'s.
+
+    Spawned (the parent may hold CUDA, which a forked child cannot use) when made, so they start while the first
+    batches are read and encoded; each builds its tokenizer once. As with any spawned process, a worker imports
+    the caller's `__main__` module first (`transcribe`'s imports no torch). Each worker has a pipe of its own and
+    no other channel: no semaphores for the resource tracker to find left over when `transcribe` ends with
+    os._exit, and a worker sees its parent's end, however it comes, as the end of its pipe. `close` ends them."""
+
+    def __init__(self, finishing: Finishing, formats: Sequence[str], workers: int = RENDER_WORKERS):
+        self.formats = tuple(formats)
+        context = multiprocessing.get_context("spawn")
+        pipes = [context.Pipe() for _ in range(workers)]
+        self._conns: list[Connection] = [conn for conn, _ in pipes]
+        self._children = [
+            (context.Process(target=_serve, args=(child, finishing), name="graphscribe-render", daemon=True), child)
+            for _, child in pipes
+        ]
+        # Starting a worker writes the tokenizer's model (~250 KB) into its pipe, which blocks until that worker's
+        # Python has started and reads it (0.4 s for two on a busy 2-core host): on a thread of its own, that waits
+        # without holding the GIL.
+        self._starter = threading.Thread(target=self._start, name="graphscribe-render-start", daemon=True)
+        self._starter.start()
+
+    def _start(self) -> None:
+        for process, child in self._children:
+            process.start()
+            child.close()  # the worker's end lives in the worker only: the parent's end is its pipe's only writer
+
+    def transcripts(self, sources: list[str], samples: list[int], hyps: Sequence[Hypothesis]) -> list[Transcript]:
+        """One batch's light Transcripts, in order (`seconds` 0): a share to each worker, waited for."""
+        self._starter.join()
+        rows = [(s, n, Timed(h.token_ids, h.frames, h.durations)) for s, n, h in zip(sources, samples, hyps)]
+        size = -(-len(rows) // len(self._conns))  # a share each: a batch's wait is its slowest share
+        shares = [rows[k : k + size] for k in range(0, len(rows), size)]
+        for conn, share in zip(self._conns, shares):
+            conn.send((share, self.formats))
+        return [t for conn, _ in zip(self._conns, shares) for t in _received(conn)]
+
+    def close(self) -> None:
+        """End the workers: the end of their pipes tells them (waiting for them would take 80 ms a run)."""
+        self._starter.join()
+        for conn in self._conns:
+            conn.close()
+
+
+def _received(conn: Connection) -> list[Transcript]:
+    try:
+        return conn.recv()
+    except EOFError:
+        raise RuntimeError("a render worker process ended unexpectedly") from None
+
+
+def _serve(conn: Connection, finishing: Finishing) -> None:
+    """A worker's main: its tokenizer, once; then (rows, formats) in, light Transcripts out, till the pipe ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    tokenizer = Tokenizer(finishing.tokenizer_model)
+    while True:
+        try:
+            rows, formats = conn.recv()
+        except EOFError:
+            return
+        conn.send(_render(finishing, tokenizer, rows, formats))
+
+
+def _render(
+    finishing: Finishing, tokenizer: Tokenizer, rows: list[tuple[str, int, Timed]], formats: tuple[str, ...]
+) -> list[Transcript]:
+    light = []
+    for source, samples, hyp in rows:
+        full = finishing.transcript(tokenizer, source, samples, hyp, 0.0, timings=True)
+        rendered = {fmt: WRITERS[fmt](full) for fmt in formats}
+        light.append(replace(full, tokens=[], words=[], segments=[], rendered=rendered))
+    return light
