@@ -12,8 +12,9 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
+import numpy as np
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -33,6 +34,10 @@ from .tokenizer import Tokenizer
 from .transcript import Transcript
 
 log = logging.getLogger(__name__)
+
+# What transcribe takes: a path (any format audio.py reads; "-" for standard input), or (L,) samples at the model's
+# rate (a tensor or a NumPy array)
+Input = Union[str, os.PathLike, torch.Tensor, np.ndarray]
 
 _MODULES = ("preprocessor", "encoder", "decoder", "joint")  # state-dict prefixes we load; others are ignored
 _DERIVED = ("encoder.pos_enc.pe",)  # buffers older NeMo versions saved; recomputed here
@@ -349,13 +354,13 @@ class Model:
 
     def transcribe_iter(
         self,
-        inputs,
+        inputs: Iterable[Input],
         batch_size: int | None = None,
         batch_seconds: float | None = None,
         clock: StageClock | None = None,
         timings: bool = True,
         render: tuple[str, ...] = (),
-    ):
+    ) -> Iterator[tuple[int, Transcript]]:
         """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
         Batches hold at most `batch_size` inputs and `batch_seconds` of padded audio (inputs x the longest
@@ -381,7 +386,11 @@ class Model:
         yield from transcribe_stream(self, reads, clock, timings, render)
 
     def transcribe(
-        self, inputs, batch_size: int | None = None, batch_seconds: float | None = None, timings: bool = True
+        self,
+        inputs: Input | Sequence[Input],
+        batch_size: int | None = None,
+        batch_seconds: float | None = None,
+        timings: bool = True,
     ) -> list[Transcript]:
         """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order (`timings`: as
         `transcribe_iter`)."""
