@@ -317,20 +317,8 @@ def transcribe_command(
     targets = {f: [paths[i] for i in todo] for f, paths in targets.items()}
     loaded, tally, elapsed = None, _Tally(), 0.0
     if files:
-        loaded, tally, elapsed = _load_and_transcribe(
-            files,
-            formats,
-            targets,
-            several,
-            model,
-            device,
-            dtype,
-            graphs,
-            batch,
-            batch_seconds,
-            attention,
-            attention_window,
-        )
+        choice = _ModelChoice(model, device, dtype, graphs, batch, batch_seconds, attention, attention_window)
+        loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, choice)
 
     tally.failed += len(input_errors)
     total = len(files) + skipped + len(input_errors)
@@ -360,9 +348,21 @@ class _Tally:
     stopped: Optional[Interrupted] = None  # the signal that stopped the run
 
 
-def _load_and_transcribe(
-    files, formats, targets, devices, model, device, dtype, graphs, batch, batch_seconds, attention, attention_window
-):
+@dataclass(frozen=True)
+class _ModelChoice:
+    """The model and how to run it, as the options gave them (None: the defaults)."""
+
+    model: Optional[str]
+    device: str
+    dtype: str
+    graphs: Optional[bool]
+    batch: Optional[int]
+    batch_seconds: Optional[float]
+    attention: str
+    attention_window: int
+
+
+def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _ModelChoice):
     """Load the model (reading starts meanwhile), or start a worker per device, and transcribe `files` ->
     (model, or the run on several devices, or None; tally; seconds)."""
     from .audio import NATIVE_STDERR
@@ -373,22 +373,7 @@ def _load_and_transcribe(
     loaded = None
     try:
         with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
-            loaded, results = _results(
-                files,
-                formats,
-                devices,
-                model,
-                device,
-                dtype,
-                graphs,
-                batch,
-                batch_seconds,
-                attention,
-                attention_window,
-                timings,
-                running,
-                status,
-            )
+            loaded, results = _results(files, formats, devices, choice, timings, running, status)
             start = time.perf_counter()
             tally = write_results(results, files, formats, targets, status)
             return loaded, tally, time.perf_counter() - start
@@ -413,22 +398,7 @@ def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
         _fail_usage(str(err))
 
 
-def _results(
-    files,
-    formats,
-    devices,
-    model,
-    device,
-    dtype,
-    graphs,
-    batch,
-    batch_seconds,
-    attention,
-    attention_window,
-    timings,
-    running,
-    status,
-):
+def _results(files, formats, devices: list[str], c: _ModelChoice, timings: bool, running: list, status):
     """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
     Transcript) in plan order). One device: this process, reading while the weights load; several: a worker process
     per device (`devices.transcribe_on_devices`). What it starts is put in `running`, for the caller to close.
@@ -440,9 +410,11 @@ def _results(
         from .devices import LoadError, transcribe_on_devices
 
         options = RunOptions(
-            dtype=dtype, graphs=graphs is not False, attention=attention, attention_window=attention_window
+            dtype=c.dtype, graphs=c.graphs is not False, attention=c.attention, attention_window=c.attention_window
         )
-        run = transcribe_on_devices(files, devices, model_source(model), options, batch, batch_seconds, timings, render)
+        run = transcribe_on_devices(
+            files, devices, model_source(c.model), options, c.batch, c.batch_seconds, timings, render
+        )
         running.append(run)
         try:
             run.wait_loaded()
@@ -454,10 +426,10 @@ def _results(
     reads: list = []
 
     def start_reading(cfg, target, target_dtype) -> None:  # the first batches are read while the weights load
-        reads.append(read_ahead(files, cfg.features.sample_rate, target, batch, batch_seconds, dtype=target_dtype))
+        reads.append(read_ahead(files, cfg.features.sample_rate, target, c.batch, c.batch_seconds, dtype=target_dtype))
         running.append(reads[-1])
 
-    loaded = load_or_exit(model, device, dtype, graphs, batch, attention, attention_window, start_reading)
+    loaded = load_or_exit(c.model, c.device, c.dtype, c.graphs, c.batch, c.attention, c.attention_window, start_reading)
     return loaded, transcribe_stream(status.watch(loaded), reads[0], timings=timings, render=render)
 
 
