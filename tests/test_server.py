@@ -29,6 +29,7 @@ KEY = "sk-graphscribe-test"
 STARTUP_SECONDS = 180  # loading and warming up the tiny model on a busy CPU
 REQUEST_SECONDS = 300
 UPLOAD_MB = 1  # the module server's --max-upload-mb: every clip fits, the 413 tests send more
+STALL_SECONDS = 2.0  # the module server's --upload-timeout
 HELDOUT = FIXTURES / "demo-heldout"
 FILES = sorted(CLIPS.glob("*.wav")) + sorted(HELDOUT.glob("*.wav"))  # 14 clips, 0.25-7.4 s
 # One thread each for the server and the CLI: the test machine's cores are shared by the server, the CLI and the
@@ -107,7 +108,13 @@ def post(url: str, files=None, data=None, key: str | None = KEY, **kwargs) -> ht
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    served = start_server(tmp_path_factory.mktemp("server") / "stderr.txt", "--max-upload-mb", str(UPLOAD_MB))
+    served = start_server(
+        tmp_path_factory.mktemp("server") / "stderr.txt",
+        "--max-upload-mb",
+        str(UPLOAD_MB),
+        "--upload-timeout",
+        str(STALL_SECONDS),
+    )
     yield served
     assert served.stop() == 0, served.log.read_text()
 
@@ -266,6 +273,34 @@ def test_client_gone_mid_upload(server, client, expected):
             + SPEECH_CLIP.read_bytes()[:100_000]
         )
     assert httpx.get(f"{server.url}/health").status_code == 200
+    assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+
+
+def test_a_stalled_upload_is_refused_and_frees_its_place(server, client, expected):
+    """A client that stops sending half-way (its connection open) gets 408 after --upload-timeout, in OpenAI's
+    error shape, and the server answers others meanwhile and after."""
+    boundary = "graphscribe-test"
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'.encode()
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(
+            b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
+            + f"Authorization: Bearer {KEY}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n".encode()
+            + b"Content-Length: 500000\r\n\r\n"
+            + head
+            + SPEECH_CLIP.read_bytes()[:100_000]
+        )
+        assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]  # while it stalls
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            data = s.recv(65536)
+            if not data:
+                break
+            answer += data
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.split()[1] == b"408", answer[:200]
+    body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["code"] == "upload_timeout" and f"{STALL_SECONDS:g} s" in body["error"]["message"]
     assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
 
 

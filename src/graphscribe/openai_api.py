@@ -7,12 +7,13 @@ CLI's files byte for byte.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
 import re
 import zlib
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import AsyncIterator
 from urllib.parse import unquote
 
 from starlette.requests import ClientDisconnect, Request
@@ -25,6 +26,7 @@ FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 GRANULARITIES = ("word", "segment")
 RETRY_AFTER = "1"  # seconds, on 503
 UPLOAD_NAME_CHARS = 100  # of the client's file name, in error messages
+UPLOAD_STALL_SECONDS = 30.0  # an upload with no byte for this long is refused (408) and its place freed
 
 
 class ApiError(Exception):
@@ -55,9 +57,27 @@ class Form:
         return values[-1] if values else default
 
 
-async def read_form(request: Request, limit: int) -> Form:
+class UploadStalled(Exception):
+    """No byte of the body came for the allowed time: a slow or stuck client must not hold its place for ever."""
+
+
+async def body_chunks(request: Request, stall: float) -> AsyncIterator[bytes]:
+    """The request's body as it arrives; UploadStalled when `stall` seconds pass without a byte."""
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), stall)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise UploadStalled from None
+        yield chunk
+
+
+async def read_form(request: Request, limit: int, stall: float = UPLOAD_STALL_SECONDS) -> Form:
     """The request's multipart body, read as it arrives and kept in memory: ApiError 413 past `limit` bytes (never
-    more than that is held), 400 if it is not multipart; ClientDisconnect if the client goes."""
+    more than that is held), 408 when `stall` seconds pass without a byte, 400 if it is not multipart;
+    ClientDisconnect if the client goes."""
     content_type = request.headers.get("content-type", "")
     boundary = header_params(content_type).get("boundary")
     if content_type.split(";", 1)[0].strip().lower() != "multipart/form-data" or not boundary:
@@ -66,10 +86,13 @@ async def read_form(request: Request, limit: int) -> Form:
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     body = bytearray()
-    async for chunk in request.stream():
-        if len(body) + len(chunk) > limit:
-            raise _too_large(limit)
-        body += chunk
+    try:
+        async for chunk in body_chunks(request, stall):
+            if len(body) + len(chunk) > limit:
+                raise _too_large(limit)
+            body += chunk
+    except UploadStalled:
+        raise ApiError(408, f"the upload stalled: no data for {stall:g} s", code="upload_timeout") from None
     return parse_form(body, boundary.encode("latin-1"))
 
 
@@ -129,19 +152,23 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the upload is over the server's limit of {limit / 2**20:g} MB", "file", "file_too_large")
 
 
-async def drain(request: Request, budget: int) -> bool:
+async def drain(request: Request, budget: int, stall: float = UPLOAD_STALL_SECONDS) -> bool:
     """Read and drop what is left of the body, up to `budget` bytes: a client still sending when the answer comes
     (an early 401, 413 or 503) then reads it, where closing on unread data would reset the connection and lose it.
-    False if more was left (the connection is then closed)."""
+    False if more was left or it stalled (the connection is then closed)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > budget:
         return False
     received = 0
-    with contextlib.suppress(ClientDisconnect, RuntimeError):  # RuntimeError: the body was read to its end already
-        async for chunk in request.stream():
+    try:
+        async for chunk in body_chunks(request, stall):
             received += len(chunk)
             if received > budget:
                 return False
+    except UploadStalled:
+        return False
+    except (ClientDisconnect, RuntimeError):  # RuntimeError: the body was read to its end already
+        pass
     return True
 
 

@@ -51,7 +51,7 @@ from .console import MODEL_ENV, err_console, load_or_exit
 from .console import MODEL_HELP as _MODEL_HELP
 from .console import setup_logging as _setup_logging
 from .metrics import Metrics
-from .openai_api import RETRY_AFTER, ApiError, answer, drain, parse_options, read_form
+from .openai_api import RETRY_AFTER, UPLOAD_STALL_SECONDS, ApiError, answer, drain, parse_options, read_form
 from .pipeline import default_workers
 from .service import Service
 from .transcript import Transcript
@@ -78,9 +78,10 @@ class Server:
         api_key: str | None,
         max_upload: int,
         max_queue: int,
+        upload_stall: float = UPLOAD_STALL_SECONDS,
     ):
         self.service, self.metrics, self.model_name, self.api_key = service, metrics, model_name, api_key
-        self.max_upload, self.max_queue = max_upload, max_queue
+        self.max_upload, self.max_queue, self.upload_stall = max_upload, max_queue, upload_stall
         # uploads are decoded here, off the event loop: libsndfile and resampling release the GIL
         self.readers = ThreadPoolExecutor(
             default_workers(service.model.device), thread_name_prefix="graphscribe-upload"
@@ -126,7 +127,7 @@ class Server:
             self.admitted -= 1
 
     async def _transcribe(self, request: Request) -> Response:
-        form = await read_form(request, self.max_upload)
+        form = await read_form(request, self.max_upload, self.upload_stall)
         if form.file is None:
             raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
         options = parse_options(form)
@@ -152,7 +153,7 @@ class Server:
 
     async def _refuse(self, request: Request, err: ApiError) -> Response:
         response = err.response()
-        if not await drain(request, DRAIN_UPLOADS * self.max_upload):
+        if not await drain(request, DRAIN_UPLOADS * self.max_upload, self.upload_stall):
             response.headers["Connection"] = "close"
         return response
 
@@ -257,14 +258,16 @@ def run(
     max_wait: float,
     max_upload: int,
     max_queue: int | None,
+    upload_stall: float = UPLOAD_STALL_SECONDS,
 ) -> int:
     """Serve `model` until SIGTERM or SIGINT; the exit code (0, or 1 if warming up failed). max_wait: seconds;
-    max_upload: bytes; max_queue None: QUEUE_PER_ROW x the batch size."""
+    max_upload: bytes; max_queue None: QUEUE_PER_ROW x the batch size; upload_stall: seconds an upload may send
+    nothing before it is refused (408)."""
     server: Server | None = None
     metrics = Metrics(lambda: server.admitted if server is not None else 0)
     service = Service(model, max_batch, max_wait, on_batch=metrics.batch_rows.observe)
     max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
-    server = Server(service, metrics, model_name, api_key, max_upload, max_queue)
+    server = Server(service, metrics, model_name, api_key, max_upload, max_queue, upload_stall)
     failed = []
 
     @contextlib.asynccontextmanager
@@ -361,6 +364,13 @@ def serve_command(
         show_default=f"{QUEUE_PER_ROW} x --max-batch",
         help="Transcription requests admitted at once (uploading, waiting or running); past it 503 with Retry-After.",
     ),
+    upload_timeout: float = typer.Option(
+        UPLOAD_STALL_SECONDS,
+        "--upload-timeout",
+        min=0.1,
+        metavar="S",
+        help="Seconds an upload may send nothing before it is refused (408): a stuck client frees its place.",
+    ),
     device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
     dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
 ) -> None:
@@ -374,7 +384,9 @@ def serve_command(
     loaded = load_or_exit(model, device, dtype, graphs=None, batch=max_batch)
     name = Path(source).stem if Path(source).exists() else source  # not the server's paths
     upload = math.floor(max_upload_mb * 2**20)
-    raise typer.Exit(run(loaded, name, host, port, api_key, max_batch, max_wait_ms / 1000, upload, max_queue))
+    raise typer.Exit(
+        run(loaded, name, host, port, api_key, max_batch, max_wait_ms / 1000, upload, max_queue, upload_timeout)
+    )
 
 
 serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
