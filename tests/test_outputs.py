@@ -299,3 +299,7 @@ def test_one_file_on_a_terminal_shows_its_stage(tmp_path):
     text = shown.decode(errors="replace")
     assert "transcribing short_2s.wav (2 s of audio): encoder…" in text, text
     assert "transcribing short_2s.wav (2 s of audio): decoding…" in text, text
+
+
+def test_standard_inputs_output_is_named_stdin(tmp_path):
+    assert output_paths(tmp_path, [Path("-")], [Path("-")], ".srt") == [tmp_path / "stdin.srt"]

@@ -125,7 +125,8 @@ def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
 
 def output_paths(output_dir: Path, files: list[Path], roots: list[Path], suffix: str) -> list[Path]:
     """Each input's output file, in input order, kept under the folder input it was found in, and named by the
-    input alone: NAME.txt, or NAME.wav.txt where another audio file in the input's own folder has its stem
+    input alone (standard input: stdin.txt): NAME.txt, or NAME.wav.txt where another audio file in the input's own
+    folder has its stem
     (a.wav and a.flac: a.wav.txt and a.flac.txt). Other inputs, and other files in either folder, never move a
     name, so a rerun with files added or left out writes (and skips) the same files."""
     from .audio import AUDIO_SUFFIXES
@@ -145,6 +146,9 @@ def output_paths(output_dir: Path, files: list[Path], roots: list[Path], suffix:
 
     paths = []
     for source in files:
+        if str(source) == STDIN:  # "-" would name a file that commands take for an option
+            paths.append(output_dir / f"stdin{suffix}")
+            continue
         name = (source.name if shared(source) else source.stem) + suffix
         place = next((source.relative_to(r).parent for r in roots if r.is_dir() and source.is_relative_to(r)), None)
         paths.append(output_dir / place / name if place is not None else output_dir / name)
