@@ -303,3 +303,21 @@ def test_one_file_on_a_terminal_shows_its_stage(tmp_path):
 
 def test_standard_inputs_output_is_named_stdin(tmp_path):
     assert output_paths(tmp_path, [Path("-")], [Path("-")], ".srt") == [tmp_path / "stdin.srt"]
+
+
+def test_a_signal_where_python_would_drop_the_exception_comes_again(monkeypatch):
+    """A signal handled inside importlib's module-lock callback (a weakref callback: Python prints and drops what
+    it raises) is sent again a moment later instead of being lost; elsewhere it stops the run at once."""
+    import types
+
+    from graphscribe import cli
+
+    sent = []
+    monkeypatch.setattr(cli.os, "kill", lambda pid, signum: sent.append(signum))
+    signals = cli._Signals()
+    in_callback = types.SimpleNamespace(f_code=compile("pass", "<frozen importlib._bootstrap>", "exec"))
+    signals._handle(signal.SIGINT, in_callback)  # no exception here
+    time.sleep(20 * cli.REDELIVER_SECONDS)
+    assert sent == [signal.SIGINT] and not signals.stopping
+    with pytest.raises(cli.Interrupted):
+        signals._handle(signal.SIGINT, types.SimpleNamespace(f_code=compile("pass", "main.py", "exec")))

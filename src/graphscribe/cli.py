@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,9 @@ class _Signals:
         if self.holding:
             self.pending = signum
             return
+        if _drops_exceptions(frame):  # raised here, it would be printed and dropped: the signal comes again soon
+            threading.Timer(REDELIVER_SECONDS, os.kill, (os.getpid(), signum)).start()
+            return
         self.stopping = True
         raise Interrupted(signum)
 
@@ -89,6 +93,16 @@ class _Signals:
         if self.pending is not None:
             self.stopping = True
             raise Interrupted(self.pending)
+
+
+REDELIVER_SECONDS = 0.01
+
+
+def _drops_exceptions(frame) -> bool:
+    """Whether Python drops (and prints) an exception raised in `frame`: finalisers and weakref callbacks run
+    there, importlib's module-lock callbacks among them."""
+    code = frame.f_code if frame is not None else None
+    return code is not None and (code.co_filename.startswith("<frozen importlib") or code.co_name == "__del__")
 
 
 _SIGNALS = _Signals()  # installed by `entry` only: in-process callers of `main` keep their own handlers
