@@ -4,6 +4,7 @@ with the same NeMo-made checkpoint; subtitles are read back with PyPI's `srt` an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -260,11 +261,13 @@ def test_bad_fields(server):
     assert "multipart/form-data" in answer.json()["error"]["message"]
 
 
-def test_client_gone_mid_upload(server, client, expected):
+@contextlib.contextmanager
+def _half_an_upload(server, timeout: float):
+    """A raw connection that declares 500 000 bytes of multipart body and sends a fifth of them."""
     boundary = "graphscribe-test"
     head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'.encode()
     port = int(server.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(
             b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
             + f"Authorization: Bearer {KEY}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n".encode()
@@ -272,6 +275,12 @@ def test_client_gone_mid_upload(server, client, expected):
             + head
             + SPEECH_CLIP.read_bytes()[:100_000]
         )
+        yield s
+
+
+def test_client_gone_mid_upload(server, client, expected):
+    with _half_an_upload(server, timeout=10):
+        pass
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
 
@@ -279,17 +288,7 @@ def test_client_gone_mid_upload(server, client, expected):
 def test_a_stalled_upload_is_refused_and_frees_its_place(server, client, expected):
     """A client that stops sending half-way (its connection open) gets 408 after --upload-timeout, in OpenAI's
     error shape, and the server answers others meanwhile and after."""
-    boundary = "graphscribe-test"
-    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'.encode()
-    port = int(server.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(
-            b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
-            + f"Authorization: Bearer {KEY}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n".encode()
-            + b"Content-Length: 500000\r\n\r\n"
-            + head
-            + SPEECH_CLIP.read_bytes()[:100_000]
-        )
+    with _half_an_upload(server, timeout=30) as s:
         assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]  # while it stalls
         answer = b""
         while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
