@@ -5,6 +5,7 @@ graphscribe_audio_seconds_total            counter    seconds of audio transcrib
 graphscribe_queue_depth                    gauge      requests admitted and not answered
 graphscribe_batch_rows                     histogram  requests per batch
 graphscribe_request_seconds                histogram  time from the request's headers to its answer
+graphscribe_graph_capture_seconds_total    counter    time spent capturing CUDA graphs (new batch shapes)
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Metrics:
 
     def __init__(self, queue_depth: Callable[[], int]):
         self.queue_depth = queue_depth
+        self.capture_seconds: Callable[[], float] = lambda: 0.0  # the model's, once it is loaded
         self.requests: Counter[tuple[str, int]] = Counter()  # (path, status) -> answered
         self.audio_seconds = 0.0
         self.batch_rows = Histogram(BATCH_ROWS)
@@ -78,6 +80,9 @@ class Metrics:
             "# HELP graphscribe_request_seconds Seconds from a request's headers to its answer.",
             "# TYPE graphscribe_request_seconds histogram",
             *self.latency.lines("graphscribe_request_seconds"),
+            "# HELP graphscribe_graph_capture_seconds_total Seconds spent capturing CUDA graphs for new batch shapes.",
+            "# TYPE graphscribe_graph_capture_seconds_total counter",
+            f"graphscribe_graph_capture_seconds_total {_number(self.capture_seconds())}",
         ]
         return "\n".join(lines) + "\n"
 

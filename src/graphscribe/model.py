@@ -229,6 +229,12 @@ class Model:
         self.options = replace(self.options, graphs=enabled and self.device.type == "cuda")
         self.decoder = self._new_decoder()
 
+    @property
+    def capture_seconds(self) -> float:
+        """Seconds spent capturing CUDA graphs so far: the decoder's and the encoder layers' (the server's /metrics)."""
+        layers = self._layer_graphs.capture_seconds if self._layer_graphs is not None else 0.0
+        return self.decoder.capture_seconds + layers
+
     def release_graphs(self) -> None:
         """Free the encoder's captured layers (their memory pool), e.g. after running out of memory."""
         if self._layer_graphs is not None:

@@ -4,45 +4,37 @@
                                    stream; timestamp_granularities[]; model, language, prompt, temperature
                                    (accepted, unused: one model answers, greedy decoding, no prompting)
     GET  /v1/models                the loaded model
-    GET  /health                   200 when warm, 503 while warming up or stopping
+    GET  /health                   200 when warm, 503 while loading, warming up or stopping
     GET  /metrics                  Prometheus text (metrics.py)
 
-A transcription request: key checked (Bearer) -> admitted (at most max_queue at once, else 503 with Retry-After)
--> the body read into memory as it arrives, at most max_upload bytes (413 past it; nothing is written to disk),
-and split into its fields (openai_api.py) -> the file decoded and resampled in a reader thread (400 if it is not
-audio) -> `Service.submit` (service.py: batching across requests) -> awaited on the event loop -> answered in
-OpenAI's shape (openai_api.py). Starlette on uvicorn, one process; uvicorn's access log is off, this module writes
-one line per request instead. SIGTERM or SIGINT: new requests get 503, admitted ones are answered, then the process
-exits 0.
-
-Threads: the event loop (HTTP, uploads, answers), the upload readers, the batching thread (the model). They share
-the GIL: the event loop's work per request is kept small (bytes.find for multipart, httptools and uvloop when
-installed), since every moment it holds the GIL the batching thread waits to launch GPU work.
+Processes: this one, the engine, binds the listening socket, starts the HTTP workers (http_front.py: Starlette on
+uvicorn, `--http-workers` of them, each accepting on that socket, reading and decoding uploads), loads the model
+and warms it up; then one intake thread a worker hands that worker's decoded uploads to the `Service` (service.py:
+batching across every worker's requests) and its answers back, counts /metrics and writes the access log.
+SIGTERM or SIGINT: the workers refuse new requests with 503 and answer those they admitted (the engine keeps
+transcribing for them), then exit; the engine exits 0 after them. A worker that dies is replaced.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import hmac
 import ipaddress
 import math
+import multiprocessing
 import os
+import pickle
 import signal
+import socket
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+import torch
 import typer
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
 
-from .audio import AudioError, read_bytes
 from .checkpoint import DEMO_NAME
 from .console import DEVICE_HELP as _DEVICE_HELP
 from .console import DTYPE_HELP as _DTYPE_HELP
@@ -50,11 +42,10 @@ from .console import MODEL_DEFAULT as _MODEL_DEFAULT
 from .console import MODEL_ENV, err_console, load_or_exit
 from .console import MODEL_HELP as _MODEL_HELP
 from .console import setup_logging as _setup_logging
+from .http_front import DONE, LOG, METRICS, READY, REFUSED, SUBMIT, UP, FrontSettings, send, worker_main
 from .metrics import Metrics
-from .openai_api import RETRY_AFTER, UPLOAD_STALL_SECONDS, ApiError, answer, drain, parse_options, read_form
-from .pipeline import default_workers
+from .openai_api import UPLOAD_STALL_SECONDS
 from .service import Service
-from .transcript import Transcript
 
 if TYPE_CHECKING:
     from .model import Model
@@ -62,254 +53,217 @@ if TYPE_CHECKING:
 API_KEY_ENV = "GRAPHSCRIBE_API_KEY"
 QUEUE_PER_ROW = 4  # requests admitted at once per batch row: a batch running, one forming, two more uploading
 MAX_UPLOAD_MB = 100  # about 50 minutes of 16 kHz 16-bit WAV
-DRAIN_UPLOADS = 2  # a refused body up to this many upload limits is read (and dropped) before the answer
-_PATHS = ("/v1/audio/transcriptions", "/v1/models", "/health", "/metrics")  # metric labels; anything else: other
+BACKLOG = 2048  # connections the kernel queues for the workers to accept
+STARTUP_SECONDS = 10.0  # a worker that exits sooner than this after its start failed to start: the server stops
+_WORKER_CORES = 4  # beside a GPU, one HTTP worker per this many cores (at most MAX_HTTP_WORKERS)
+MAX_HTTP_WORKERS = 4
 
 
-# ------------------------------------------------------------------ the app
-class Server:
-    """The HTTP side: routes, admission, uploads, answers; transcription itself is the `Service`'s."""
+def default_http_workers(device: str) -> int:
+    """HTTP worker processes when not given: beside a GPU, one per 4 cores up to 4 (uploads are decoded there);
+    with the model on the CPU, one (the model wants the cores)."""
+    if device == "cpu" or not torch.cuda.is_available():
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_HTTP_WORKERS, cores // _WORKER_CORES))
 
-    def __init__(
-        self,
-        service: Service,
-        metrics: Metrics,
-        model_name: str,
-        api_key: str | None,
-        max_upload: int,
-        max_queue: int,
-        upload_stall: float = UPLOAD_STALL_SECONDS,
-    ):
-        self.service, self.metrics, self.model_name, self.api_key = service, metrics, model_name, api_key
-        self.max_upload, self.max_queue, self.upload_stall = max_upload, max_queue, upload_stall
-        # uploads are decoded here, off the event loop: libsndfile and resampling release the GIL
-        self.readers = ThreadPoolExecutor(
-            default_workers(service.model.device), thread_name_prefix="graphscribe-upload"
+
+@dataclass(eq=False)
+class _Worker:
+    """The engine's view of one HTTP worker process."""
+
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    started: float
+    up: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one message at a time on the pipe
+
+    def send(self, message: tuple) -> None:
+        try:
+            send(self.conn, self.lock, message)
+        except OSError:
+            pass  # the worker is gone: its clients' connections went with it
+
+
+class Engine:
+    """The model's side of the server: HTTP workers, their intake threads, the service, /metrics, the access log."""
+
+    def __init__(self, listening: socket.socket, settings: FrontSettings, workers: int):
+        self.listening, self.settings, self.count = listening, settings, workers
+        self._context = multiprocessing.get_context("spawn")  # no CUDA state or threads copied into a worker
+        self.admitted = self._context.Value("i", 0)  # requests admitted and not answered, over every worker
+        self.metrics = Metrics(lambda: self.admitted.value)
+        self.workers: list[_Worker] = []
+        self.service: Service | None = None
+        self.ready: tuple | None = None  # the READY message once the service is warm
+        self._lock = threading.Lock()  # the workers list, `ready`, and the workers' `up`
+        self._log_lock = threading.Lock()
+
+    def start_workers(self) -> None:
+        for _ in range(self.count):
+            self._start_worker()
+
+    def _start_worker(self) -> None:
+        mine, theirs = self._context.Pipe()
+        process = self._context.Process(
+            target=worker_main,
+            args=(self.listening, theirs, self.admitted, self.settings),
+            name="graphscribe-http",
+            daemon=True,
         )
-        self.admitted = 0  # transcription requests admitted and not answered (touched on the event loop only)
-        self.stopping = False
-        self.created = int(time.time())
-        self.app = Starlette(
-            routes=[
-                Route("/v1/audio/transcriptions", self.transcriptions, methods=["POST"]),
-                Route("/v1/models", self.models, methods=["GET"]),
-                Route("/health", self.health, methods=["GET"]),
-                Route("/metrics", self.metrics_text, methods=["GET"]),
-            ],
-        )
+        process.start()
+        theirs.close()
+        worker = _Worker(process, mine, time.monotonic())
+        with self._lock:
+            self.workers.append(worker)
+        threading.Thread(target=self._intake, args=(worker,), name="graphscribe-intake", daemon=True).start()
 
-    def authorized(self, request: Request) -> bool:
-        if self.api_key is None:
-            return True
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+    def serve(self, service: Service, model_name: str, max_queue: int) -> None:
+        """Hand the workers' requests to `service` once it is warm (called when it is)."""
+        model = service.model
+        health = {
+            "status": "ok",
+            "model": model_name,
+            "device": str(model.device),
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "max_batch": service.max_batch,
+        }
+        self.metrics.capture_seconds = lambda: model.capture_seconds
+        with self._lock:
+            self.service = service
+            self.ready = (READY, health, max_queue, model.sample_rate)
+            for worker in self.workers:
+                if worker.up:
+                    worker.send(self.ready)
 
-    async def transcriptions(self, request: Request) -> Response:
-        try:
-            if self.stopping:
-                raise ApiError(503, "the server is shutting down", code="shutting_down")
-            if not self.authorized(request):
-                raise _unauthorized()
-            if not self.service.ready:
-                raise ApiError(503, "the server is warming up", code="warming_up")
-            if self.admitted >= self.max_queue:
-                raise ApiError(503, f"the server is busy ({self.max_queue} requests queued)", code="queue_full")
-        except ApiError as err:
-            return await self._refuse(request, err)
-        self.admitted += 1
-        try:
-            return await self._transcribe(request)
-        except ApiError as err:
-            return await self._refuse(request, err)
-        except ClientDisconnect:
-            return Response(status_code=499)  # nobody reads it: the access log's "client closed the request"
-        finally:
-            self.admitted -= 1
+    @property
+    def all_up(self) -> bool:
+        with self._lock:
+            return all(w.up for w in self.workers)
 
-    async def _transcribe(self, request: Request) -> Response:
-        form = await read_form(request, self.max_upload, self.upload_stall)
-        if form.file is None:
-            raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
-        options = parse_options(form)
-        loop = asyncio.get_running_loop()
-        rate = self.service.model.sample_rate
-        try:
-            audio = await loop.run_in_executor(self.readers, read_bytes, form.file, rate, form.filename)
-        except AudioError as err:
-            raise ApiError(400, str(err), "file") from None
-        form.file = None  # the upload's bytes are not needed any more
-        future = loop.create_future()
-        try:
-            queued = self.service.submit(
-                audio, options.timings, lambda t: loop.call_soon_threadsafe(_settle, future, t), form.filename
-            )
-        except RuntimeError:  # closed: the server is stopping
-            raise ApiError(503, "the server is shutting down", code="shutting_down") from None
-        transcript: Transcript = await future
-        request.scope["graphscribe"] = (transcript.audio_seconds, queued.queue_seconds)
-        if transcript.error is not None:
-            raise ApiError(500, transcript.error)
-        return answer(transcript, options)
+    def _intake(self, worker: _Worker) -> None:
+        """A worker's messages, until its pipe closes."""
+        while True:
+            try:
+                message = pickle.loads(worker.conn.recv_bytes())
+            except (EOFError, OSError):
+                return
+            kind = message[0]
+            if kind == SUBMIT:
+                _, n, samples, timings, name = message
+                try:
+                    self.service.submit(torch.from_numpy(samples), timings, _answer_to(worker, n), name)
+                except RuntimeError:  # closed: the server is stopping
+                    worker.send((REFUSED, n))
+            elif kind == LOG:
+                _, path, status, seconds, audio_seconds, line = message
+                self.metrics.answered(path, status, seconds, audio_seconds)
+                with self._log_lock:
+                    sys.stderr.write(line + "\n")
+            elif kind == METRICS:
+                worker.send((METRICS, message[1], self.metrics.text()))
+            elif kind == UP:
+                with self._lock:
+                    worker.up = True
+                    if self.ready is not None:
+                        worker.send(self.ready)
 
-    async def _refuse(self, request: Request, err: ApiError) -> Response:
-        response = err.response()
-        if not await drain(request, DRAIN_UPLOADS * self.max_upload, self.upload_stall):
-            response.headers["Connection"] = "close"
-        return response
+    def check_workers(self, stopping: bool) -> str | None:
+        """Replace a worker that died; a reason to stop the server if one died at its start."""
+        with self._lock:
+            dead = [w for w in self.workers if not w.process.is_alive()]
+            for w in dead:
+                self.workers.remove(w)
+        for w in dead:
+            code = w.process.exitcode
+            if stopping:
+                continue
+            if time.monotonic() - w.started < STARTUP_SECONDS and not w.up:
+                return f"an HTTP worker exited with code {code} at its start"
+            err_console.print(f"error: an HTTP worker exited with code {code}; starting another")
+            self._start_worker()
+        return None
 
-    async def models(self, request: Request) -> Response:
-        if not self.authorized(request):
-            return _unauthorized().response()
-        model = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "graphscribe"}
-        return JSONResponse({"object": "list", "data": [model]})
-
-    async def health(self, request: Request) -> Response:
-        if self.stopping:
-            return JSONResponse({"status": "stopping"}, 503)
-        if not self.service.ready:
-            return JSONResponse({"status": "warming up"}, 503, {"Retry-After": RETRY_AFTER})
-        model = self.service.model
-        return JSONResponse(
-            {
-                "status": "ok",
-                "model": self.model_name,
-                "device": str(model.device),
-                "dtype": str(model.dtype).removeprefix("torch."),
-                "max_batch": self.service.max_batch,
-            }
-        )
-
-    async def metrics_text(self, request: Request) -> Response:
-        return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
+    def stop_workers(self) -> None:
+        """SIGTERM to every worker, then wait for each: they answer what they admitted first."""
+        with self._lock:
+            workers = list(self.workers)
+        for w in workers:
+            if w.process.is_alive():
+                os.kill(w.process.pid, signal.SIGTERM)
+        for w in workers:
+            w.process.join()
+            w.conn.close()
 
 
-def _unauthorized() -> ApiError:
-    return ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+def _answer_to(worker: _Worker, n: int):
+    def done(transcript, queue_seconds: float) -> None:  # on the batching thread
+        worker.send((DONE, n, transcript, queue_seconds))
+
+    return done
 
 
-def _settle(future: asyncio.Future, transcript: Transcript) -> None:
-    if not future.done():  # a cancelled request's answer is dropped
-        future.set_result(transcript)
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket the HTTP workers share; OSError with the reason when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=BACKLOG)
 
 
-class AccessLog:
-    """ASGI middleware: one stderr line per request (method path status, audio seconds, queue ms, total ms) and the
-    request counters of /metrics."""
+class _Stop:
+    """SIGTERM and SIGINT set `event` (the main thread polls it); the handlers before are put back on exit."""
 
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self):
+        self.event = threading.Event()
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        start = time.perf_counter()
-        status = 500  # if the app fails before answering
-
-        async def sending(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            elapsed = time.perf_counter() - start
-            path = scope["path"] if scope["path"] in _PATHS else "other"
-            transcribed = scope.get("graphscribe")  # (audio seconds, queue seconds) of a transcription
-            self.metrics.answered(path, status, elapsed, transcribed[0] if transcribed else 0.0)
-            line = f"{scope['method']} {ascii(scope['path'][:200])[1:-1]} {status}"  # no control characters
-            if transcribed:
-                line += f" audio {transcribed[0]:.2f} s, queue {1000 * transcribed[1]:.0f} ms,"
-            sys.stderr.write(f"{line} total {1000 * elapsed:.0f} ms\n")
-
-
-# ------------------------------------------------------------------ the process
-class _Uvicorn(uvicorn.Server):
-    """uvicorn's server, telling the app when a signal asks it to stop; it exits 0 once the requests it admitted are
-    answered (uvicorn would raise the signal again after shutting down, ending the process by it)."""
-
-    def __init__(self, config: uvicorn.Config, on_stop):
-        super().__init__(config)
-        self.on_stop = on_stop
-
-    def handle_exit(self, sig, frame) -> None:
-        self.on_stop()
-        super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self):
+    def __enter__(self):
         handled = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        self._previous = {sig: signal.signal(sig, lambda *_: self.event.set()) for sig in handled}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def run(
+    engine: Engine,
     model: Model,
     model_name: str,
-    host: str,
-    port: int,
-    api_key: str | None,
     max_batch: int | None,
     max_wait: float,
-    max_upload: int,
     max_queue: int | None,
-    upload_stall: float = UPLOAD_STALL_SECONDS,
+    stop: _Stop,
 ) -> int:
-    """Serve `model` until SIGTERM or SIGINT; the exit code (0, or 1 if warming up failed). max_wait: seconds;
-    max_upload: bytes; max_queue None: QUEUE_PER_ROW x the batch size; upload_stall: seconds an upload may send
-    nothing before it is refused (408)."""
-    server: Server | None = None
-    metrics = Metrics(lambda: server.admitted if server is not None else 0)
-    service = Service(model, max_batch, max_wait, on_batch=metrics.batch_rows.observe)
+    """Warm `model` up and serve it through `engine`'s workers until `stop`; the exit code (0, or 1 if warming up
+    failed or a worker could not start). max_wait: seconds; max_queue None: QUEUE_PER_ROW x the batch size."""
+    service = Service(model, max_batch, max_wait, on_batch=engine.metrics.batch_rows.observe)
     max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
-    server = Server(service, metrics, model_name, api_key, max_upload, max_queue, upload_stall)
-    failed = []
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        announcing = asyncio.create_task(announce())
-        yield
-        announcing.cancel()
-        await asyncio.get_running_loop().run_in_executor(None, service.close)
-        server.readers.shutdown()
-
-    async def announce() -> None:
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, service.wait_ready)
-        except Exception as err:  # noqa: BLE001 - said in one line, then the server stops
-            sys.stderr.write(f"error: warming up failed: {err}\n")
-            failed.append(err)
-            uvicorn_server.should_exit = True
-            return
-        while not uvicorn_server.started:
-            await asyncio.sleep(0.01)
-        bound = uvicorn_server.servers[0].sockets[0].getsockname()
-        device = f"{service.model.device} {str(service.model.dtype).removeprefix('torch.')}"
-        sys.stderr.write(
-            f"serving {model_name} on http://{_host(bound[0])}:{bound[1]} ({device}, batches of up to "
-            f"{service.max_batch}; warmed up in {service.warm_up_seconds:.1f} s)\n"
-        )
-
-    server.app.router.lifespan_context = lifespan
-    config = uvicorn.Config(
-        AccessLog(server.app, server.metrics),
-        host=host,
-        port=port,
-        access_log=False,
-        log_level="warning",
-        lifespan="on",
-        timeout_graceful_shutdown=None,  # admitted requests are answered, however long they take
-        server_header=False,
-    )
-    uvicorn_server = _Uvicorn(config, on_stop=lambda: setattr(server, "stopping", True))
     service.start()
-    uvicorn_server.run()
-    return 1 if failed or not uvicorn_server.started else 0
+    failed, announced = None, False
+    while not stop.event.wait(0.05):
+        failed = engine.check_workers(stopping=False)
+        if failed:
+            break
+        if service.error is not None:
+            failed = f"warming up failed: {service.error}"
+            break
+        if announced or not service.ready:
+            continue
+        if engine.ready is None:
+            engine.serve(service, model_name, max_queue)
+        if engine.all_up:
+            host, port = engine.listening.getsockname()[:2]
+            device = f"{model.device} {str(model.dtype).removeprefix('torch.')}"
+            sys.stderr.write(
+                f"serving {model_name} on http://{_host(host)}:{port} ({device}, batches of up to {service.max_batch}, "
+                f"{engine.count} HTTP worker{'s' if engine.count > 1 else ''}; warmed up in {service.warm_up_seconds:.1f} s)\n"
+            )
+            announced = True
+    engine.stop_workers()
+    service.close()
+    if failed:
+        sys.stderr.write(f"error: {failed}\n")
+    return 1 if failed else 0
 
 
 def _host(address: str) -> str:
@@ -371,6 +325,14 @@ def serve_command(
         metavar="S",
         help="Seconds an upload may send nothing before it is refused (408): a stuck client frees its place.",
     ),
+    http_workers: Optional[int] = typer.Option(
+        None,
+        "--http-workers",
+        min=1,
+        metavar="N",
+        show_default="one per 4 cores up to 4 beside a GPU, 1 on the CPU",
+        help="HTTP worker processes: they take the requests and decode the uploads, apart from the model's process.",
+    ),
     device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
     dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
 ) -> None:
@@ -381,12 +343,23 @@ def serve_command(
             f"warning: listening on {host} without --api-key: anyone who can reach this port can use the server"
         )
     source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
-    loaded = load_or_exit(model, device, dtype, graphs=None, batch=max_batch)
     name = Path(source).stem if Path(source).exists() else source  # not the server's paths
-    upload = math.floor(max_upload_mb * 2**20)
-    raise typer.Exit(
-        run(loaded, name, host, port, api_key, max_batch, max_wait_ms / 1000, upload, max_queue, upload_timeout)
-    )
+    try:
+        listening = listen(host, port)
+    except OSError as err:
+        err_console.print(f"error: cannot listen on {host}:{port} ({err.strerror or err})")
+        raise typer.Exit(1) from None
+    settings = FrontSettings(name, api_key, math.floor(max_upload_mb * 2**20), upload_timeout)
+    engine = Engine(listening, settings, http_workers or default_http_workers(device))
+    with _Stop() as stop:
+        engine.start_workers()  # their imports overlap the model's loading; they answer 503 until it is warm
+        try:
+            loaded = load_or_exit(model, device, dtype, graphs=None, batch=max_batch)
+        except BaseException:
+            engine.stop_workers()
+            raise
+        code = run(engine, loaded, name, max_batch, max_wait_ms / 1000, max_queue, stop)
+    raise typer.Exit(code)
 
 
 serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

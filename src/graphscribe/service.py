@@ -1,11 +1,11 @@
 """Transcription as a service: requests from many threads, batched across requests through the folder job's code.
 
-    caller (the server's event loop, after decoding an upload in a thread):  submit(audio, timings, done)
+    caller (the server's intake thread of an HTTP worker process):  submit(audio, timings, done)
       -> Scheduler.put(request, seconds)
     one batching thread:  Scheduler.take (the longest waiting first, at most `max_batch` rows and `batch_seconds`
       of padded audio; while the GPU is idle a batch waits up to `max_wait` for company)
       -> collate into a reused (pinned) host buffer -> pipeline.transcribe_stream: features and encoder of the
-      next batch are queued while this one decodes (one captured graph per size class) -> done(transcript)
+      next batch are queued while this one decodes (one captured graph per size class) -> done(transcript, queue s)
 
 The batching thread takes the next batch as soon as the GPU has one queued, without waiting for company: under
 load requests pile up while a batch runs, so batches fill by themselves; it blocks on the scheduler only when
@@ -52,7 +52,7 @@ class Request:
     audio: torch.Tensor | None  # (L,) float32 at the model's rate; dropped once copied into its batch
     seconds: float
     timings: bool  # token, word and segment times wanted
-    done: Callable[[Transcript], None]  # called once, on the batching thread
+    done: Callable[[Transcript, float], None]  # called once, on the batching thread: (transcript, queue seconds)
     name: str = "<upload>"  # names the input in error messages
     put_at: float = 0.0  # time.monotonic()
     taken_at: float = 0.0  # when its batch was formed; 0 while it waits
@@ -111,10 +111,11 @@ class Service:
         return True
 
     def submit(
-        self, audio: torch.Tensor, timings: bool, done: Callable[[Transcript], None], name: str = "<upload>"
+        self, audio: torch.Tensor, timings: bool, done: Callable[[Transcript, float], None], name: str = "<upload>"
     ) -> Request:
-        """Queue (L,) samples at the model's rate; `done(transcript)` is called on the batching thread when its batch
-        is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once closed."""
+        """Queue (L,) samples at the model's rate; `done(transcript, queue_seconds)` is called on the batching thread
+        when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
+        closed."""
         request = Request(audio, audio.numel() / self.model.sample_rate, timings, done, name, time.monotonic())
         n = next(self._numbers)
         self.requests[n] = request
@@ -161,7 +162,7 @@ class Service:
     def _answer(self, n: int, transcript: Transcript) -> None:
         request = self.requests.pop(n, None)
         if request is not None:
-            request.done(transcript)
+            request.done(transcript, request.queue_seconds)
 
     def _fail_taken(self, message: str) -> None:
         """Answer the requests whose batches were lost with `message`; those still waiting stay queued."""
@@ -183,7 +184,7 @@ class Service:
             sizes = sorted({min(1 << k, self.max_batch) for k in range(size_class(self.max_batch).bit_length())})
         left = len(sizes)
 
-        def warmed(_: Transcript) -> None:
+        def warmed(_: Transcript, __: float) -> None:
             nonlocal left
             left -= 1
             if left == 0:  # the largest batch comes last: every class is warm
@@ -198,7 +199,7 @@ class Service:
             numbers = []
             for _ in range(rows):
                 n = next(self._numbers)
-                self.requests[n] = Request(audio, seconds, True, lambda _: None, "<warm-up>", time.monotonic())
+                self.requests[n] = Request(audio, seconds, True, lambda *_: None, "<warm-up>", time.monotonic())
                 numbers.append(n)
             self.requests[numbers[-1]].done = warmed  # one answer a batch
             batches.append(self._take(numbers, counted=False))
