@@ -201,7 +201,7 @@ def test_encoder_layer_graphs_equal_eager(dtype):
     assert len(layers) > 1
     for batch in batches:
         features, frames = model.features(list(batch))
-        with torch.inference_mode():
+        with torch.inference_mode(), model._float32_math():  # the same math as encoder_output's (no TF32)
             eager, eager_frames = model.module.encoder(features.to(model.dtype), frames)
         graphed, graphed_frames = model.encoder_output(features, frames)
         assert torch.equal(graphed, eager) and torch.equal(graphed_frames, eager_frames)

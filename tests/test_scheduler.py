@@ -62,3 +62,16 @@ def test_closing_cuts_a_wait_short():
     assert scheduler.take(wait=30.0) == ["only"]
     with pytest.raises(RuntimeError):
         scheduler.put("late", 1.0)
+
+
+def test_a_busy_take_waits_for_inputs_on_their_way():
+    """The server's busy GPU: a batch waits for the requests it knows are coming, up to a full batch, and gives up
+    on the ones that do not come."""
+    scheduler: Scheduler[str] = Scheduler(rows=3)
+    scheduler.put("a", 9.0)
+    later = threading.Timer(0.05, lambda: [scheduler.put(k, 2.0) for k in ("b", "c", "d")])
+    later.start()
+    assert scheduler.take(timeout=0.0, fill=5, fill_wait=60.0) == ["a", "b", "c"]  # full at 3 rows: no more waiting
+    later.join()
+    assert scheduler.take(timeout=0.0, fill=2, fill_wait=0.05) == ["d"]  # the second one never comes
+    assert scheduler.take(timeout=0.0, fill=1, fill_wait=0.05) is None  # nothing came: no batch

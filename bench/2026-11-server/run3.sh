@@ -30,6 +30,9 @@ step "server float32 7.4 s clip" 60 $T bench --serve http://127.0.0.1:8000 --fol
 step "cli float32 512 json" 60 $T /tmp/f512 -m $ckpt --dtype float32 -f json -o /tmp/cli-f32
 step "server float32 texts" 90 python3 scripts/compare_server.py --url http://127.0.0.1:8000 --folder /tmp/f512 --cli-out /tmp/cli-f32 --clients 16
 kill -TERM $server; wait $server; echo "server exit $?" | tee -a "$log"
+# does the CLI itself keep a file's float32 text across batch sizes? (a near tie moves with the batch's shape)
+for b in 8 16; do $T /tmp/f512 -m $ckpt --dtype float32 -b $b -f json -o /tmp/cli-f32-b$b 2>&1 | tail -1 | tee -a "$log"; done
+python3 scripts/compare_outputs.py /tmp/cli-f32 /tmp/cli-f32-b8 /tmp/cli-f32-b16 2>&1 | tee -a "$log"
 [ -z "${SKIP_TESTS:-}" ] && step "gpu tests" ${TEST_SECONDS:-150} env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -x -m gpu \
     tests/test_gpu.py tests/test_pipeline.py tests/test_timestamps.py tests/test_bench.py
 exit 0

@@ -64,15 +64,27 @@ class Scheduler(Generic[K]):
         with self._changed:
             return len(self._waiting)
 
-    def take(self, wait: float = 0.0, timeout: float | None = None) -> list[K] | None:
+    def take(
+        self, wait: float = 0.0, timeout: float | None = None, fill: int = 0, fill_wait: float = 0.0
+    ) -> list[K] | None:
         """The next batch of keys, longest first; None once closed and empty, or after `timeout` seconds with
         nothing waiting.
 
         wait: seconds a batch that is not full may wait for company, counted from the arrival of the oldest input
         waiting (a server's --max-wait-ms); it is cut short by closing or by the batch filling up.
+        fill, fill_wait: inputs known to be on their way (the server's uploads being decoded): wait up to
+        `fill_wait` seconds from now until `fill` inputs (at most a batch's rows) wait or the batch is full.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
+            fill = min(fill, self.rows)
+            if fill > len(self._waiting) and fill_wait > 0:
+                until = time.monotonic() + fill_wait
+                while not self._closed and len(self._waiting) < fill and not (self._waiting and self._full()):
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
             while not self._waiting:
                 if self._closed:
                     return None
