@@ -42,7 +42,19 @@ from .console import MODEL_DEFAULT as _MODEL_DEFAULT
 from .console import MODEL_ENV, err_console, load_or_exit
 from .console import MODEL_HELP as _MODEL_HELP
 from .console import setup_logging as _setup_logging
-from .http_front import DONE, LOG, METRICS, READY, REFUSED, SUBMIT, UP, FrontSettings, send, worker_main
+from .http_front import (
+    DONE,
+    LOG,
+    METRICS,
+    READY,
+    REFUSED,
+    SUBMIT,
+    SWITCH_INTERVAL,
+    UP,
+    FrontSettings,
+    send,
+    worker_main,
+)
 from .metrics import Metrics
 from .openai_api import UPLOAD_STALL_SECONDS
 from .service import Service
@@ -236,6 +248,7 @@ def run(
 ) -> int:
     """Warm `model` up and serve it through `engine`'s workers until `stop`; the exit code (0, or 1 if warming up
     failed or a worker could not start). max_wait: seconds; max_queue None: QUEUE_PER_ROW x the batch size."""
+    sys.setswitchinterval(SWITCH_INTERVAL)
     service = Service(
         model,
         max_batch,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 WARM_UP_CLIP = "librispeech_2086-149220-0033.wav"  # real speech (shipped in the package), tiled to length
 # How long a batch formed while the GPU is busy waits for requests on their way (upload read, being decoded): they
 # arrive within a few milliseconds; a slow upload counts as on its way too, and must not hold batches for long.
-BUSY_FILL_SECONDS = 0.010
+BUSY_FILL_SECONDS = float(os.environ.get("GRAPHSCRIBE_BUSY_FILL_MS", "10")) / 1000  # the variable: benchmarks
 
 
 @dataclass(eq=False)
