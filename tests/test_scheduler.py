@@ -64,14 +64,21 @@ def test_closing_cuts_a_wait_short():
         scheduler.put("late", 1.0)
 
 
-def test_a_busy_take_waits_for_inputs_on_their_way():
-    """The server's busy GPU: a batch waits for the requests it knows are coming, up to a full batch, and gives up
-    on the ones that do not come."""
-    scheduler: Scheduler[str] = Scheduler(rows=3)
-    scheduler.put("a", 9.0)
-    later = threading.Timer(0.05, lambda: [scheduler.put(k, 2.0) for k in ("b", "c", "d")])
-    later.start()
-    assert scheduler.take(timeout=0.0, fill=5, fill_wait=60.0) == ["a", "b", "c"]  # full at 3 rows: no more waiting
-    later.join()
-    assert scheduler.take(timeout=0.0, fill=2, fill_wait=0.05) == ["d"]  # the second one never comes
-    assert scheduler.take(timeout=0.0, fill=1, fill_wait=0.05) is None  # nothing came: no batch
+def test_inputs_far_shorter_than_the_longest_wait_for_their_own_batch():
+    scheduler: Scheduler[str] = Scheduler(rows=8, share=0.5)
+    for key, seconds in [("a", 4.0), ("b", 10.0), ("c", 3.0), ("d", 6.0), ("e", 9.0)]:
+        scheduler.put(key, seconds)
+    assert scheduler.take() == ["b", "e", "d"]  # 4 s is under half of 10 s
+    assert scheduler.take() == ["a", "c"]
+
+
+def test_an_overdue_input_heads_the_next_batch():
+    scheduler: Scheduler[str] = Scheduler(rows=8, share=0.5, overdue=0.05)
+    scheduler.put("short", 1.0)
+    scheduler.put("shorter", 0.75)
+    scheduler.put("long", 10.0)
+    assert scheduler.take() == ["long"]  # nobody overdue yet: the longest first, alone (the others are too short)
+    time.sleep(0.1)
+    scheduler.put("longer", 12.0)
+    assert scheduler.take() == ["short", "shorter"]  # waited past `overdue`: heads the batch before the longer one
+    assert scheduler.take() == ["longer"]

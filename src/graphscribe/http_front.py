@@ -52,11 +52,6 @@ SUBMIT, LOG, METRICS, UP, READY, DONE, REFUSED = "submit", "log", "metrics", "up
 DRAIN_UPLOADS = 2  # a refused body up to this many upload limits is read (and dropped) before the answer
 PATHS = ("/v1/audio/transcriptions", "/v1/models", "/health", "/metrics")  # metric labels; anything else: other
 UPLOAD_THREADS = 4  # decoding threads a worker: libsndfile and resampling release the GIL
-# The GIL's switch interval in the server's processes (Python's default: 5 ms). The engine's batching thread holds
-# the GIL while it launches GPU work, and every read of a pipe lets it go and takes it back: a thread that wakes up
-# (an intake thread with an upload, a worker's link with an answer) waits up to the interval for it, a few times a
-# request. GRAPHSCRIBE_SWITCH_INTERVAL_MS sets another (benchmarks).
-SWITCH_INTERVAL = float(os.environ.get("GRAPHSCRIBE_SWITCH_INTERVAL_MS", "0.5")) / 1000
 
 
 @dataclass
@@ -328,7 +323,6 @@ def worker_main(listening: socket.socket, conn: Connection, admitted, settings: 
     import torch
 
     torch.set_num_threads(1)  # resampling only; the upload threads are the parallelism
-    sys.setswitchinterval(SWITCH_INTERVAL)
     link = Link(conn)
     front = Front(settings, link, admitted)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -44,9 +43,10 @@ log = logging.getLogger(__name__)
 # captured: one row of a second loads the kernels.
 WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 WARM_UP_CLIP = "librispeech_2086-149220-0033.wav"  # real speech (shipped in the package), tiled to length
-# How long a batch formed while the GPU is busy waits for requests on their way (upload read, being decoded): they
-# arrive within a few milliseconds; a slow upload counts as on its way too, and must not hold batches for long.
-BUSY_FILL_SECONDS = float(os.environ.get("GRAPHSCRIBE_BUSY_FILL_MS", "10")) / 1000  # the variable: benchmarks
+# Requests come in every length at once: a batch takes those down to half its longest request's length (a shorter
+# one waits for the next batch), and a request waiting over OVERDUE_SECONDS heads the next batch (Scheduler).
+SHARE = 0.5
+OVERDUE_SECONDS = 0.2
 
 
 @dataclass(eq=False)
@@ -72,7 +72,6 @@ class Service:
     max_batch: rows per batch at most (None: the model's batch size, else the device's default). batch_seconds:
     padded seconds per batch at most (None: the model's, else the device's). max_wait: seconds a batch formed
     while the GPU is idle waits for more requests. on_batch(rows): called for every batch formed (metrics).
-    coming(): requests on their way, not submitted yet (the server's; none by default).
     """
 
     def __init__(
@@ -82,14 +81,15 @@ class Service:
         max_wait: float = 0.005,
         batch_seconds: float | None = None,
         on_batch: Callable[[int], None] | None = None,
-        coming: Callable[[], int] = lambda: 0,
     ):
         files, seconds = default_batching(model.device, model.dtype)
         self.model = model
         self.max_batch = max_batch or model.options.batch_size or files
         self.batch_seconds = batch_seconds or model.options.batch_seconds or seconds
         self.max_wait = max_wait
-        self.scheduler: Scheduler[int] = Scheduler(self.max_batch, self.batch_seconds, FULL_ATTENTION_MAX_SECONDS)
+        self.scheduler: Scheduler[int] = Scheduler(
+            self.max_batch, self.batch_seconds, FULL_ATTENTION_MAX_SECONDS, SHARE, OVERDUE_SECONDS
+        )
         self.pad_to = pad_samples(model.device, model.dtype, model.sample_rate)
         self.pin = model.device.type == "cuda"
         self.buffers = HostBuffers(keep=READ_AHEAD + 3, pin=self.pin)
@@ -98,7 +98,6 @@ class Service:
         self.requests: dict[int, Request] = {}
         self._numbers = itertools.count()
         self._on_batch = on_batch
-        self.coming = coming
         self._settled = threading.Event()  # warm-up over, or failed
         self.ready = False
         self.error: BaseException | None = None  # why warming up failed
@@ -239,9 +238,8 @@ class _Batches:
         yield from self.warm_up
         queued = bool(self.warm_up)  # a batch is queued on the GPU, not yet decoded
         while True:
-            if queued:  # the GPU has work: take what waits, and what is on its way (BUSY_FILL_SECONDS at most)
-                coming = self.service.coming()
-                numbers = scheduler.take(timeout=0.0, fill=len(scheduler) + coming, fill_wait=BUSY_FILL_SECONDS)
+            if queued:  # the GPU has work: take what waits, no waiting for company
+                numbers = scheduler.take(timeout=0.0)
             else:
                 numbers = scheduler.take(wait=self.service.max_wait)
                 if numbers is None:
