@@ -4,6 +4,7 @@ graphscribe_requests_total{path,status}    counter    requests answered
 graphscribe_audio_seconds_total            counter    seconds of audio transcribed
 graphscribe_queue_depth                    gauge      requests admitted and not answered
 graphscribe_batch_rows                     histogram  requests per batch
+graphscribe_padded_seconds_total           counter    seconds of audio run through the model, padding included
 graphscribe_request_seconds                histogram  time from the request's headers to its answer
 graphscribe_graph_capture_seconds_total    counter    time spent capturing CUDA graphs (new batch shapes)
 """
@@ -51,6 +52,7 @@ class Metrics:
         self.capture_seconds: Callable[[], float] = lambda: 0.0  # the model's, once it is loaded
         self.requests: Counter[tuple[str, int]] = Counter()  # (path, status) -> answered
         self.audio_seconds = 0.0
+        self.padded_seconds = 0.0
         self.batch_rows = Histogram(BATCH_ROWS)
         self.latency = Histogram(LATENCY_SECONDS)
         self._lock = threading.Lock()
@@ -61,9 +63,15 @@ class Metrics:
             self.audio_seconds += audio_seconds
         self.latency.observe(seconds)
 
+    def batch(self, rows: int, padded_seconds: float) -> None:
+        """A batch formed: its requests, and its padded seconds (rows x the longest one's, rounded up)."""
+        self.batch_rows.observe(rows)
+        with self._lock:
+            self.padded_seconds += padded_seconds
+
     def text(self) -> str:
         with self._lock:
-            requests, audio = sorted(self.requests.items()), self.audio_seconds
+            requests, audio, padded = sorted(self.requests.items()), self.audio_seconds, self.padded_seconds
         lines = [
             "# HELP graphscribe_requests_total Requests answered, by path and HTTP status.",
             "# TYPE graphscribe_requests_total counter",
@@ -71,6 +79,9 @@ class Metrics:
             "# HELP graphscribe_audio_seconds_total Seconds of audio transcribed.",
             "# TYPE graphscribe_audio_seconds_total counter",
             f"graphscribe_audio_seconds_total {_number(audio)}",
+            "# HELP graphscribe_padded_seconds_total Seconds of audio run through the model, padding included.",
+            "# TYPE graphscribe_padded_seconds_total counter",
+            f"graphscribe_padded_seconds_total {_number(padded)}",
             "# HELP graphscribe_queue_depth Transcription requests admitted and not yet answered.",
             "# TYPE graphscribe_queue_depth gauge",
             f"graphscribe_queue_depth {self.queue_depth()}",

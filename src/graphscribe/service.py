@@ -71,7 +71,8 @@ class Service:
 
     max_batch: rows per batch at most (None: the model's batch size, else the device's default). batch_seconds:
     padded seconds per batch at most (None: the model's, else the device's). max_wait: seconds a batch formed
-    while the GPU is idle waits for more requests. on_batch(rows): called for every batch formed (metrics).
+    while the GPU is idle waits for more requests. on_batch(rows, padded_seconds): called for every batch
+    formed (metrics).
     """
 
     def __init__(
@@ -80,7 +81,7 @@ class Service:
         max_batch: int | None = None,
         max_wait: float = 0.005,
         batch_seconds: float | None = None,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[int, float], None] | None = None,
     ):
         files, seconds = default_batching(model.device, model.dtype)
         self.model = model
@@ -220,7 +221,7 @@ class Service:
         for r in requests:
             r.audio, r.taken_at = None, now
         if counted and self._on_batch is not None:
-            self._on_batch(len(numbers))
+            self._on_batch(len(numbers), batch.audio.numel() / self.model.sample_rate)
         return batch
 
 
