@@ -65,15 +65,16 @@ def test_closing_cuts_a_wait_short():
 
 
 def test_inputs_far_shorter_than_the_longest_wait_for_their_own_batch():
-    scheduler: Scheduler[str] = Scheduler(rows=8, share=0.5)
+    scheduler: Scheduler[str] = Scheduler(rows=4, share=0.5)
     for key, seconds in [("a", 4.0), ("b", 10.0), ("c", 3.0), ("d", 6.0), ("e", 9.0)]:
         scheduler.put(key, seconds)
-    assert scheduler.take() == ["b", "e", "d"]  # 4 s is under half of 10 s
-    assert scheduler.take() == ["a", "c"]
+    assert scheduler.take() == ["b", "e", "d"]  # more wait than a batch holds: 4 s is under half of 10 s
+    scheduler.put("f", 12.0)
+    assert scheduler.take() == ["f", "a", "c"]  # no more than a batch: all of them, however short
 
 
 def test_an_overdue_input_heads_the_next_batch():
-    scheduler: Scheduler[str] = Scheduler(rows=8, share=0.5, overdue=0.05)
+    scheduler: Scheduler[str] = Scheduler(rows=2, share=0.5, overdue=0.05)
     scheduler.put("short", 1.0)
     scheduler.put("shorter", 0.75)
     scheduler.put("long", 10.0)

@@ -28,10 +28,11 @@ class Scheduler(Generic[K]):
     rows: inputs per batch at most. seconds: padded seconds per batch at most (0 or None: no cap); an input
     longer than the cap gets a batch alone. alone_over: inputs longer than this (seconds) always run alone
     (hours of audio with local attention do not share a batch's memory).
-    share: an input shorter than this share of its batch's longest waits for a later batch (0: none does). Inputs
-    that arrive over time come in every length at once: batched whole, 32 requests of LibriSpeech lengths are
-    padded to 2.9 times their audio, and the encoder computes every padded frame; cut at half the longest, 1.4
-    times. overdue: seconds after which the oldest input waiting heads the next batch, however short it is (with
+    share: while more inputs wait than a batch holds, an input shorter than this share of its batch's longest waits
+    for a later batch (0: none does). Inputs that arrive over time come in every length at once: batched whole, 32
+    requests of LibriSpeech lengths are padded to 2.9 times their audio, and the encoder computes every padded
+    frame; cut at half the longest, 1.4 times. With fewer waiting, the batches such a cut leaves are so small that
+    their fixed costs weigh more than the padding. overdue: seconds after which the oldest input waiting heads the next batch, however short it is (with
     `share`, short inputs would otherwise wait for as long as longer ones keep coming).
     """
 
@@ -113,12 +114,13 @@ class Scheduler(Generic[K]):
         if self.alone_over is not None and longest > self.alone_over:
             return [start]
         chosen = [start]
+        share = self.share if len(self._waiting) > self.rows else 0.0
         for k in range(start + 1, len(self._waiting)):
             if len(chosen) >= self.rows:
                 break
             if self.seconds is not None and (len(chosen) + 1) * longest > self.seconds:
                 break
-            if -self._waiting[k][0] < self.share * longest:
+            if -self._waiting[k][0] < share * longest:
                 break
             chosen.append(k)
         return chosen
