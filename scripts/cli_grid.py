@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 SUMMARY = re.compile(r"transcribed (\d+) of (\d+) files(?: \(([^)]*)\))?: ([\d.]+) s of audio in ([\d.]+) s")
-LOADED = re.compile(r"loaded in ([\d.]+) s")
+LOADED = re.compile(r"loaded in ([\d.]+) s(?: \(([\d.]+) s of it warming up\))?")
 
 
 def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
@@ -64,6 +64,8 @@ def run(folder: str, model: str, args: list[str], env: dict[str, str], timeout: 
         row.update(files=int(summary.group(1)), audio_s=audio, transcribe_s=seconds, rtfx=round(audio / seconds, 1))
     if loaded:
         row["load_s"] = float(loaded.group(1))
+        if loaded.group(2):
+            row["warm_up_s"] = float(loaded.group(2))  # part of load_s
     if done.returncode != 0 or not summary:
         row["stderr_tail"] = done.stderr[-2000:]
     return row

@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import CLIPS, NEMO_PATH, reference_clip
 
+from graphscribe import devices
 from graphscribe.devices import parse_devices
 
 
@@ -153,18 +154,42 @@ def test_one_killed_worker_loses_nothing(tmp_path):
     ],
 )
 def test_bad_devices_say_why(monkeypatch, value, count, message):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: count)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_devices(value)
 
 
 def test_devices_lists(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
     assert parse_devices("all") == ["cuda:0", "cuda:1"]
     assert parse_devices(" cuda:1, cuda ") == ["cuda:1", "cuda:0"]
     assert parse_devices("cpu,cpu") == ["cpu", "cpu"]
+
+
+def test_the_driver_counts_what_torch_counts():
+    assert devices.cuda_device_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_the_parent_starts_its_workers_before_it_imports_torch(mixed):
+    """Everything the CLI's process does up to starting the workers is torch-free: each worker's import of torch
+    (~2 s) then runs beside the parent's, not after it."""
+    script = f"""
+import sys
+import multiprocessing.process as mp
+from graphscribe import cli
+
+order = []
+start = mp.BaseProcess.start
+mp.BaseProcess.start = lambda self: (order.append("worker"), start(self))[1]
+sys.addaudithook(lambda event, args: order.append("torch") if event == "import" and args[0] == "torch" else None)
+try:
+    cli.main([{str(mixed)!r}, "--devices", "cpu,cpu", "--batch", "2", "-m", {str(NEMO_PATH)!r}])
+except SystemExit:
+    pass
+print(*order[:3])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split()[-3:] == ["worker", "worker", "torch"], done.stderr
 
 
 def test_bad_devices_exit_2_before_loading(tmp_path):

@@ -317,3 +317,29 @@ def test_render_workers_end_with_their_parent():
     while (alive := [p for p in pids if os.path.exists(f"/proc/{p}")]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert alive == []
+
+
+def test_warm_up_leaves_results_as_they_were(model, short_folder):
+    """A warm-up batch runs anywhere (the CLI runs it on CUDA only) and changes no later result."""
+    files = short_folder[:9]
+    before = [(i, t.text) for i, t in model.transcribe_iter(files, batch_size=3, timings=False)]
+    assert pipeline.warm_up(model, 3) > 0
+    assert pipeline.warm_up(model, 2, batch_seconds=1.0) > 0  # rows of half a second
+    assert [(i, t.text) for i, t in model.transcribe_iter(files, batch_size=3, timings=False)] == before
+
+
+@pytest.mark.parametrize(
+    ("omp", "cuda", "share", "expected"),
+    [(None, True, None, 4), (None, True, 2, 2), (None, False, 3, 3), (None, False, None, 16), ("5", True, 2, 16)],
+)
+def test_host_threads_one_rule_for_the_cli_and_the_workers(monkeypatch, omp, cuda, share, expected):
+    """At most the worker's share, at most GPU_HOST_THREADS beside a GPU; OMP_NUM_THREADS (torch's own) wins."""
+    chosen = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    monkeypatch.setattr(torch, "set_num_threads", chosen.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if omp is not None:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    pipeline.limit_host_threads("cuda:1", share)
+    assert (chosen[-1] if chosen else 16) == expected

@@ -13,10 +13,14 @@ import re
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import soundfile as sf
-import torch
+
+if TYPE_CHECKING:
+    import torch  # imported where samples are made: `transcribe --devices` finds its files and starts its workers
+    # before this process imports torch (~2 s), so the workers' own imports do not wait for it
 
 # libsndfile trims a chunk that claims more bytes than the file holds, and notes it in its log.
 _TRUNCATED_CHUNK = re.compile(r"^\s*data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
@@ -189,6 +193,8 @@ def _read_stdin() -> bytes:
 
 def prepare_audio(data, rate: int, sample_rate: int, name: str = "<array>") -> torch.Tensor:
     """Samples (L,) or (L, C) at `rate` -> (L',) float32 mono at `sample_rate`, checked for bad values."""
+    import torch
+
     samples = torch.as_tensor(np.asarray(data, dtype=np.float32))
     if samples.ndim == 2:  # one channel: itself (its mean is the same numbers, at a cost)
         samples = samples[:, 0] if samples.shape[1] == 1 else samples.mean(dim=1)
@@ -212,6 +218,8 @@ def read_input(item, sample_rate: int) -> torch.Tensor:
     frames and an empty transcript, one shorter than 80 ms has one encoder frame."""
     if isinstance(item, (str, os.PathLike)):
         return load_audio(item, sample_rate)
+    import torch
+
     return prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item, sample_rate, sample_rate)
 
 

@@ -32,9 +32,8 @@ from pathlib import Path, PurePosixPath
 import torch
 import yaml
 
-from .config import model_kind_problem
+from .config import DEMO_NAME, model_kind_problem
 
-DEMO_NAME = "demo"  # the small model shipped in the package (graphscribe/data/demo.nemo)
 CONFIG_NAME = "model_config.yaml"
 WEIGHTS_NAME = "model_weights.ckpt"
 # org/name, @revision (a branch, tag or commit), :file.nemo (which file of the repo)

@@ -345,7 +345,11 @@ def transcribe_command(
     if tally.stopped is not None:
         err_console.print(escape(f"interrupted: {tally.done} of {total} files done{counts}"))
         raise typer.Exit(tally.stopped.code)
-    summary = f"loaded in {loaded.load_seconds['total']:.2f} s; " if loaded is not None else ""
+    summary = ""
+    if loaded is not None:
+        warm = loaded.load_seconds.get("warm_up", 0.0)
+        summary = f"loaded in {loaded.load_seconds['total']:.2f} s"
+        summary += f" ({warm:.2f} s of it warming up); " if warm else "; "
     summary += f"transcribed {tally.done} of {total} files{counts}"
     if loaded is not None:
         summary += f": {tally.audio:.1f} s of audio in {elapsed:.2f} s"
@@ -382,7 +386,10 @@ class _ModelChoice:
 
 def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _ModelChoice):
     """Load the model (reading starts meanwhile), or start a worker per device, and transcribe `files` ->
-    (model, or the run on several devices, or None; tally; seconds)."""
+    (model, or the run on several devices, or None; tally; seconds). The seconds run from the moment a device
+    could take its first batch (its model loaded and warmed up: `pipeline.warm_up`), on one device or several, to
+    the last result written; starting and stopping the worker processes is off the clock, as loading and leaving
+    are on one device."""
     from .audio import NATIVE_STDERR
 
     running: list = []  # what to close: the readers, or the device workers
@@ -391,8 +398,7 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _M
     loaded = None
     try:
         with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
-            loaded, results = _results(files, formats, devices, choice, timings, running, status)
-            start = time.perf_counter()
+            loaded, results, start = _results(files, formats, devices, choice, timings, running, status)
             tally = write_results(results, files, formats, targets, status)
             return loaded, tally, time.perf_counter() - start
     except Interrupted as stop:  # while loading: nothing was written yet
@@ -418,8 +424,10 @@ def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
 
 def _results(files, formats, devices: list[str], c: _ModelChoice, timings: bool, running: list, status):
     """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
-    Transcript) in plan order). One device: this process, reading while the weights load; several: a worker process
-    per device (`devices.transcribe_on_devices`). What it starts is put in `running`, for the caller to close.
+    Transcript) in plan order; perf_counter() when the first device could take a batch). One device: this process,
+    reading while the weights load and the model warms up; several: a worker process per device
+    (`devices.transcribe_on_devices`), each warming up alike. What it starts is put in `running`, for the caller to
+    close.
     With timings and many files the outputs come rendered by worker processes of the process that feeds the device
     (`finishing.RenderPool`): each file's timing and formatting would take its GIL from the GPU's launches."""
     render = tuple(formats) if timings and len(files) >= RENDER_POOL_MIN_FILES else ()
@@ -438,8 +446,8 @@ def _results(files, formats, devices: list[str], c: _ModelChoice, timings: bool,
             run.wait_loaded()
         except LoadError as err:
             _fail_usage(str(err))
-        return run, iter(run)
-    from .pipeline import read_ahead, transcribe_stream
+        return run, iter(run), run.transcribing_since
+    from .pipeline import default_batching, read_ahead, transcribe_stream, warm_up
 
     reads: list = []
 
@@ -448,7 +456,14 @@ def _results(files, formats, devices: list[str], c: _ModelChoice, timings: bool,
         running.append(reads[-1])
 
     loaded = load_or_exit(c.model, c.device, c.dtype, c.graphs, c.batch, c.attention, c.attention_window, start_reading)
-    return loaded, transcribe_stream(status.watch(loaded), reads[0], timings=timings, render=render)
+    if loaded.device.type == "cuda":  # its first uses off the transcription's clock, as in every --devices worker
+        rows, seconds = default_batching(loaded.device, loaded.dtype)
+        warm = warm_up(
+            loaded, min(c.batch or rows, len(files)), seconds if c.batch_seconds is None else c.batch_seconds
+        )
+        loaded.load_seconds = {**loaded.load_seconds, "warm_up": warm, "total": loaded.load_seconds["total"] + warm}
+    stream = transcribe_stream(status.watch(loaded), reads[0], timings=timings, render=render)
+    return loaded, stream, time.perf_counter()
 
 
 def write_results(

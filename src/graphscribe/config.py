@@ -239,6 +239,8 @@ def _log_zero_guard(value) -> float:
         raise UnsupportedModelError(f"config preprocessor.log_zero_guard_value={value!r} is not a number") from None
 
 
+# the small model shipped in the package (graphscribe/data/demo.nemo); named here, as checkpoint.py imports torch
+DEMO_NAME = "demo"
 SUPPORTED_MODELS = "graphscribe runs full-context Parakeet transducers (TDT, RNN-T, hybrid TDT/RNN-T + CTC) only"
 
 

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .config import UnsupportedModelError
+from .config import DEMO_NAME, UnsupportedModelError
 from .tokenizer import TokenizerError
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
@@ -49,8 +49,6 @@ def setup_logging() -> None:
 
 def model_source(model: Optional[str]) -> str:
     """--model, else $GRAPHSCRIBE_MODEL, else the demo model (with a note saying so)."""
-    from .checkpoint import DEMO_NAME
-
     source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
     if source == DEMO_NAME:
         err_console.print(

@@ -7,14 +7,17 @@ longest-first plan held by the parent.
              -> transcribe_stream -> each batch's transcripts to the parent in one message
 
 A worker asks for its next batch when its readers have room (WORKER_READ_AHEAD), so the devices finish together
-without a static split. Every worker talks to the parent over a pipe of its own: one killed mid-message breaks
-only its own pipe. A worker that dies (a signal, the OOM killer) or raises loses nothing done elsewhere: the
-batches it held go to another worker, once; a batch whose second worker dies too, or that no worker is left for,
-yields one error per file ("FILE: lost: the worker on cuda:1 died (signal 9)").
+without a static split. This module imports no torch: the parent starts its workers before it imports torch
+itself (~2 s), so their imports and its own run side by side, not one after the other. Every worker talks to
+the parent over a pipe of its own: one killed mid-message breaks only its own pipe. A worker that dies (a signal,
+the OOM killer) or raises loses nothing done elsewhere: the batches it held go to another worker, once; a batch
+whose second worker dies too, or that no worker is left for, yields one error per file ("FILE: lost: the worker
+on cuda:1 died (signal 9)").
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -29,35 +32,53 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Iterator
-
-import torch
+from typing import TYPE_CHECKING, Iterator
 
 from .audio import audio_seconds
 from .config import RunOptions
-from .pipeline import GPU_HOST_THREADS, default_batching
 from .scheduler import Scheduler
 from .transcript import Transcript
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
-# Batches a worker's readers run ahead of the one on its device: few, so that the tail of the plan is shared out
-# and the devices finish together (a worker holds at most this + 1 batches not yet on its device).
-WORKER_READ_AHEAD = 1
+# Batches a worker's readers run ahead of the one on its device: as many as one process's (pipeline.READ_AHEAD),
+# as a worker's batch waits for a round trip to the parent besides its reading, and the parent's threads share one
+# GIL with its writing; the tail of a longest-first plan is its shortest batches, so the few more a worker holds
+# at the end (this + 1 not yet on its device) keep the devices finishing together.
+WORKER_READ_AHEAD = 2
 ATTEMPTS = 2  # workers a batch may go to: a second death sends no batch to a third
 _DEVICE = re.compile(r"cpu|cuda(?::(\d+))?")
+
+
+def cuda_device_count() -> int:
+    """CUDA devices this process may use (CUDA_VISIBLE_DEVICES applies), asked of the driver itself: importing torch
+    to ask it would hold the workers back by its ~2 s. Where the driver's library is missing, torch's answer."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0  # no device, or a driver that cannot run: as torch.cuda.is_available() says then
+    return count.value
 
 
 def parse_devices(value: str) -> list[str]:
     """`--devices`: all (every CUDA device) or a comma list of cpu, cuda, cuda:N -> torch device names, such as
     ["cuda:0", "cuda:1"]; cpu may repeat (one worker each). ValueError with one line for a bad value."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if value.strip().lower() == "all":
+    names = [v.strip().lower() for v in value.split(",")]
+    count = cuda_device_count() if any(name != "cpu" for name in names) else 0
+    if names == ["all"]:
         if count == 0:
             raise ValueError("--devices all: this machine has no CUDA device (cpu,cpu runs two CPU workers)")
         return [f"cuda:{i}" for i in range(count)]
     devices: list[str] = []
-    for name in (v.strip().lower() for v in value.split(",")):
+    for name in names:
         match = _DEVICE.fullmatch(name)
         if match is None:
             raise ValueError(f"--devices {value}: {name or 'an empty name'}: use all, or a comma list of cpu, cuda:N")
@@ -104,12 +125,12 @@ class DeviceStats:
 class _Worker:
     """The parent's side of one worker process."""
 
-    def __init__(self, context, device: str, source: str, options: RunOptions, threads: int):
+    def __init__(self, context, device: str, source: str, options: RunOptions, share: int):
         self.device = device
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=_work,
-            args=(child, source, replace(options, device=device), threads),
+            args=(child, source, replace(options, device=device), share),
             name=f"graphscribe-{device}",
         )
         self.process.start()
@@ -117,6 +138,7 @@ class _Worker:
         self.alive = True
         self.loaded = False
         self.load_seconds: float | None = None
+        self.warm_up_seconds = 0.0
         self.reason: str | None = None  # a worker's own account of its end (crash, load error)
         self.held: set[int] = set()  # batches handed to it and not yet back
 
@@ -144,19 +166,26 @@ class DevicePool:
 
     def __init__(self, source: str, devices: list[str], options: RunOptions = RunOptions()):
         self.devices = list(devices)
-        from .model import resolve_dtype  # here: loading model.py is the workers' business, not the parent's
-
-        self.default_batching = [
-            default_batching(torch.device(d), resolve_dtype(options.dtype, torch.device(d))) for d in self.devices
-        ]
+        self.options = options
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        share = max(1, cores // len(self.devices))
+        share = max(1, cores // len(self.devices))  # each worker's torch threads at most (`limit_host_threads`)
         context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
-        self.workers = [
-            _Worker(context, d, str(source), options, min(GPU_HOST_THREADS, share) if d != "cpu" else share)
-            for d in self.devices
-        ]
+        self.workers = [_Worker(context, d, str(source), options, share) for d in self.devices]
         self._seen_logs: set[str] = set()
+        self._batching: list[tuple[int, float]] | None = None
+
+    def default_batching(self) -> list[tuple[int, float]]:
+        """Each device's (files, padded seconds) per batch when not given (`pipeline.default_batching`): asked once
+        the workers are started, as it imports torch here (and makes CUDA's runtime ask the devices)."""
+        if self._batching is None:
+            import torch
+
+            from .model import resolve_dtype  # here: loading model.py is the workers' business, not the parent's
+            from .pipeline import default_batching
+
+            targets = [torch.device(d) for d in self.devices]
+            self._batching = [default_batching(t, resolve_dtype(self.options.dtype, t)) for t in targets]
+        return self._batching
 
     def transcribe(
         self,
@@ -171,15 +200,18 @@ class DevicePool:
         first `workers` workers (None: all). batch_size, batch_seconds: the batching rule's (None: the devices'
         defaults, the smallest of them); timings, render: `transcribe_stream`'s, run in each worker (so the
         rendering is done beside each device, and light transcripts cross the pipes)."""
-        rows = batch_size or min(b for b, _ in self.default_batching)
-        seconds = min(s for _, s in self.default_batching) if batch_seconds is None else batch_seconds
-        return DeviceRun(self, [str(f) for f in files], rows, seconds, timings, self.workers[:workers], tuple(render))
+        files = [str(f) for f in files]
+        return DeviceRun(self, files, batch_size, batch_seconds, timings, self.workers[:workers], tuple(render))
 
-    def close(self) -> None:
-        """Stop the workers and wait for them."""
+    def stop(self) -> None:
+        """Tell the workers to end, without waiting: each leaves at once (`_work`), while the caller goes on."""
         for worker in self.workers:
             if worker.process.is_alive():
                 worker.send(("stop",))
+
+    def close(self) -> None:
+        """Stop the workers and wait for them."""
+        self.stop()
         for worker in self.workers:
             worker.process.join(timeout=30)
             if worker.process.is_alive():  # stuck in a job it was never told the end of
@@ -204,20 +236,30 @@ class DeviceRun:
     """
 
     def __init__(
-        self, pool: DevicePool, files: list[str], rows: int, seconds: float, timings: bool, workers, render: tuple = ()
+        self,
+        pool: DevicePool,
+        files: list[str],
+        batch_size: int | None,
+        batch_seconds: float | None,
+        timings: bool,
+        workers,
+        render: tuple = (),
     ):
         self.pool, self.files, self.workers = pool, files, list(workers)
         self.stats = {w: DeviceStats(w.device, load_seconds=w.load_seconds) for w in self.workers}
         self.close_pool = False  # `transcribe_on_devices`: the pool is this run's alone
-        self._rows, self._seconds, self._timings, self._render = rows, seconds, timings, render
+        self._batch_size, self._batch_seconds = batch_size, batch_seconds
+        self._timings, self._render = timings, render
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._loaded = threading.Event()
         self._load_error: str | None = None
         self._cancelled = False
-        self._started = time.perf_counter()
+        # when the first worker could take a batch: the transcription's clock starts there (`transcribing_since`)
+        self._first_ready: float | None = None
         for worker in self.workers:  # before planning: reading starts as soon as a worker has a config
-            worker.send(("job", files, timings, render))
+            worker.send(self._job())
         if all(w.loaded for w in self.workers):  # a pool's later run: nothing to wait for
+            self._first_ready = time.perf_counter()
             self._loaded.set()
         self._thread = threading.Thread(target=self._dispatch, name="graphscribe-devices", daemon=True)
         self._thread.start()
@@ -228,14 +270,21 @@ class DeviceRun:
 
     @property
     def load_seconds(self) -> dict[str, float]:
-        """{"total": seconds until the last worker to load had its model} (the CLI's summary)."""
+        """{"total": seconds until the last worker to load had its model, warmed up; "warm_up": the longest warm-up
+        (`pipeline.warm_up`)} (the CLI's summary)."""
         loads = [s.load_seconds for s in self.stats.values() if s.load_seconds is not None]
-        return {"total": max(loads, default=0.0)}
+        warm = [w.warm_up_seconds for w in self.workers if w.loaded]
+        return {"total": max(loads, default=0.0), "warm_up": max(warm, default=0.0)}
+
+    @property
+    def transcribing_since(self) -> float:
+        """perf_counter() when the first worker had its model (warmed up) and could take a batch: the transcription's
+        clock starts there, as it starts on one device when its model is loaded. Not the last worker's: a faster
+        one's batches before then would be off the clock. Valid after `wait_loaded`."""
+        return self._first_ready if self._first_ready is not None else time.perf_counter()
 
     def wait_loaded(self) -> None:
-        """Return once every worker has its model (or has ended): the transcription's time starts there, as it
-        starts after loading on one device (the workers' readers start during loading all the same); LoadError if
-        none could load it."""
+        """Return once every worker has its model (or has ended); LoadError if none could load it."""
         self._loaded.wait()
         if self._load_error is not None and not any(w.loaded for w in self.workers):
             raise LoadError(self._load_error)
@@ -253,19 +302,32 @@ class DeviceRun:
             self.pool.close()
 
     def __iter__(self) -> Iterator[tuple[int, Transcript]]:
+        done = False
         try:
             while (item := self._out.get()) is not _END:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
             self._thread.join()
-        finally:  # also when the consumer stops early or fails: nothing more is wanted
-            self.close()
+            done = True
+        finally:
+            if not done:  # the consumer stops early or fails: nothing more is wanted
+                self.close()
+            elif self.close_pool:  # the workers leave now; `close` waits for them (after the CLI's clock stops)
+                self.pool.stop()
+
+    def _job(self) -> tuple:
+        """A worker's job message: the files, and the batching asked for (its warm-up batch's rows)."""
+        return ("job", self.files, self._timings, self._render, self._batch_size, self._batch_seconds)
 
     # ------------------------------------------------------------------ the dispatcher thread
     def _dispatch(self) -> None:
         try:
-            self._plan()
+            try:
+                self._plan()
+            except ValueError as err:  # a dtype no device takes: the workers fail to load alike, and say so later
+                self._load_error = self._load_error or str(err)
+                raise
             self._serve()
             self._out.put(_END)
         except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -274,9 +336,13 @@ class DeviceRun:
             self._loaded.set()
 
     def _plan(self) -> None:
-        self.scheduler: Scheduler[int] = Scheduler(self._rows, self._seconds or None)
         with ThreadPoolExecutor(4, thread_name_prefix="graphscribe-headers") as pool:
-            lengths = list(pool.map(audio_seconds, self.files))
+            reading = pool.map(audio_seconds, self.files)  # the headers are read while torch is imported here
+            defaults = self.pool.default_batching()
+            lengths = list(reading)
+        rows = self._batch_size or min(b for b, _ in defaults)
+        seconds = min(s for _, s in defaults) if self._batch_seconds is None else self._batch_seconds
+        self.scheduler: Scheduler[int] = Scheduler(rows, seconds or None)
         for i, length in enumerate(lengths):
             self.scheduler.put(i, length or 0.0)  # as `pipeline._estimated_seconds` orders a path
         self.scheduler.close()
@@ -329,6 +395,9 @@ class DeviceRun:
         elif kind == "ready":
             worker.loaded = True
             worker.load_seconds = stats.load_seconds = message[1]
+            worker.warm_up_seconds = message[2]
+            if self._first_ready is None:
+                self._first_ready = time.perf_counter()
             self._check_loaded()
         elif kind == "log":
             self.pool._log(message[1])
@@ -360,7 +429,7 @@ class DeviceRun:
         for worker in list(self.idle):
             if self.retry and worker.alive:
                 self.idle.discard(worker)
-                worker.send(("job", self.files, self._timings, self._render))
+                worker.send(self._job())
 
     def _died(self, worker: _Worker) -> None:
         worker.alive = False
@@ -460,9 +529,14 @@ class _PipeLog(logging.Handler):
             pass  # the parent is gone: there is nobody to tell
 
 
-def _work(conn: Connection, source: str, options: RunOptions, threads: int) -> None:
-    """A worker's main: load the model at the first job, then transcribe the batches the parent hands out."""
-    torch.set_num_threads(threads)
+def _work(conn: Connection, source: str, options: RunOptions, share: int) -> None:
+    """A worker's main: load the model at the first job, then transcribe the batches the parent hands out; leave
+    at once when told to stop."""
+    import torch
+
+    from .pipeline import limit_host_threads
+
+    limit_host_threads(options.device, share)
     device = torch.device(options.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # streams and events made without a device land on this one
@@ -475,8 +549,7 @@ def _work(conn: Connection, source: str, options: RunOptions, threads: int) -> N
     model = None
     try:
         while (message := conn.recv())[0] == "job":
-            _, files, timings, render = message
-            model = _job(conn, sender, model, source, options, files, timings, render)
+            model = _job(conn, sender, model, source, options, *message[1:])
     except (EOFError, BrokenPipeError):
         pass  # the parent is gone
     except BaseException as err:  # noqa: BLE001 - told to the parent, which redoes this worker's batches
@@ -484,6 +557,11 @@ def _work(conn: Connection, source: str, options: RunOptions, threads: int) -> N
         sender.send(("crash", f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")))
         sys.stderr.flush()
         os._exit(1)
+    # Python's teardown (the model, the CUDA context, its graphs) takes the best part of a second that nobody
+    # needs: every result is with the parent, which waits for this process to end (as `cli.entry` leaves).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _job(
@@ -495,11 +573,13 @@ def _job(
     files: list[str],
     timings: bool,
     render: tuple[str, ...],
+    batch_size: int | None,
+    batch_seconds: float | None,
 ):
     from .checkpoint import CheckpointError
     from .config import UnsupportedModelError
     from .model import load_model
-    from .pipeline import read_ahead, transcribe_stream
+    from .pipeline import default_batching, read_ahead, transcribe_stream, warm_up
     from .priming import prime
     from .tokenizer import TokenizerError
 
@@ -540,7 +620,12 @@ def _job(
         except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
             sender.send(("load_error", f"{source}: {err}" if isinstance(err, UnsupportedModelError) else str(err)))
             os._exit(2)  # not closing the readers: their feeder may be waiting for the parent's answer
-        sender.send(("ready", model.load_seconds["total"]))
+        warm = 0.0
+        if model.device.type == "cuda":  # as the CLI does on one device: its first uses off the clock, said apart
+            rows, seconds = default_batching(model.device, model.dtype)
+            rows = min(batch_size or rows, len(files))
+            warm = warm_up(model, rows, seconds if batch_seconds is None else batch_seconds)
+        sender.send(("ready", model.load_seconds["total"] + warm, warm))
     else:
         reads.append(start(model.sample_rate, model.device, model.dtype))
     groups: dict[int, list[tuple[int, Transcript]]] = {}

@@ -28,6 +28,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -66,6 +67,7 @@ SECONDS_PER_GIB = 40.0
 # 5.73-5.94 to 5.42-5.58 s on 4096 files on an H100.
 PAD_SECONDS = 1.28
 CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
+WARM_UP_CLIP = "librispeech_2086-149220-0033.wav"  # `warm_up`'s real speech, shipped in the package
 
 
 def default_batching(device: torch.device, dtype: torch.dtype | None = None) -> tuple[int, float]:
@@ -78,12 +80,43 @@ def default_batching(device: torch.device, dtype: torch.dtype | None = None) -> 
     return BATCH_FILES["cpu"], CPU_BATCH_SECONDS
 
 
-def limit_host_threads(device: str) -> None:
-    """In a process of ours whose model goes to a GPU (`--device` auto or cuda with CUDA present): torch's CPU
-    threads down to GPU_HOST_THREADS, unless the user chose a number (OMP_NUM_THREADS). Call before loading
-    (placing the weights uses them too)."""
-    if device != "cpu" and torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(min(GPU_HOST_THREADS, torch.get_num_threads()))
+def limit_host_threads(device: str, share: int | None = None) -> None:
+    """torch's CPU threads in a process of ours, unless the user chose a number (OMP_NUM_THREADS, which torch
+    follows): at most `share` (a device worker's part of the host's cores; None: torch's own count), and where the
+    model goes to a GPU (`device` auto or cuda, with CUDA present) at most GPU_HOST_THREADS. The CLI's process and
+    every `--devices` worker call it, before loading (placing the weights uses them too)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = torch.get_num_threads() if share is None else share
+    if device != "cpu" and torch.cuda.is_available():
+        threads = min(GPU_HOST_THREADS, threads)
+    torch.set_num_threads(max(1, threads))
+
+
+def warm_up(model: Model, rows: int, batch_seconds: float | None = None) -> float:
+    """Run one batch of `rows` copies of the shipped LibriSpeech clip (7.4 s, cut to batch_seconds / rows) through
+    `model` as `transcribe_stream` runs a batch, and wait for it -> seconds taken. Nothing it makes is kept but
+    what later batches reuse: loaded kernels, Triton's launchers, cuBLAS's and cuDNN's handles, pinned memory,
+    captured decode graphs (whose buffers grow for longer inputs, as they would anyway).
+
+    A process's first batch on CUDA pays ~0.85 s of such first uses in bfloat16 on an H100, most of it in that
+    batch (bench/2026-11-first-uses): the CLI pays it here, before the transcription's clock starts, on one device
+    and in every `--devices` worker alike, and the summary line gives it as part of the loading time."""
+    start = time.perf_counter()
+    rows = max(1, rows)
+    clip = read_input(str(resources.files("graphscribe") / "data" / WARM_UP_CLIP), model.sample_rate)  # (L,)
+    if batch_seconds:
+        clip = clip[: max(1, int(batch_seconds / rows * model.sample_rate))]
+    pin = model.device.type == "cuda"
+    pad_to = pad_samples(model.device, model.dtype, model.sample_rate)
+    batch = collate([(r, "<warm-up>", clip) for r in range(rows)], HostBuffers(keep=0, pin=pin), pad_to, pin)
+    clock = StageClock(model.device, enabled=False)
+    streams = _Streams(model.device)
+    for _ in _finish(model, _decode(model, _start(model, batch, clock), clock, streams), clock, streams, False):
+        pass
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return time.perf_counter() - start
 
 
 @dataclass
