@@ -28,7 +28,16 @@ import torch
 from .audio import read_input
 from .decoding import size_class
 from .model import FULL_ATTENTION_MAX_SECONDS
-from .pipeline import READ_AHEAD, Batch, HostBuffers, collate, default_batching, pad_samples, transcribe_stream
+from .pipeline import (
+    READ_AHEAD,
+    WARM_UP_CLIP,  # real speech (shipped in the package), tiled to length
+    Batch,
+    HostBuffers,
+    collate,
+    default_batching,
+    pad_samples,
+    transcribe_stream,
+)
 from .scheduler import Scheduler
 from .transcript import Transcript
 
@@ -42,7 +51,6 @@ log = logging.getLogger(__name__)
 # growing (a 20 s row makes room for 20.48 s) and that its token records have grown. On the CPU nothing is
 # captured: one row of a second loads the kernels.
 WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
-WARM_UP_CLIP = "librispeech_2086-149220-0033.wav"  # real speech (shipped in the package), tiled to length
 # Requests come in every length at once: while more wait than a batch holds, a batch takes those down to half its
 # longest request's length (a shorter one waits for the next batch), and a request waiting over OVERDUE_SECONDS heads
 # the next batch (Scheduler). 128 clients in-process, bfloat16 (bench/2026-11-server/run8): RTFx 4100 whole, 6549 at
