@@ -111,6 +111,8 @@ def post(url: str, files=None, data=None, key: str | None = KEY, **kwargs) -> ht
 def server(tmp_path_factory):
     served = start_server(
         tmp_path_factory.mktemp("server") / "stderr.txt",
+        "--http-workers",
+        "2",
         "--max-upload-mb",
         str(UPLOAD_MB),
         "--upload-timeout",
@@ -365,6 +367,30 @@ def test_access_log(server, client):
     assert logged and re.fullmatch(r".* 200 audio 7\.4\d s, queue \d+ ms, total \d+ ms", logged[-1])
 
 
+# ============================================================================ an HTTP worker dies
+
+
+def _http_workers(pid: int) -> list[int]:
+    """The server's HTTP worker processes (spawned children; multiprocessing's resource tracker is another child)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def test_a_killed_http_worker_is_replaced(server, expected):
+    workers = _http_workers(server.process.pid)
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    # a new client: the connections the dead worker held are gone with it
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=REQUEST_SECONDS)
+    for _ in range(4):  # whichever worker takes them, while the dead one is replaced
+        assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while (len(now := _http_workers(server.process.pid)) < 2 or workers[0] in now) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(now) == 2 and workers[0] not in now
+    assert "error: an HTTP worker was killed by signal 9; starting another" in server.log.read_text()
+
+
 # ============================================================================ stopping
 
 
@@ -396,7 +422,7 @@ def test_sigterm_answers_admitted_requests_then_exits_0(tmp_path):
     assert set(answers) <= {200, 503, "ConnectError", "RemoteProtocolError", "ReadError"}
     assert set(late) <= {503, "ConnectError", "RemoteProtocolError", "ReadError"}
     log = served.log.read_text()
-    assert "Traceback" not in log
+    assert "Traceback" not in log and "leaked" not in log
     assert log.count("POST /v1/audio/transcriptions 200 ") == answers.count(200)
 
 

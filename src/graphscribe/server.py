@@ -103,7 +103,7 @@ class Engine:
         self.listening, self.settings, self.count = listening, settings, workers
         self._context = multiprocessing.get_context("spawn")  # no CUDA state or threads copied into a worker
         self.admitted = self._context.Value("i", 0)  # requests admitted and not answered, over every worker
-        self.metrics = Metrics(lambda: self.admitted.value)
+        self.metrics = Metrics(lambda: self.admitted.value if self.admitted is not None else 0)
         self.workers: list[_Worker] = []
         self.service: Service | None = None
         self.ready: tuple | None = None  # the READY message once the service is warm
@@ -187,11 +187,12 @@ class Engine:
                 self.workers.remove(w)
         for w in dead:
             code = w.process.exitcode
+            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
             if stopping:
                 continue
             if time.monotonic() - w.started < STARTUP_SECONDS and not w.up:
-                return f"an HTTP worker exited with code {code} at its start"
-            err_console.print(f"error: an HTTP worker exited with code {code}; starting another")
+                return f"an HTTP worker {how} at its start"
+            err_console.print(f"error: an HTTP worker {how}; starting another")
             self._start_worker()
         return None
 
@@ -205,6 +206,9 @@ class Engine:
         for w in workers:
             w.process.join()
             w.conn.close()
+        # the count's semaphore is unlinked when its last reference goes (the command leaves by os._exit, which skips
+        # multiprocessing's exit handlers: its resource tracker would warn of a leaked semaphore)
+        self.admitted = None
 
 
 def _answer_to(worker: _Worker, n: int):
