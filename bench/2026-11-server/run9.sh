@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The final figures of issues 29 and 34 on one lent GPU, from the repo root with .whl carried:
+#   bash bench/2026-11-server/run9.sh   (logs under $OUT)
+# The server: HTTP worker processes, batches cut by length while more wait than a batch holds, 32 encoder layer
+# shapes kept; the CLI: warmed up while loading (its clock starts after), json rendered and written by workers.
+# 1. the CLI on the 4096-file folder in bfloat16 (txt, and json: issue 34), 2 rounds interleaved.
+# 2. a bfloat16 server load-tested by `transcribe bench --serve` (aiohttp clients): 128, 32, 128 clients over the
+#    4096 files, then 8 and 1 over the 512 files.
+# 3. float32: one 7.4 s clip at a time (1 client) and 8 at a time; the server's text per file against the CLI's.
+# 4. the CLI in float32 on the 4096 files, default batching against -b 16 and -b 64 (issue 34); the GPU tests.
+set -uo pipefail
+source scripts/gpu_setup.sh
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+T="python3 -m graphscribe.cli"
+wait_ready() { for _ in $(seq 240); do curl -sf localhost:8000/health >/dev/null && return 0; sleep 0.5; done; return 1; }
+serve() {  # NAME DTYPE [ENV=VALUE ...]: a server in the background, ready
+    local name=$1 dtype=$2; shift 2
+    env "$@" $T serve -m $ckpt --dtype $dtype --port 8000 2> "$OUT/serve-$name.log" & server=$!
+    wait_ready; echo "[$name: $*] $(grep serving "$OUT/serve-$name.log")" | tee -a "$log"
+}
+stop() {  # NAME: stop the server, keep its /metrics
+    curl -s localhost:8000/metrics > "$OUT/metrics-$1.txt"; grep -E "batch_rows_(sum|count)|capture_seconds_total [0-9]" "$OUT/metrics-$1.txt" | tee -a "$log"
+    kill -TERM $server; wait $server; echo "server exit $?; non-200 POST lines: $(grep POST "$OUT/serve-$1.log" | grep -vc ' 200 ')" | tee -a "$log"
+}
+mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
+step "cli bfloat16 4096" 150 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out "$OUT/cli-bf16" \
+    --variant "txt: --dtype bfloat16" --variant "json: --dtype bfloat16 -f json -o {out}"
+serve bf16 bfloat16
+step "server bfloat16 4096" 150 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,32,128 --json "$OUT/serve-bf16-4096.json"
+step "server bfloat16 512" 60 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f512 --concurrency 8,1 --json "$OUT/serve-bf16-512.json"
+stop bf16
+serve f32 float32
+step "server float32 7.4 s clip" 60 $T bench --serve http://127.0.0.1:8000 --folder /tmp/clip74 --concurrency 1,8,1,8 --json "$OUT/serve-f32-latency.json"
+step "cli float32 512 json" 60 $T /tmp/f512 -m $ckpt --dtype float32 -f json -o /tmp/cli-f32
+step "server float32 texts" 90 python3 scripts/compare_server.py --url http://127.0.0.1:8000 --folder /tmp/f512 --cli-out /tmp/cli-f32 --clients 16
+stop f32
+step "cli float32 4096" 200 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 1 --no-warmup --out "$OUT/cli-f32" \
+    --variant "default: --dtype float32" --variant "b16: --dtype float32 -b 16" --variant "b64: --dtype float32 -b 64"
+step "gpu tests" 200 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -x -m gpu \
+    tests/test_gpu.py tests/test_pipeline.py tests/test_timestamps.py tests/test_bench.py
+exit 0
