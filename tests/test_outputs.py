@@ -24,7 +24,7 @@ import pytest
 from conftest import CLIPS, NEMO_PATH, reference_clip
 from test_cli import _error_lines, transcribe
 
-from graphscribe.cli import output_paths
+from graphscribe.cli import RENDER_POOL_MIN_FILES, output_paths
 from graphscribe.writers import write_file
 
 INTERRUPTED = re.compile(r"^interrupted: (\d+) of (\d+) files done", re.M)
@@ -122,14 +122,16 @@ def test_read_only_output_dir_is_bad_usage_before_loading(tmp_path):
         assert list(folder.iterdir()) == []
 
 
-def test_full_disk_leaves_whole_files_only(tmp_path):
+@pytest.mark.parametrize("copies, batch", [(12, 4), (RENDER_POOL_MIN_FILES, 64)], ids=["here", "render-workers"])
+def test_full_disk_leaves_whole_files_only(tmp_path, copies, batch):
     """A tmpfs that holds a few outputs: every file there is complete (no empty one: no transcript is empty),
-    each input that could not be written is one error line, and no temporary file is left."""
-    inputs = _copies(tmp_path / "in", "short_2s.wav", 12)
+    each input that could not be written is one error line, and no temporary file is left; also where the render
+    worker processes write the files (RENDER_POOL_MIN_FILES inputs or more)."""
+    inputs = _copies(tmp_path / "in", "short_2s.wav", copies)
     text = reference_clip("short_2s.wav")["text"]
     assert text
     with _tmpfs(tmp_path / "disk", "24k") as disk:
-        result = transcribe(tmp_path / "in", "-o", disk, "-f", "txt,json", "--batch", "4")
+        result = transcribe(tmp_path / "in", "-o", disk, "-f", "txt,json", "--batch", str(batch))
         assert result.returncode == 1, result.stderr
         assert "Traceback" not in result.stderr
         errors = _error_lines(result.stderr)
@@ -250,6 +252,35 @@ def test_a_signal_at_a_random_moment_leaves_whole_files(tmp_path, signum):
             complete += txt.exists() and record.exists()
         assert complete == done, (delay, stderr.decode())
         assert not out.exists() or _leftovers(out) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_render_workers_write_leaves_whole_files_and_counts_them(tmp_path, signum):
+    """RENDER_POOL_MIN_FILES inputs: the render worker processes write the files. A signal once the first files are
+    there: every output present is complete, none is a temporary file, and the files said to be done are the
+    inputs with all their outputs (the batch the workers were writing included)."""
+    inputs = _copies(tmp_path / "in", "short_2s.wav", RENDER_POOL_MIN_FILES)
+    text = reference_clip("short_2s.wav")["text"]
+    out = tmp_path / "out"
+    process = _start(tmp_path / "in", "-o", out, "-f", "txt,json", "--batch", "8")
+    deadline = time.monotonic() + 120
+    while not (out.exists() and any(out.glob("*.json"))) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=120)
+    done = _check_stopped(process, signum, stdout, stderr, len(inputs))
+    assert process.returncode == 128 + signum, stderr.decode()  # 32 batches on the CPU take longer than a signal
+    time.sleep(0.5)  # a worker still writing would show here
+    complete = 0
+    for source in inputs:
+        txt, record = out / (source.stem + ".txt"), out / (source.stem + ".json")
+        if txt.exists():
+            assert txt.read_text() == text + "\n"
+        if record.exists():
+            assert json.loads(record.read_text())["text"] == text
+        complete += txt.exists() and record.exists()
+    assert 0 < complete == done, stderr.decode()
+    assert _leftovers(out) == []
 
 
 def test_sigint_while_torch_loads_is_one_line():

@@ -289,6 +289,28 @@ def test_render_workers_import_no_torch(model):
         pool.close()
 
 
+def test_render_workers_write_the_files_they_are_given(model, tmp_path):
+    """With outputs, the workers write each input's files (the writers' bytes, whole) and send no text back; a file
+    that cannot be written is one line naming it, and that input's later files are not written."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    outputs = [(str(tmp_path / "a.json"), str(tmp_path / "a.srt")), (str(blocked / "b.json"), str(tmp_path / "b.srt"))]
+    hyp = Timed([1, 2], [0, 3], [1, 1])
+    pool = RenderPool(model.finishing, ("json", "srt"), outputs=outputs)
+    try:
+        first, second = pool.transcripts(["a.wav", "b.wav"], [16000, 16000], [hyp, hyp], [0, 1])
+    finally:
+        pool.close()
+    expected = model.finish("a.wav", 16000, hyp, 0.0)
+    assert (tmp_path / "a.json").read_text() == WRITERS["json"](expected)
+    assert (tmp_path / "a.srt").read_text() == WRITERS["srt"](expected)
+    assert first.write_error is None and first.rendered == {} and first.text == expected.text
+    assert second.write_error.startswith(f"{blocked / 'b.json'}: cannot write output (")
+    assert not (tmp_path / "b.srt").exists()
+    assert pool.written == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a.json", "a.srt"]  # no temporary file
+
+
 def test_txt_alone_starts_no_worker_processes(model, monkeypatch):
     """Without timings (txt) or without formats to render, nothing is spawned."""
     started = []

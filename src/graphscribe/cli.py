@@ -36,7 +36,7 @@ from .console import MODEL_HELP as _MODEL_HELP
 from .console import err_console, load_or_exit, model_source
 from .console import fail_usage as _fail_usage
 from .console import setup_logging as _setup_logging
-from .writers import FORMATS, LINE_FORMATS, WRITERS, render, stdout_text, write_file
+from .writers import FORMATS, LINE_FORMATS, WRITERS, cannot_write, render, stdout_text, write_file
 
 if TYPE_CHECKING:
     from .model import Transcript
@@ -398,8 +398,12 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _M
     loaded = None
     try:
         with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
-            loaded, results, start = _results(files, formats, devices, choice, timings, running, status)
-            tally = write_results(results, files, formats, targets, status)
+            loaded, results, start, writer = _results(
+                files, formats, targets, devices, choice, timings, running, status
+            )
+            tally = write_results(results, files, formats, targets, status, written=writer is not None)
+            if writer is not None and tally.stopped is not None:
+                tally.done = writer.written  # the batch in flight at the signal was written whole too, never seen
             return loaded, tally, time.perf_counter() - start
     except Interrupted as stop:  # while loading: nothing was written yet
         return loaded, _Tally(stopped=stop), 0.0
@@ -422,14 +426,16 @@ def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
         _fail_usage(str(err))
 
 
-def _results(files, formats, devices: list[str], c: _ModelChoice, timings: bool, running: list, status):
+def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timings: bool, running: list, status):
     """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
-    Transcript) in plan order; perf_counter() when the first device could take a batch). One device: this process,
-    reading while the weights load and the model warms up; several: a worker process per device
-    (`devices.transcribe_on_devices`), each warming up alike. What it starts is put in `running`, for the caller to
-    close.
+    Transcript) in plan order; perf_counter() when the first device could take a batch; the RenderPool that writes
+    the output files, or None). One device: this process, reading while the weights load and the model warms up;
+    several: a worker process per device (`devices.transcribe_on_devices`), each warming up alike. What it starts is
+    put in `running`, for the caller to close.
     With timings and many files the outputs come rendered by worker processes of the process that feeds the device
-    (`finishing.RenderPool`): each file's timing and formatting would take its GIL from the GPU's launches."""
+    (`finishing.RenderPool`): each file's timing and formatting would take its GIL from the GPU's launches. With one
+    device and `targets`, those workers write the files too: writing them here took the thread that launches the
+    GPU's work 0.2 ms a file or more."""
     render = tuple(formats) if timings and len(files) >= RENDER_POOL_MIN_FILES else ()
     if len(devices) > 1:
         from .config import RunOptions
@@ -446,7 +452,8 @@ def _results(files, formats, devices: list[str], c: _ModelChoice, timings: bool,
             run.wait_loaded()
         except LoadError as err:
             _fail_usage(str(err))
-        return run, iter(run), run.transcribing_since
+        return run, iter(run), run.transcribing_since, None
+    from .finishing import RenderPool
     from .pipeline import default_batching, read_ahead, transcribe_stream, warm_up
 
     reads: list = []
@@ -462,8 +469,12 @@ def _results(files, formats, devices: list[str], c: _ModelChoice, timings: bool,
             loaded, min(c.batch or rows, len(files)), seconds if c.batch_seconds is None else c.batch_seconds
         )
         loaded.load_seconds = {**loaded.load_seconds, "warm_up": warm, "total": loaded.load_seconds["total"] + warm}
-    stream = transcribe_stream(status.watch(loaded), reads[0], timings=timings, render=render)
-    return loaded, stream, time.perf_counter()
+    writer = None
+    if render and targets:  # per input, its files' paths in `formats`' order (targets' own)
+        writer = RenderPool(loaded.finishing, render, outputs=[tuple(map(str, p)) for p in zip(*targets.values())])
+        running.append(writer)
+    results = transcribe_stream(status.watch(loaded), reads[0], timings=timings, render=render, renderer=writer)
+    return loaded, results, time.perf_counter(), writer
 
 
 def write_results(
@@ -472,10 +483,13 @@ def write_results(
     formats: list[str],
     targets: dict[str, list[Path]],
     status: Optional[_Status] = None,
+    written: bool = False,
 ) -> _Tally:
     """Write each (index into `files`, Transcript) of `results` as it comes: its files (`targets[format][index]`,
     each whole or not at all) or, without targets, its stdout line, flushed at once; errors one line each on
-    stderr. SIGINT or SIGTERM stops it between two results (the tally keeps the signal) and closes `results`."""
+    stderr. written: the files come written already (by `finishing.RenderPool`'s workers), a Transcript's
+    `write_error` naming one that could not be. SIGINT or SIGTERM stops it between two results (the tally keeps the
+    signal) and closes `results`."""
     tally = _Tally()
     several = len(files) > 1
     try:
@@ -483,10 +497,10 @@ def write_results(
             with _SIGNALS.held():
                 if status is not None:
                     status.advance()
-                if transcript.error is not None:
+                if transcript.error is not None or transcript.write_error is not None:
                     tally.failed += 1
-                    _print_error(escape(transcript.error), status)
-                elif _write_one(transcript, i, formats, targets, several, status):
+                    _print_error(escape(transcript.error or transcript.write_error), status)
+                elif written or _write_one(transcript, i, formats, targets, several, status):
                     tally.done += 1
                     tally.audio += transcript.audio_seconds
                 else:
@@ -517,7 +531,7 @@ def _write(target: Path, content: str, status: Optional[_Status] = None) -> bool
     try:
         write_file(target, content)
     except OSError as err:
-        _print_error(f"{escape(str(target))}: cannot write output ({escape(str(err.strerror or err))})", status)
+        _print_error(escape(cannot_write(target, err)), status)
         return False
     return True
 

@@ -8,7 +8,10 @@ processes, for the pipeline of a run that writes json, srt, vtt or tsv: the toke
 their formatting cost about a millisecond of Python a file, and in the process that feeds the GPU every such
 millisecond holds the GIL that launches its work (a thread does not help). The pool's workers get plain
 hypotheses and send back light Transcripts (text, token ids, the rendered outputs), never the token, word and
-segment objects, whose pickling would cost as much as making them.
+segment objects, whose pickling would cost as much as making them. Given the output files' paths, the workers
+write the files too (`writers.write_file`, whole or not at all) and send back no text: in the thread that feeds
+the GPU, writing them took 0.2 ms a file or more (mkdir, mkstemp, fchmod, write, rename; json ran at 0.83x txt's
+RTFx on an H100 for it).
 
 This module and what it imports (tokenizer, timestamps, transcript, writers) import no torch: a worker process
 starts in a fraction of a second and holds no CUDA state.
@@ -21,12 +24,13 @@ import signal
 import threading
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from .timestamps import WordRules, token_spans, words_and_segments
 from .tokenizer import Tokenizer
 from .transcript import Token, Transcript
-from .writers import WRITERS
+from .writers import WRITERS, cannot_write, write_file
 
 if TYPE_CHECKING:
     from .decoding import Hypothesis
@@ -88,6 +92,9 @@ class Finishing:
 class RenderPool:
     """Worker processes that make hypotheses into light Transcripts whose `rendered` holds each of `formats`'
     writer's text (`writers.render` uses it), byte for byte what the writers make of `Finishing.transcript`'s.
+    With `outputs` (per input, one path per format, in `formats`' order) the workers write those files instead,
+    in that order, and send no text back: a file that cannot be written is the Transcript's `write_error` line,
+    and the input's later files are not written (as the CLI does); `written` counts the inputs written whole.
 
     Spawned (the parent may hold CUDA, which a forked child cannot use) when made, so they start while the first
     batches are read and encoded; each builds its tokenizer once. As with any spawned process, a worker imports
@@ -95,8 +102,16 @@ class RenderPool:
     no other channel: no semaphores for the resource tracker to find left over when `transcribe` ends with
     os._exit, and a worker sees its parent's end, however it comes, as the end of its pipe. `close` ends them."""
 
-    def __init__(self, finishing: Finishing, formats: Sequence[str], workers: int = RENDER_WORKERS):
+    def __init__(
+        self,
+        finishing: Finishing,
+        formats: Sequence[str],
+        workers: int = RENDER_WORKERS,
+        outputs: Sequence[Sequence[str]] | None = None,
+    ):
         self.formats = tuple(formats)
+        self.outputs = outputs
+        self.written = 0  # inputs whose `outputs` the workers have written (counted by the thread of `transcripts`)
         context = multiprocessing.get_context("spawn")
         pipes = [context.Pipe() for _ in range(workers)]
         self._conns: list[Connection] = [conn for conn, _ in pipes]
@@ -115,15 +130,24 @@ class RenderPool:
             process.start()
             child.close()  # the worker's end lives in the worker only: the parent's end is its pipe's only writer
 
-    def transcripts(self, sources: list[str], samples: list[int], hyps: Sequence[Hypothesis]) -> list[Transcript]:
-        """One batch's light Transcripts, in order (`seconds` 0): a share to each worker, waited for."""
+    def transcripts(
+        self, sources: list[str], samples: list[int], hyps: Sequence[Hypothesis], indices: Sequence[int] = ()
+    ) -> list[Transcript]:
+        """One batch's light Transcripts, in order (`seconds` 0): a share to each worker, waited for. `indices`:
+        the inputs' places in `outputs` (needed with outputs)."""
         self._starter.join()
-        rows = [(s, n, Timed(h.token_ids, h.frames, h.durations)) for s, n, h in zip(sources, samples, hyps)]
+        paths = [self.outputs[i] for i in indices] if self.outputs is not None else [None] * len(sources)
+        rows = [
+            (s, n, Timed(h.token_ids, h.frames, h.durations), p) for s, n, h, p in zip(sources, samples, hyps, paths)
+        ]
         size = -(-len(rows) // len(self._conns))  # a share each: a batch's wait is its slowest share
         shares = [rows[k : k + size] for k in range(0, len(rows), size)]
         for conn, share in zip(self._conns, shares):
             conn.send((share, self.formats))
-        return [t for conn, _ in zip(self._conns, shares) for t in _received(conn)]
+        light = [t for conn, _ in zip(self._conns, shares) for t in _received(conn)]
+        if self.outputs is not None:
+            self.written += sum(t.write_error is None for t in light)
+        return light
 
     def close(self) -> None:
         """End the workers: the end of their pipes tells them (waiting for them would take 80 ms a run)."""
@@ -141,22 +165,47 @@ def _received(conn: Connection) -> list[Transcript]:
 
 def _serve(conn: Connection, finishing: Finishing) -> None:
     """A worker's main: its tokenizer, once; then (rows, formats) in, light Transcripts out, till the pipe ends."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    # Ctrl-C reaches the whole process group, and a job's end often sends SIGTERM to all of it: the parent decides,
+    # and waits for a share being written (a worker killed mid-file would leave its temporary file behind)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     tokenizer = Tokenizer(finishing.tokenizer_model)
     while True:
         try:
             rows, formats = conn.recv()
         except EOFError:
             return
-        conn.send(_render(finishing, tokenizer, rows, formats))
+        light = _render(finishing, tokenizer, rows, formats)
+        try:
+            conn.send(light)
+        except (BrokenPipeError, ConnectionResetError):  # the parent is gone (os._exit after a second signal)
+            return
 
 
 def _render(
-    finishing: Finishing, tokenizer: Tokenizer, rows: list[tuple[str, int, Timed]], formats: tuple[str, ...]
+    finishing: Finishing,
+    tokenizer: Tokenizer,
+    rows: list[tuple[str, int, Timed, Sequence[str] | None]],
+    formats: tuple[str, ...],
 ) -> list[Transcript]:
     light = []
-    for source, samples, hyp in rows:
+    for source, samples, hyp, paths in rows:
         full = finishing.transcript(tokenizer, source, samples, hyp, 0.0, timings=True)
-        rendered = {fmt: WRITERS[fmt](full) for fmt in formats}
-        light.append(replace(full, tokens=[], words=[], segments=[], rendered=rendered))
+        texts = [WRITERS[fmt](full) for fmt in formats]
+        done = replace(full, tokens=[], words=[], segments=[])
+        if paths is None:
+            done.rendered = dict(zip(formats, texts))
+        else:
+            done.write_error = _write_all(paths, texts)
+        light.append(done)
     return light
+
+
+def _write_all(paths: Sequence[str], texts: list[str]) -> str | None:
+    """Each text to its path, in order, stopping at the first that cannot be written: its error line, or None."""
+    for path, text in zip(paths, texts):
+        try:
+            write_file(Path(path), text)
+        except OSError as err:
+            return cannot_write(path, err)
+    return None

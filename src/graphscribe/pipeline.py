@@ -405,7 +405,12 @@ def pad_samples(device: torch.device, dtype: torch.dtype | None, sample_rate: in
 
 
 def transcribe_stream(
-    model: Model, reads: ReadAhead, clock: StageClock | None = None, timings: bool = True, render: Sequence[str] = ()
+    model: Model,
+    reads: ReadAhead,
+    clock: StageClock | None = None,
+    timings: bool = True,
+    render: Sequence[str] = (),
+    renderer: RenderPool | None = None,
 ) -> Iterator[tuple[int, Transcript]]:
     """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
     leaves out the token, word and segment times (text and token ids only: less host work a file), as does a
@@ -419,11 +424,14 @@ def transcribe_stream(
     decodes the next batches: this thread spends most of a batch waiting for the GPU. `render`, output formats
     (`writers.WRITERS`' names): with timings, transcripts are made and rendered by worker processes instead
     (`finishing.RenderPool`), and come light: text, token ids and `rendered`, no token, word or segment objects.
-    Their millisecond of Python a file would otherwise hold the GIL that this thread launches the GPU's work with."""
+    Their millisecond of Python a file would otherwise hold the GIL that this thread launches the GPU's work with.
+    `renderer`: the caller's pool instead of one made for `render` (the CLI's writes the output files too), to
+    use with timings; the caller closes it."""
     clock = clock or StageClock(model.device, enabled=False)
     items = reads.items
     streams = _Streams(model.device)
-    renderer = RenderPool(model.finishing, render) if render and timings else None
+    own = renderer is None and bool(render) and timings  # what it makes, it closes
+    renderer = RenderPool(model.finishing, render) if own else renderer
     finisher = _Finisher(model, clock, timings, renderer) if timings else None
     try:
         encoded: _Job | None = None  # queued up to its encoder, not decoded yet
@@ -451,7 +459,7 @@ def transcribe_stream(
     finally:  # also when the caller stops early: reads not started are dropped
         if finisher is not None:
             finisher.close()
-        if renderer is not None:
+        if own:
             renderer.close()
         reads.close()
 
@@ -566,7 +574,7 @@ def _finish(
     start = time.perf_counter()
     with clock.host("text"):
         if renderer is not None:
-            transcripts = renderer.transcripts(batch.sources, batch.lengths.tolist(), job.hyps)
+            transcripts = renderer.transcripts(batch.sources, batch.lengths.tolist(), job.hyps, batch.indices)
         else:
             transcripts = [
                 model.finish(source, int(n), hyp, 0.0, timings and batch.timings)

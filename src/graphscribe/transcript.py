@@ -33,6 +33,8 @@ class Transcript:
     # format -> its writer's text, made in a worker process (`finishing.RenderPool`), which leaves tokens, words and
     # segments empty; `writers.render` takes it from here
     rendered: dict[str, str] = field(default_factory=dict)
+    # the line naming an output file that a worker process could not write (`finishing.RenderPool` given the paths)
+    write_error: str | None = None
 
     @property
     def frames(self) -> list[int]:

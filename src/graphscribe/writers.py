@@ -8,7 +8,8 @@ and the last word's end, in milliseconds, cut to the audio's length and to the n
 (RNN-T words may overlap by a frame); a cue of no duration is shown for half a second if there is room.
 
 `render` is the one place an output's text is taken: made in a worker process already, or by its writer here.
-`write_file` is the one place output files are written: whole or not at all.
+`write_file` is the one place output files are written: whole or not at all; `cannot_write` the one line that says
+one could not be.
 """
 
 from __future__ import annotations
@@ -179,6 +180,11 @@ def write_file(path: Path, text: str) -> None:
         except OSError:
             pass  # removed already, or the folder went away: nothing is left either way
         raise
+
+
+def cannot_write(path: Path | str, err: OSError) -> str:
+    """The error line of an output file that could not be written."""
+    return f"{path}: cannot write output ({err.strerror or err})"
 
 
 @functools.cache
