@@ -83,3 +83,11 @@ def test_an_overdue_input_heads_the_next_batch():
     scheduler.put("longer", 12.0)
     assert scheduler.take() == ["short", "shorter"]  # waited past `overdue`: heads the batch before the longer one
     assert scheduler.take() == ["longer"]
+
+
+def test_the_length_cut_starts_past_share_over_waiting():
+    scheduler: Scheduler[str] = Scheduler(rows=8, share=0.5, share_over=2)
+    for key, seconds in [("a", 10.0), ("b", 2.0), ("c", 9.0)]:
+        scheduler.put(key, seconds)
+    assert scheduler.take() == ["a", "c"]  # 3 wait, more than 2: the 2 s one is cut
+    assert scheduler.take() == ["b"]

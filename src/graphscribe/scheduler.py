@@ -28,8 +28,8 @@ class Scheduler(Generic[K]):
     rows: inputs per batch at most. seconds: padded seconds per batch at most (0 or None: no cap); an input
     longer than the cap gets a batch alone. alone_over: inputs longer than this (seconds) always run alone
     (hours of audio with local attention do not share a batch's memory).
-    share: while more inputs wait than a batch holds, an input shorter than this share of its batch's longest waits
-    for a later batch (0: none does). Inputs that arrive over time come in every length at once: batched whole, 32
+    share: while more than `share_over` inputs wait (None: a batch's rows), an input shorter than this share of its
+    batch's longest waits for a later batch (0: none does). Inputs that arrive over time come in every length at once: batched whole, 32
     requests of LibriSpeech lengths are padded to 2.9 times their audio, and the encoder computes every padded
     frame; cut at half the longest, 1.4 times. With fewer waiting, the batches such a cut leaves are so small that
     their fixed costs weigh more than the padding. overdue: seconds after which the oldest input waiting heads the next batch, however short it is (with
@@ -43,11 +43,13 @@ class Scheduler(Generic[K]):
         alone_over: float | None = None,
         share: float = 0.0,
         overdue: float | None = None,
+        share_over: int | None = None,
     ):
         if rows < 1:
             raise ValueError(f"rows {rows}: use 1 or more")
         self.rows, self.seconds, self.alone_over = rows, seconds or None, alone_over
         self.share, self.overdue = share, overdue
+        self.share_over = rows if share_over is None else share_over
         self._waiting: list[tuple[float, int, K]] = []  # (-seconds, arrival number, key): longest, then oldest first
         self._arrived: dict[int, float] = {}  # arrival number -> monotonic time it was put
         self._count = itertools.count()
@@ -114,7 +116,7 @@ class Scheduler(Generic[K]):
         if self.alone_over is not None and longest > self.alone_over:
             return [start]
         chosen = [start]
-        share = self.share if len(self._waiting) > self.rows else 0.0
+        share = self.share if len(self._waiting) > self.share_over else 0.0
         for k in range(start + 1, len(self._waiting)):
             if len(chosen) >= self.rows:
                 break

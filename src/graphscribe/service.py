@@ -51,10 +51,12 @@ log = logging.getLogger(__name__)
 # growing (a 20 s row makes room for 20.48 s) and that its token records have grown. On the CPU nothing is
 # captured: one row of a second loads the kernels.
 WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
-# Requests come in every length at once: while more wait than a batch holds, a batch takes those down to half its
-# longest request's length (a shorter one waits for the next batch), and a request waiting over OVERDUE_SECONDS heads
-# the next batch (Scheduler). 128 clients in-process, bfloat16 (bench/2026-11-server/run8): RTFx 4100 whole, 6549 at
-# half, 6000 at 0.7; 32 clients: 3711 whole, 2948 at half (so no cut while a batch holds every waiting request).
+# Requests come in every length at once: while more than half a batch's rows wait, a batch takes those down to half
+# its longest request's length (a shorter one waits for the next batch), and a request waiting over OVERDUE_SECONDS
+# heads the next batch (Scheduler). 128 clients in-process, bfloat16 (bench/2026-11-server/run8): RTFx 4100 whole,
+# 6549 at half, 6000 at 0.7; 32 clients: 3711 whole, 2948 at half. Through HTTP, with the cut only while more than a
+# whole batch waited, 128 clients fell back to whole batches (4590 against 5773 with the cut always; run9, run7):
+# requests in flight in the HTTP workers leave fewer waiting.
 SHARE = 0.5
 OVERDUE_SECONDS = 0.2
 
@@ -99,7 +101,7 @@ class Service:
         self.batch_seconds = batch_seconds or model.options.batch_seconds or seconds
         self.max_wait = max_wait
         self.scheduler: Scheduler[int] = Scheduler(
-            self.max_batch, self.batch_seconds, FULL_ATTENTION_MAX_SECONDS, SHARE, OVERDUE_SECONDS
+            self.max_batch, self.batch_seconds, FULL_ATTENTION_MAX_SECONDS, SHARE, OVERDUE_SECONDS, self.max_batch // 2
         )
         self.pad_to = pad_samples(model.device, model.dtype, model.sample_rate)
         self.pin = model.device.type == "cuda"
