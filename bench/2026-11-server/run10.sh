@@ -17,7 +17,7 @@ serve() {  # NAME DTYPE [ENV=VALUE ...]: a server in the background, ready
     wait_ready; echo "[$name: $*] $(grep serving "$OUT/serve-$name.log")" | tee -a "$log"
 }
 stop() {  # NAME: stop the server, keep its /metrics
-    curl -s localhost:8000/metrics > "$OUT/metrics-$1.txt"; grep -E "batch_rows_(sum|count)|capture_seconds_total [0-9]" "$OUT/metrics-$1.txt" | tee -a "$log"
+    curl -s localhost:8000/metrics > "$OUT/metrics-$1.txt"; grep -E "batch_rows_(sum|count)|capture_seconds_total [0-9]|padded_seconds_total [0-9]|audio_seconds_total [0-9]" "$OUT/metrics-$1.txt" | tee -a "$log"
     kill -TERM $server; wait $server; echo "server exit $?; non-200 POST lines: $(grep POST "$OUT/serve-$1.log" | grep -vc ' 200 ')" | tee -a "$log"
 }
 mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
