@@ -16,3 +16,17 @@ ckpt=/tmp/v3.nemo; speech=src/graphscribe/data
 [ -f $ckpt ] || step checkpoint 120 python3 scripts/make_checkpoint.py parakeet-tdt-0.6b-v3 $ckpt\
     --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
 [ -d /tmp/f4096 ] || step folders 150 bash -c "python3 scripts/make_folder.py /tmp/f512 --files 512 --seed 0 & python3 scripts/make_folder.py /tmp/f4096 --files 4096 --seed 0; wait"
+# A server on port 8000 for the bench/2026-11-server runs: `serve NAME DTYPE [ENV=VALUE ...]` starts one in the
+# background (its stderr in $OUT/serve-NAME.log) and returns when it is warm; `stop NAME` keeps its /metrics, then
+# stops it with SIGTERM.
+wait_ready() { for _ in $(seq 240); do curl -sf localhost:${1:-8000}/health >/dev/null && return 0; sleep 0.5; done; return 1; }
+serve() {
+    local name=$1 dtype=$2; shift 2
+    env "$@" python3 -m graphscribe.cli serve -m $ckpt --dtype $dtype --port 8000 2> "$OUT/serve-$name.log" & server=$!
+    wait_ready; echo "[$name: $*] $(grep serving "$OUT/serve-$name.log")" | tee -a "$log"
+}
+stop() {
+    curl -s localhost:8000/metrics > "$OUT/metrics-$1.txt"
+    grep -E "batch_rows_(sum|count)|capture_seconds_total [0-9]|padded_seconds_total [0-9]|audio_seconds_total [0-9]" "$OUT/metrics-$1.txt" | tee -a "$log"
+    kill -TERM $server; wait $server; echo "server exit $?; non-200 POST lines: $(grep POST "$OUT/serve-$1.log" | grep -vc ' 200 ')" | tee -a "$log"
+}

@@ -65,6 +65,19 @@ def _copies(folder: Path, clip: str, n: int) -> list[Path]:
     return paths
 
 
+def _complete_outputs(folder: Path, inputs: list[Path], text: str) -> int:
+    """Inputs with both their .txt and .json in `folder`; every file there holds `text` whole (never a fragment)."""
+    complete = 0
+    for source in inputs:
+        txt, record = folder / (source.stem + ".txt"), folder / (source.stem + ".json")
+        if txt.exists():
+            assert txt.read_text() == text + "\n"
+        if record.exists():
+            assert json.loads(record.read_text())["text"] == text
+        complete += txt.exists() and record.exists()
+    return complete
+
+
 def _leftovers(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.name.endswith(".tmp")]
 
@@ -137,14 +150,7 @@ def test_full_disk_leaves_whole_files_only(tmp_path, copies, batch):
         errors = _error_lines(result.stderr)
         assert errors and all("cannot write output (No space left on device)" in e for e in errors)
         assert len(errors) == len({e.split(": cannot")[0] for e in errors})  # one line per problem
-        done = 0
-        for source in inputs:
-            txt, record = disk / (source.stem + ".txt"), disk / (source.stem + ".json")
-            if txt.exists():
-                assert txt.read_text() == text + "\n"
-            if record.exists():
-                assert json.loads(record.read_text())["text"] == text
-            done += txt.exists() and record.exists()
+        done = _complete_outputs(disk, inputs, text)
         assert 0 < done < len(inputs)
         assert f"transcribed {done} of {len(inputs)} files ({len(inputs) - done} failed)" in result.stderr
         assert len(errors) == len(inputs) - done
@@ -271,14 +277,7 @@ def test_a_signal_while_render_workers_write_leaves_whole_files_and_counts_them(
     done = _check_stopped(process, signum, stdout, stderr, len(inputs))
     assert process.returncode == 128 + signum, stderr.decode()  # 32 batches on the CPU take longer than a signal
     time.sleep(0.5)  # a worker still writing would show here
-    complete = 0
-    for source in inputs:
-        txt, record = out / (source.stem + ".txt"), out / (source.stem + ".json")
-        if txt.exists():
-            assert txt.read_text() == text + "\n"
-        if record.exists():
-            assert json.loads(record.read_text())["text"] == text
-        complete += txt.exists() and record.exists()
+    complete = _complete_outputs(out, inputs, text)
     assert 0 < complete == done, stderr.decode()
     assert _leftovers(out) == []
 

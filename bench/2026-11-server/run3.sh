@@ -12,7 +12,6 @@ set -uo pipefail
 source scripts/gpu_setup.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 T="python3 -m graphscribe.cli"
-wait_ready() { for _ in $(seq 240); do curl -sf localhost:8000/health >/dev/null && return 0; sleep 0.5; done; return 1; }
 python3 -c "import uvicorn, starlette, aiohttp, uvloop; print('uvicorn', uvicorn.__version__, 'starlette', starlette.__version__, 'aiohttp', aiohttp.__version__)" 2>&1 | tee -a "$log"
 mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
 step "cli bfloat16 4096 txt json" 150 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out "$OUT/cli-bf16" \

@@ -10,16 +10,6 @@ set -uo pipefail
 source scripts/gpu_setup.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 T="python3 -m graphscribe.cli"
-wait_ready() { for _ in $(seq 240); do curl -sf localhost:8000/health >/dev/null && return 0; sleep 0.5; done; return 1; }
-serve() {  # NAME DTYPE [ENV=VALUE ...]: a server in the background, ready
-    local name=$1 dtype=$2; shift 2
-    env "$@" $T serve -m $ckpt --dtype $dtype --port 8000 2> "$OUT/serve-$name.log" & server=$!
-    wait_ready; echo "[$name: $*] $(grep serving "$OUT/serve-$name.log")" | tee -a "$log"
-}
-stop() {  # NAME: stop the server, keep its /metrics
-    curl -s localhost:8000/metrics > "$OUT/metrics-$1.txt"; grep -E "batch_rows_(sum|count)|capture_seconds_total [0-9]" "$OUT/metrics-$1.txt" | tee -a "$log"
-    kill -TERM $server; wait $server; echo "server exit $?; non-200 POST lines: $(grep POST "$OUT/serve-$1.log" | grep -vc ' 200 ')" | tee -a "$log"
-}
 mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
 step "cli bfloat16 4096" 150 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out "$OUT/cli-bf16" \
     --variant "txt: --dtype bfloat16" --variant "json: --dtype bfloat16 -f json -o {out}"

@@ -10,7 +10,6 @@ source scripts/gpu_setup.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 T="python3 -m graphscribe.cli"
 SPY=/tmp/site/bin/py-spy
-wait_ready() { for _ in $(seq 240); do curl -sf localhost:$1/health >/dev/null && return 0; sleep 0.5; done; return 1; }
 profile() {  # NAME PORT ENGINE_PID: a 128-client level with py-spy and top beside
     local name=$1 port=$2 engine=$3
     local worker=$(pgrep -P $engine -f multiprocessing | head -1)
