@@ -91,3 +91,18 @@ def test_the_length_cut_starts_past_share_over_waiting():
         scheduler.put(key, seconds)
     assert scheduler.take() == ["a", "c"]  # 3 wait, more than 2: the 2 s one is cut
     assert scheduler.take() == ["b"]
+
+
+def test_a_wait_for_company_ends_when_none_is_coming():
+    scheduler: Scheduler[str] = Scheduler(rows=4)
+    scheduler.put("a", 1.0)
+    assert scheduler.take(wait=60.0, company=lambda: 0) == ["a"]  # at once, not after a minute
+    coming = [1]
+    scheduler.put("b", 1.0)
+
+    def arrive() -> None:
+        scheduler.put("c", 2.0)
+        coming[0] = 0
+
+    threading.Timer(0.05, arrive).start()
+    assert scheduler.take(wait=60.0, company=lambda: coming[0]) == ["c", "b"]  # waited for the one on its way

@@ -17,9 +17,10 @@ import bisect
 import itertools
 import threading
 import time
-from typing import Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+COMPANY_POLL_SECONDS = 0.001  # how often a wait for company asks whether any is still coming
 
 
 class Scheduler(Generic[K]):
@@ -80,12 +81,15 @@ class Scheduler(Generic[K]):
         with self._changed:
             return len(self._waiting)
 
-    def take(self, wait: float = 0.0, timeout: float | None = None) -> list[K] | None:
+    def take(
+        self, wait: float = 0.0, timeout: float | None = None, company: Callable[[], int] | None = None
+    ) -> list[K] | None:
         """The next batch of keys, longest first; None once closed and empty, or after `timeout` seconds with
         nothing waiting.
 
         wait: seconds a batch that is not full may wait for company, counted from the arrival of the oldest input
-        waiting (a server's --max-wait-ms); it is cut short by closing or by the batch filling up.
+        waiting (a server's --max-wait-ms); it is cut short by closing or by the batch filling up, and, with
+        `company` (inputs on their way: a server's requests admitted and not put yet), once none is coming.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
@@ -100,9 +104,9 @@ class Scheduler(Generic[K]):
                 oldest = min(self._arrived.values())
                 while not self._closed and not self._full():
                     left = oldest + wait - time.monotonic()
-                    if left <= 0:
+                    if left <= 0 or (company is not None and company() <= 0):
                         break
-                    self._changed.wait(left)
+                    self._changed.wait(left if company is None else min(left, COMPANY_POLL_SECONDS))
             return self._cut()
 
     def _full(self) -> bool:

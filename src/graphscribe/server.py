@@ -251,7 +251,14 @@ def run(
 ) -> int:
     """Warm `model` up and serve it through `engine`'s workers until `stop`; the exit code (0, or 1 if warming up
     failed or a worker could not start). max_wait: seconds; max_queue None: QUEUE_PER_ROW x the batch size."""
-    service = Service(model, max_batch, max_wait, on_batch=engine.metrics.batch)
+    service = Service(
+        model,
+        max_batch,
+        max_wait,
+        on_batch=engine.metrics.batch,
+        # admitted by a worker, not submitted yet (uploading, decoding; or answered, its worker not yet told)
+        coming=lambda: (engine.admitted.value if engine.admitted is not None else 0) - service.in_flight,
+    )
     max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
     service.start()
     failed, announced = None, False

@@ -84,7 +84,8 @@ class Service:
     max_batch: rows per batch at most (None: the model's batch size, else the device's default). batch_seconds:
     padded seconds per batch at most (None: the model's, else the device's). max_wait: seconds a batch formed
     while the GPU is idle waits for more requests. on_batch(rows, padded_seconds): called for every batch
-    formed (metrics).
+    formed (metrics). coming(): requests on their way, not submitted yet (the server's): a batch formed while the GPU
+    is idle waits for company only while some are.
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class Service:
         max_wait: float = 0.005,
         batch_seconds: float | None = None,
         on_batch: Callable[[int, float], None] | None = None,
+        coming: Callable[[], int] | None = None,
     ):
         files, seconds = default_batching(model.device, model.dtype)
         self.model = model
@@ -111,6 +113,7 @@ class Service:
         self.requests: dict[int, Request] = {}
         self._numbers = itertools.count()
         self._on_batch = on_batch
+        self.coming = coming
         self._settled = threading.Event()  # warm-up over, or failed
         self.ready = False
         self.error: BaseException | None = None  # why warming up failed
@@ -254,7 +257,7 @@ class _Batches:
             if queued:  # the GPU has work: take what waits, no waiting for company
                 numbers = scheduler.take(timeout=0.0)
             else:
-                numbers = scheduler.take(wait=self.service.max_wait)
+                numbers = scheduler.take(wait=self.service.max_wait, company=self.service.coming)
                 if numbers is None:
                     return  # closed and empty
             if numbers is None:
