@@ -327,7 +327,7 @@ def serve_command(
         "--max-wait-ms",
         min=0,
         metavar="MS",
-        help="How long a batch formed on an idle GPU waits for more requests.",
+        help="How long a batch formed on an idle GPU waits for more requests (while some are still arriving).",
     ),
     max_upload_mb: float = typer.Option(
         MAX_UPLOAD_MB, "--max-upload-mb", min=0.01, metavar="MB", help="Largest request body accepted (413 past it)."
