@@ -391,6 +391,30 @@ def test_a_killed_http_worker_is_replaced(server, expected):
     assert "error: an HTTP worker was killed by signal 9; starting another" in server.log.read_text()
 
 
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (an exited one may linger as a zombie until something reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_the_http_workers_leave_with_the_engine(tmp_path):
+    """The engine killed (SIGKILL: no chance to stop them): its HTTP workers see their pipes close and exit, and the
+    port is free again, instead of orphans answering 503 for ever."""
+    served = start_server(tmp_path / "stderr.txt", "--http-workers", "2")
+    workers = _http_workers(served.process.pid)
+    assert len(workers) == 2
+    served.process.kill()
+    served.process.wait(60)
+    deadline = time.monotonic() + 60
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_running, workers))
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{served.url}/health", timeout=5)
+
+
 # ============================================================================ stopping
 
 
