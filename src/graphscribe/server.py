@@ -22,6 +22,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
 import socket
 import sys
@@ -81,19 +82,31 @@ def default_http_workers(device: str) -> int:
 
 @dataclass(eq=False)
 class _Worker:
-    """The engine's view of one HTTP worker process."""
+    """The engine's view of one HTTP worker process. Messages to it go through `outbox`, written to its pipe by a
+    thread of its own: the batching thread only queues its answers (a worker slow to read, or stopped, never holds
+    up the model), and the pickling is off that thread too."""
 
     process: multiprocessing.process.BaseProcess
     conn: Connection
     started: float
     up: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)  # one message at a time on the pipe
+    outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
     def send(self, message: tuple) -> None:
-        try:
-            send(self.conn, self.lock, message)
-        except OSError:
-            pass  # the worker is gone: its clients' connections went with it
+        self.outbox.put(message)
+
+    def write(self) -> None:
+        """The outbox to the pipe, until None, then the pipe closed (here: no other thread is writing to it then);
+        once the worker is gone, what is left is dropped."""
+        lock, gone = threading.Lock(), False
+        while (message := self.outbox.get()) is not None:
+            if gone:
+                continue
+            try:
+                send(self.conn, lock, message)
+            except OSError:
+                gone = True  # the worker is gone: its clients' connections went with it
+        self.conn.close()
 
 
 class Engine:
@@ -128,6 +141,7 @@ class Engine:
         with self._lock:
             self.workers.append(worker)
         threading.Thread(target=self._intake, args=(worker,), name="graphscribe-intake", daemon=True).start()
+        threading.Thread(target=worker.write, name="graphscribe-answers", daemon=True).start()
 
     def serve(self, service: Service, model_name: str, max_queue: int) -> None:
         """Hand the workers' requests to `service` once it is warm (called when it is)."""
@@ -186,6 +200,7 @@ class Engine:
             for w in dead:
                 self.workers.remove(w)
         for w in dead:
+            w.outbox.put(None)
             code = w.process.exitcode
             how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
             if stopping:
@@ -205,7 +220,7 @@ class Engine:
                 os.kill(w.process.pid, signal.SIGTERM)
         for w in workers:
             w.process.join()
-            w.conn.close()
+            w.outbox.put(None)
         # the count's semaphore is unlinked when its last reference goes (the command leaves by os._exit, which skips
         # multiprocessing's exit handlers: its resource tracker would warn of a leaked semaphore)
         self.admitted = None
