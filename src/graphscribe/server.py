@@ -10,7 +10,8 @@
 Processes: this one, the engine, binds the listening socket, starts the HTTP workers (http_front.py: Starlette on
 uvicorn, `--http-workers` of them, each accepting on that socket, reading and decoding uploads), loads the model
 and warms it up; then one intake thread a worker hands that worker's decoded uploads to the `Service` (service.py:
-batching across every worker's requests) and its answers back, counts /metrics and writes the access log.
+batching across every worker's requests), counts /metrics and writes the access log, and one writer thread a
+worker sends it its answers (queued by the batching thread, which never waits on a worker's pipe).
 SIGTERM or SIGINT: the workers refuse new requests with 503 and answer those they admitted (the engine keeps
 transcribing for them), then exit; the engine exits 0 after them. A worker that dies is replaced.
 """
