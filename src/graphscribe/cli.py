@@ -454,7 +454,7 @@ def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timin
             _fail_usage(str(err))
         return run, iter(run), run.transcribing_since, None
     from .finishing import RenderPool
-    from .pipeline import default_batching, read_ahead, transcribe_stream, warm_up
+    from .pipeline import read_ahead, transcribe_stream, warm_up_run
 
     reads: list = []
 
@@ -463,11 +463,8 @@ def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timin
         running.append(reads[-1])
 
     loaded = load_or_exit(c.model, c.device, c.dtype, c.graphs, c.batch, c.attention, c.attention_window, start_reading)
-    if loaded.device.type == "cuda":  # its first uses off the transcription's clock, as in every --devices worker
-        rows, seconds = default_batching(loaded.device, loaded.dtype)
-        warm = warm_up(
-            loaded, min(c.batch or rows, len(files)), seconds if c.batch_seconds is None else c.batch_seconds
-        )
+    warm = warm_up_run(loaded, len(files), c.batch, c.batch_seconds)  # first uses off the transcription's clock
+    if warm:
         loaded.load_seconds = {**loaded.load_seconds, "warm_up": warm, "total": loaded.load_seconds["total"] + warm}
     writer = None
     if render and targets:  # per input, its files' paths in `formats`' order (targets' own)

@@ -579,7 +579,7 @@ def _job(
     from .checkpoint import CheckpointError
     from .config import UnsupportedModelError
     from .model import load_model
-    from .pipeline import default_batching, read_ahead, transcribe_stream, warm_up
+    from .pipeline import read_ahead, transcribe_stream, warm_up_run
     from .priming import prime
     from .tokenizer import TokenizerError
 
@@ -620,11 +620,7 @@ def _job(
         except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
             sender.send(("load_error", f"{source}: {err}" if isinstance(err, UnsupportedModelError) else str(err)))
             os._exit(2)  # not closing the readers: their feeder may be waiting for the parent's answer
-        warm = 0.0
-        if model.device.type == "cuda":  # as the CLI does on one device: its first uses off the clock, said apart
-            rows, seconds = default_batching(model.device, model.dtype)
-            rows = min(batch_size or rows, len(files))
-            warm = warm_up(model, rows, seconds if batch_seconds is None else batch_seconds)
+        warm = warm_up_run(model, len(files), batch_size, batch_seconds)  # as one device: its first uses off the clock
         sender.send(("ready", model.load_seconds["total"] + warm, warm))
     else:
         reads.append(start(model.sample_rate, model.device, model.dtype))

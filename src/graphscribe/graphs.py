@@ -111,9 +111,9 @@ class LayerGraphs:
     """
 
     MAX_FRAMES = {4: 768, 2: 6144}  # batch x encoder frames, by bytes per element: 16-bit products are ~4x faster
-    # Captured shapes kept, most recently used: a server's batches come in many shapes (rows x padded length), and with
-    # 4 kept it captured again every other batch (128 clients in-process, bfloat16: RTFx 6549 with 4, 6877 with 32).
-    # Each holds its static input (at most MAX_FRAMES x the model width) beside the one shared pool.
+    # Captured shapes kept, most recently used: a server's batches come in many shapes (rows x padded length), and
+    # with few kept it captures again every other batch (bench/2026-11-server/run8). Each holds its static input (at
+    # most MAX_FRAMES x the model width) beside the one shared pool.
     KEEP = 32
 
     def __init__(self, layers: nn.ModuleList):

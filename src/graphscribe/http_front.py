@@ -2,9 +2,9 @@
 engine (server.py), which batches them through the model and hands back transcripts.
 
     client -> [HTTP worker process: key checked -> admitted (one count shared by the workers: at most max_queue
-               requests at once, else 503 with Retry-After) -> the body read into memory as it arrives (at most max_upload
-               bytes, 413 past it; nothing is written to disk) and split into its fields (openai_api.py) -> the
-               file decoded and resampled in an upload thread (400 if it is not audio)]
+               requests at once, else 503 with Retry-After) -> the body read into memory as it arrives (at most
+               max_upload bytes, 413 past it; nothing is written to disk) and split into its fields (openai_api.py)
+               -> the file decoded and resampled in an upload thread (400 if it is not audio)]
            -> samples over the worker's pipe -> [engine: Service.submit, batching across every worker's requests]
            -> transcript over the pipe -> [HTTP worker: answered in OpenAI's shape (openai_api.py)]
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import os
 import pickle
 import signal
@@ -64,10 +65,9 @@ class FrontSettings:
     upload_stall: float = UPLOAD_STALL_SECONDS
 
 
-def send(conn: Connection, lock: threading.Lock, message: tuple) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    with lock:
-        conn.send_bytes(data)
+def send(conn: Connection, message: tuple) -> None:
+    """One message on a pipe; the caller makes sure one thread writes at a time."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 class EngineLost(Exception):
@@ -82,7 +82,7 @@ class Link:
         self.conn = conn
         self._lock = threading.Lock()
         self._waiting: dict[int, asyncio.Future] = {}  # id -> future, touched on the event loop only
-        self._ids = iter(range(1 << 62))
+        self._ids = itertools.count()
         self.health: dict | None = None  # the engine's /health body once it is warm
         self.max_queue = 0  # requests admitted at once over every worker, and the model's sample rate: from READY
         self.sample_rate = 0
@@ -97,8 +97,10 @@ class Link:
     def send(self, message: tuple) -> None:
         if self.lost:
             raise EngineLost
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # outside the lock
         try:
-            send(self.conn, self._lock, message)
+            with self._lock:
+                self.conn.send_bytes(data)
         except OSError:
             raise EngineLost from None
 
@@ -131,7 +133,7 @@ class Link:
         if future is None or future.done():  # its client went away
             return
         if kind == REFUSED:
-            future.set_exception(ApiError(503, "the server is shutting down", code="shutting_down"))
+            future.set_exception(_shutting_down())
         else:
             future.set_result(message[2:])
 
@@ -139,7 +141,7 @@ class Link:
         self.lost = True
         for future in self._waiting.values():
             if not future.done():
-                future.set_exception(ApiError(503, "the server is shutting down", code="shutting_down"))
+                future.set_exception(_shutting_down())
         self._waiting.clear()
         self._on_lost()
 
@@ -172,7 +174,7 @@ class Front:
     async def transcriptions(self, request: Request) -> Response:
         try:
             if self.stopping:
-                raise ApiError(503, "the server is shutting down", code="shutting_down")
+                raise _shutting_down()
             if not self.authorized(request):
                 raise _unauthorized()
             if self.link.health is None:
@@ -210,7 +212,7 @@ class Front:
             except AudioError as err:
                 raise ApiError(400, str(err), "file") from None
             except EngineLost:
-                raise ApiError(503, "the server is shutting down", code="shutting_down") from None
+                raise _shutting_down() from None
             finally:
                 form.file = None  # the upload's bytes are not needed any more
             transcript, queue_seconds = await future
@@ -255,6 +257,10 @@ class Front:
         finally:
             self.link.forget(n)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="shutting_down")
 
 
 def _unauthorized() -> ApiError:

@@ -93,6 +93,16 @@ def limit_host_threads(device: str, share: int | None = None) -> None:
     torch.set_num_threads(max(1, threads))
 
 
+def warm_up_run(model: Model, inputs: int, batch_size: int | None, batch_seconds: float | None) -> float:
+    """On CUDA, `warm_up` on a batch as wide as a run of `inputs` inputs starts with (its batch size and padded-seconds
+    cap, or the device's) -> seconds taken; 0 on the CPU, which has no first uses worth moving off the clock. The
+    CLI's process and every `--devices` worker call it after loading."""
+    if model.device.type != "cuda":
+        return 0.0
+    rows, seconds = default_batching(model.device, model.dtype)
+    return warm_up(model, min(batch_size or rows, inputs), seconds if batch_seconds is None else batch_seconds)
+
+
 def warm_up(model: Model, rows: int, batch_seconds: float | None = None) -> float:
     """Run one batch of `rows` copies of the shipped LibriSpeech clip (7.4 s, cut to batch_seconds / rows) through
     `model` as `transcribe_stream` runs a batch, and wait for it -> seconds taken. Nothing it makes is kept but

@@ -30,11 +30,12 @@ class Scheduler(Generic[K]):
     longer than the cap gets a batch alone. alone_over: inputs longer than this (seconds) always run alone
     (hours of audio with local attention do not share a batch's memory).
     share: while more than `share_over` inputs wait (None: a batch's rows), an input shorter than this share of its
-    batch's longest waits for a later batch (0: none does). Inputs that arrive over time come in every length at once: batched whole, 32
-    requests of LibriSpeech lengths are padded to 2.9 times their audio, and the encoder computes every padded
-    frame; cut at half the longest, 1.4 times. With fewer waiting, the batches such a cut leaves are so small that
-    their fixed costs weigh more than the padding. overdue: seconds after which the oldest input waiting heads the next batch, however short it is (with
-    `share`, short inputs would otherwise wait for as long as longer ones keep coming).
+    batch's longest waits for a later batch (0: none does). Inputs that arrive over time come in every length at
+    once: batched whole, 32 requests of LibriSpeech lengths are padded to 2.9 times their audio, and the encoder
+    computes every padded frame; cut at half the longest, 1.4 times. With few waiting, the batches such a cut
+    leaves are so small that their fixed costs weigh more than the padding.
+    overdue: seconds after which the oldest input waiting heads the next batch, however short it is (with `share`,
+    short inputs would otherwise wait for as long as longer ones keep coming).
     """
 
     def __init__(

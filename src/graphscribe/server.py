@@ -99,12 +99,12 @@ class _Worker:
     def write(self) -> None:
         """The outbox to the pipe, until None, then the pipe closed (here: no other thread is writing to it then);
         once the worker is gone, what is left is dropped."""
-        lock, gone = threading.Lock(), False
+        gone = False
         while (message := self.outbox.get()) is not None:
             if gone:
                 continue
             try:
-                send(self.conn, lock, message)
+                send(self.conn, message)
             except OSError:
                 gone = True  # the worker is gone: its clients' connections went with it
         self.conn.close()
@@ -117,12 +117,17 @@ class Engine:
         self.listening, self.settings, self.count = listening, settings, workers
         self._context = multiprocessing.get_context("spawn")  # no CUDA state or threads copied into a worker
         self.admitted = self._context.Value("i", 0)  # requests admitted and not answered, over every worker
-        self.metrics = Metrics(lambda: self.admitted.value if self.admitted is not None else 0)
+        self.metrics = Metrics(lambda: self.admitted_count)
         self.workers: list[_Worker] = []
         self.service: Service | None = None
         self.ready: tuple | None = None  # the READY message once the service is warm
         self._lock = threading.Lock()  # the workers list, `ready`, and the workers' `up`
         self._log_lock = threading.Lock()
+
+    @property
+    def admitted_count(self) -> int:
+        """Requests admitted by the workers and not answered yet (0 once the workers are stopped)."""
+        return self.admitted.value if self.admitted is not None else 0
 
     def start_workers(self) -> None:
         for _ in range(self.count):
@@ -194,7 +199,7 @@ class Engine:
                     if self.ready is not None:
                         worker.send(self.ready)
 
-    def check_workers(self, stopping: bool) -> str | None:
+    def check_workers(self) -> str | None:
         """Replace a worker that died; a reason to stop the server if one died at its start."""
         with self._lock:
             dead = [w for w in self.workers if not w.process.is_alive()]
@@ -204,8 +209,6 @@ class Engine:
             w.outbox.put(None)
             code = w.process.exitcode
             how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-            if stopping:
-                continue
             if time.monotonic() - w.started < STARTUP_SECONDS and not w.up:
                 return f"an HTTP worker {how} at its start"
             err_console.print(f"error: an HTTP worker {how}; starting another")
@@ -273,13 +276,13 @@ def run(
         max_wait,
         on_batch=engine.metrics.batch,
         # admitted by a worker, not submitted yet (uploading, decoding; or answered, its worker not yet told)
-        coming=lambda: (engine.admitted.value if engine.admitted is not None else 0) - service.in_flight,
+        coming=lambda: engine.admitted_count - service.in_flight,
     )
     max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
     service.start()
     failed, announced = None, False
     while not stop.event.wait(0.05):
-        failed = engine.check_workers(stopping=False)
+        failed = engine.check_workers()
         if failed:
             break
         if service.error is not None:
@@ -292,9 +295,10 @@ def run(
         if engine.all_up:
             host, port = engine.listening.getsockname()[:2]
             device = f"{model.device} {str(model.dtype).removeprefix('torch.')}"
+            workers = f"{engine.count} HTTP worker{'s' if engine.count > 1 else ''}"
             sys.stderr.write(
                 f"serving {model_name} on http://{_host(host)}:{port} ({device}, batches of up to {service.max_batch}, "
-                f"{engine.count} HTTP worker{'s' if engine.count > 1 else ''}; warmed up in {service.warm_up_seconds:.1f} s)\n"
+                f"{workers}; warmed up in {service.warm_up_seconds:.1f} s)\n"
             )
             announced = True
     engine.stop_workers()

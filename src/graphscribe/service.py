@@ -53,10 +53,8 @@ log = logging.getLogger(__name__)
 WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 # Requests come in every length at once: while more than half a batch's rows wait, a batch takes those down to half
 # its longest request's length (a shorter one waits for the next batch), and a request waiting over OVERDUE_SECONDS
-# heads the next batch (Scheduler). 128 clients in-process, bfloat16 (bench/2026-11-server/run8): RTFx 4100 whole,
-# 6549 at half, 6000 at 0.7; 32 clients: 3711 whole, 2948 at half. Through HTTP, with the cut only while more than a
-# whole batch waited, 128 clients fell back to whole batches (4590 against 5773 with the cut always; run9, run7):
-# requests in flight in the HTTP workers leave fewer waiting.
+# heads the next batch (Scheduler). Half a batch, not a whole one: through HTTP, requests in the workers' hands
+# leave fewer waiting than clients, and whole batches came back at 128 clients (bench/2026-11-server, run7-run10).
 SHARE = 0.5
 OVERDUE_SECONDS = 0.2
 
