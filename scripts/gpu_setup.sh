@@ -22,7 +22,7 @@ ckpt=/tmp/v3.nemo; speech=src/graphscribe/data
 wait_ready() { for _ in $(seq 240); do curl -sf localhost:${1:-8000}/health >/dev/null && return 0; sleep 0.5; done; return 1; }
 serve() {
     local name=$1 dtype=$2; shift 2
-    env "$@" python3 -m graphscribe.cli serve -m $ckpt --dtype $dtype --port 8000 2> "$OUT/serve-$name.log" & server=$!
+    env "$@" python3 -m graphscribe.cli serve -m $ckpt --dtype $dtype --port 8000 ${EXTRA:-} 2> "$OUT/serve-$name.log" & server=$!
     wait_ready; echo "[$name: $*] $(grep serving "$OUT/serve-$name.log")" | tee -a "$log"
 }
 stop() {

@@ -527,3 +527,32 @@ def test_only_loopback_counts_as_private():
 
     assert all(map(_loopback, ["127.0.0.1", "::1", "localhost", "127.0.0.2"]))
     assert not any(map(_loopback, ["0.0.0.0", "::", "192.168.1.10", "example.org"]))
+
+
+def test_samples_cross_the_pipe_raw_and_in_order():
+    """A SUBMIT's samples come as a raw message after it (http_front.Link.submit): the engine's reader gets the
+    very floats sent, whatever their size (Connection frames up to 16 KiB with the header, larger ones apart; empty
+    ones are a header alone), and the next message on the pipe after them."""
+    import multiprocessing
+    import pickle
+
+    import numpy as np
+
+    from graphscribe.http_front import SUBMIT, Link, receive_samples
+
+    ours, theirs = multiprocessing.Pipe()
+    link = Link(theirs)
+    rng = np.random.default_rng(0)
+    sent = [rng.standard_normal(n).astype(np.float32) for n in (120_000, 7, 0, 4096, 4097)]
+    sent.append(rng.standard_normal(300).astype(np.float64)[::2])  # not float32, not contiguous: made so
+    writer = threading.Thread(target=lambda: [link.submit(k, a, k % 2 == 0, f"f{k}") for k, a in enumerate(sent)])
+    writer.start()
+    for k, a in enumerate(sent):
+        kind, n, nbytes, timings, name = pickle.loads(ours.recv_bytes())
+        assert (kind, n, timings, name) == (SUBMIT, k, k % 2 == 0, f"f{k}")
+        got = receive_samples(ours, nbytes)
+        assert got.dtype == np.float32 and np.array_equal(got, a.astype(np.float32))
+    writer.join()
+    theirs.close()
+    with pytest.raises(EOFError):
+        ours.recv_bytes()

@@ -46,12 +46,16 @@ class Scheduler(Generic[K]):
         share: float = 0.0,
         overdue: float | None = None,
         share_over: int | None = None,
+        cost: tuple[float, float] | None = None,
     ):
         if rows < 1:
             raise ValueError(f"rows {rows}: use 1 or more")
         self.rows, self.seconds, self.alone_over = rows, seconds or None, alone_over
         self.share, self.overdue = share, overdue
         self.share_over = rows if share_over is None else share_over
+        self.cost = cost
+        if cost is not None:
+            import numpy  # noqa: F401 - here, not in the first `take` of a server's batching thread
         self._waiting: list[tuple[float, int, K]] = []  # (-seconds, arrival number, key): longest, then oldest first
         self._arrived: dict[int, float] = {}  # arrival number -> monotonic time it was put
         self._count = itertools.count()
@@ -117,6 +121,8 @@ class Scheduler(Generic[K]):
         """Positions in `_waiting` of the batch `take` would hand out now: a run of the sorted list, from the
         longest input (or the overdue oldest one) down."""
         start = self._overdue_position()
+        if self.cost is not None and len(self._waiting) > self.share_over:
+            return self._window([start] if start else range(len(self._waiting)))
         longest = -self._waiting[start][0]
         if self.alone_over is not None and longest > self.alone_over:
             return [start]
@@ -131,6 +137,28 @@ class Scheduler(Generic[K]):
                 break
             chosen.append(k)
         return chosen
+
+    def _window(self, starts) -> list[int]:
+        """The run of the waiting list, starting at one of `starts`, with the most audio per cost: a batch of n rows
+        whose longest input lasts T seconds costs `fixed + (extra + n) * T` padded seconds (`cost`)."""
+        import numpy as np
+
+        fixed, extra = self.cost
+        lengths = np.maximum([-entry[0] for entry in self._waiting], 0.01)  # unknown lengths: all alike
+        total = np.concatenate(([0.0], np.cumsum(lengths)))
+        first = np.asarray(starts)[:, None]  # (S, 1)
+        n = np.arange(1, self.rows + 1)  # (rows,)
+        end = first + n  # (S, rows), exclusive
+        longest = lengths[first]
+        valid = end <= len(lengths)
+        if self.seconds is not None:
+            valid &= (n * longest <= self.seconds) | (n == 1)
+        if self.alone_over is not None:
+            valid &= (longest <= self.alone_over) | (n == 1)
+        audio = total[np.minimum(end, len(lengths))] - total[first]
+        value = np.where(valid, audio / (fixed + (extra + n) * longest), -1.0)
+        s, m = np.unravel_index(int(np.argmax(value)), value.shape)
+        return list(range(int(first[s, 0]), int(first[s, 0]) + int(m) + 1))
 
     def _overdue_position(self) -> int:
         """0, or the position of the oldest input waiting once it has waited past `overdue`."""

@@ -53,6 +53,7 @@ from .http_front import (
     SUBMIT,
     UP,
     FrontSettings,
+    receive_samples,
     send,
     worker_main,
 )
@@ -181,7 +182,11 @@ class Engine:
                 return
             kind = message[0]
             if kind == SUBMIT:
-                _, n, samples, timings, name = message
+                _, n, nbytes, timings, name = message
+                try:
+                    samples = receive_samples(worker.conn, nbytes)
+                except (EOFError, OSError):
+                    return
                 try:
                     self.service.submit(torch.from_numpy(samples), timings, _answer_to(worker, n), name)
                 except RuntimeError:  # closed: the server is stopping

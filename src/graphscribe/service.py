@@ -51,11 +51,15 @@ log = logging.getLogger(__name__)
 # growing (a 20 s row makes room for 20.48 s) and that its token records have grown. On the CPU nothing is
 # captured: one row of a second loads the kernels.
 WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
-# Requests come in every length at once: while more than half a batch's rows wait, a batch takes those down to half
-# its longest request's length (a shorter one waits for the next batch), and a request waiting over OVERDUE_SECONDS
-# heads the next batch (Scheduler). Half a batch, not a whole one: through HTTP, requests in the workers' hands
-# leave fewer waiting than clients, and whole batches came back at 128 clients (bench/2026-11-server, run7-run10).
-SHARE = 0.5
+# Requests come in every length at once, and a batch costs the GPU its rows times its longest request's length plus
+# fixed costs: a batch is the run of the waiting requests (sorted by length) with the most audio per cost, where
+# n rows whose longest lasts T seconds cost `fixed + (extra + n) * T` padded seconds (Scheduler's `cost`; fixed: a
+# batch's own costs, extra: those that grow with its length whatever its rows, such as the decode loop's steps),
+# fitted to the GPU's time per batch by rows and length (scripts/experiments/batch_cost.py, bench/2026-11-server/
+# run13). A request waiting over OVERDUE_SECONDS heads the next batch, whatever its length.
+BATCH_COST = {"cuda-16bit": (88.8, 1.24), "cuda-float32": (12.4, 0.58), "cpu": (4.0, 0.5)}
+# The earlier rule, for scripts/experiments/service_policy.py: a batch takes those down to SHARE x its longest.
+SHARE = 0.0
 OVERDUE_SECONDS = 0.2
 
 
@@ -101,7 +105,13 @@ class Service:
         self.batch_seconds = batch_seconds or model.options.batch_seconds or seconds
         self.max_wait = max_wait
         self.scheduler: Scheduler[int] = Scheduler(
-            self.max_batch, self.batch_seconds, FULL_ATTENTION_MAX_SECONDS, SHARE, OVERDUE_SECONDS, self.max_batch // 2
+            self.max_batch,
+            self.batch_seconds,
+            FULL_ATTENTION_MAX_SECONDS,
+            SHARE,
+            OVERDUE_SECONDS,
+            self.max_batch // 2,
+            None if SHARE else batch_cost(model.device, model.dtype),
         )
         self.pad_to = pad_samples(model.device, model.dtype, model.sample_rate)
         self.pin = model.device.type == "cuda"
@@ -236,6 +246,13 @@ class Service:
         if counted and self._on_batch is not None:
             self._on_batch(len(numbers), batch.audio.numel() / self.model.sample_rate)
         return batch
+
+
+def batch_cost(device: torch.device, dtype: torch.dtype | None) -> tuple[float, float]:
+    """The Scheduler's `cost` for a model on `device` in `dtype` (BATCH_COST)."""
+    if device.type != "cuda":
+        return BATCH_COST["cpu"]
+    return BATCH_COST["cuda-16bit" if dtype is not None and dtype.itemsize == 2 else "cuda-float32"]
 
 
 class _Batches:
