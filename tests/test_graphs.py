@@ -58,7 +58,7 @@ def test_layer_graphs_give_the_eager_loops_bits(model, monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(graphs, "capture", lambda graph, record, pool: setattr(graph, "record", record))
     monkeypatch.setattr(graphs.LayerGraphs, "applies", lambda self, x, window: self.enabled and window is None)
-    monkeypatch.setattr(graphs.LayerGraphs, "KEEP", 2)
+    monkeypatch.setattr(graphs.LayerGraphs, "KEEP_BYTES", 1)  # the newest shape alone is kept
     layers = nn.ModuleList(copy.deepcopy(model.module.encoder.layers[i % 2]) for i in range(5))
     with torch.no_grad():
         for i, layer in enumerate(layers):  # five different layers
@@ -72,4 +72,4 @@ def test_layer_graphs_give_the_eager_loops_bits(model, monkeypatch):
             expected = run_layers(layers, x, pos, Padding(padding.valid, x.dtype), None)
             got = runner(x, pos, padding, None)
         assert torch.equal(got, expected), (lengths, frames)
-    assert len(runner._graphs) == 2  # the last two shapes
+    assert list(runner._graphs) == [((2, 12, x.shape[2]), x.dtype)]  # the last shape, made again after others

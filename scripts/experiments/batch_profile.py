@@ -11,14 +11,13 @@ import argparse
 import time
 
 import torch
+from batch_cost import Repeat  # the sibling script's source of batches
 from torch.profiler import ProfilerActivity, profile
 
 from graphscribe import load_model
 from graphscribe.audio import read_input
 from graphscribe.bench import speech_path
 from graphscribe.pipeline import WARM_UP_CLIP, HostBuffers, collate, pad_samples, transcribe_stream
-
-from batch_cost import Repeat  # noqa: E402 - the sibling script's source of batches
 
 
 def main() -> None:

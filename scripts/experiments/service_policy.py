@@ -1,8 +1,8 @@
 """The server's batching without HTTP: N client threads in a closed loop submit a folder's files (decoded into memory
 first) to one `Service`, each sending its next file as soon as its answer is in. Per pass: RTFx, batches, rows a
 batch, padded seconds over audio seconds, graph capture seconds. A variant sets service.SHARE (share=0.5: the length cut
-instead of the cost rule), service.BATCH_COST (fixed=F,extra=G), service.OVERDUE_SECONDS, graphs.LayerGraphs.KEEP
-and the Service's max_batch before its Service is made (and warmed up); unset, each is as shipped.
+instead of the cost rule), service.BATCH_COST (fixed=F,extra=G), service.OVERDUE_SECONDS, graphs.LayerGraphs.KEEP_BYTES
+(keep=BYTES) and the Service's max_batch before its Service is made (and warmed up); unset, each is as shipped.
 
     python scripts/experiments/service_policy.py -m v3.nemo --folder /tmp/f4096 --clients 128 --reps 2 \\
         --variant share=0.5 --variant fixed=43,extra=4.3
@@ -67,7 +67,7 @@ def main() -> None:
     seconds = sum(a.numel() for a in audios) / model.sample_rate
     rows = []
     shipped_cost = dict(graphscribe.service.BATCH_COST)
-    shipped_keep, shipped_overdue = graphscribe.graphs.LayerGraphs.KEEP, graphscribe.service.OVERDUE_SECONDS
+    shipped_keep, shipped_overdue = graphscribe.graphs.LayerGraphs.KEEP_BYTES, graphscribe.service.OVERDUE_SECONDS
     for text in args.variant or [""]:
         knobs = parse_variant(text)
         graphscribe.service.SHARE = knobs.get("share", 0.0)
@@ -76,7 +76,7 @@ def main() -> None:
         else:
             graphscribe.service.BATCH_COST = shipped_cost
         graphscribe.service.OVERDUE_SECONDS = knobs.get("overdue", shipped_overdue)
-        graphscribe.graphs.LayerGraphs.KEEP = int(knobs.get("keep", shipped_keep))
+        graphscribe.graphs.LayerGraphs.KEEP_BYTES = int(knobs.get("keep", shipped_keep))
         batches: list[tuple[int, float]] = []
         service = Service(
             model,

@@ -101,20 +101,24 @@ class LayerGraphs:
     layer's weights are packed into one buffer (`_pack`), so that copy is one block.
     The same kernels on the same shapes and the same values as the eager loop: the output is bit-equal to it.
 
-    Only for full attention on batches of at most `MAX_FRAMES` encoder frames: on larger ones the GPU is the
-    bottleneck anyway, and copying the weights (one layer's, every layer) costs more than the launches save
-    (the encoder alone on the H100: float32 B=8 x 4 s 39.7 -> 24.5 ms, bfloat16
-    B=32 x 10 s 35.0 -> 27.9 ms; past the limits float32 B=8 x 10 s 39.9 -> 41.4 ms, bfloat16 B=32 x 20 s
-    55.0 -> 56.2 ms). The graphs of the last `KEEP` shapes share one memory
-    pool; replays run in stream order, and what one layer hands the next lives in each graph's own static
-    input, outside the pool.
+    Only for full attention, and in float32 on batches of at most `MAX_FRAMES` encoder frames: on larger ones the
+    GPU is the bottleneck, and copying the weights (one layer's, every layer) costs more than the launches save (the
+    encoder alone on the H100: float32 B=8 x 4 s 39.7 -> 24.5 ms; past the limit B=8 x 10 s 39.9 -> 41.4 ms). In 16
+    bits on every batch: the encoder alone at B=32 x 20 s lost 2% (55.0 -> 56.2 ms), but a whole run's host, which
+    launches the next batch's work while the GPU runs this one, is the tighter limit (the CLI on 4096 files in
+    bfloat16 on an H200: 9428 -> 10143 RTFx, bench/2026-11-server/run17). The graphs kept share one memory pool;
+    replays run in stream order, and what one layer hands the next lives in each graph's own static input, outside
+    the pool.
     """
 
-    MAX_FRAMES = {4: 768, 2: 6144}  # batch x encoder frames, by bytes per element: 16-bit products are ~4x faster
-    # Captured shapes kept, most recently used: a server's batches come in many shapes (rows x padded length), and
-    # with few kept it captures again every other batch (bench/2026-11-server/run8). Each holds its static input (at
-    # most MAX_FRAMES x the model width) beside the one shared pool.
-    KEEP = 32
+    # batch x encoder frames at most, by bytes per element (None: any); 16-bit products are ~4x faster
+    MAX_FRAMES = {4: 768, 2: None}
+    # Captured shapes are kept, most recently used, while their static buffers (a batch's input, positions and masks)
+    # fit in KEEP_BYTES: a server's batches come in many shapes (rows x padded length), and a shape dropped is
+    # captured again when it comes back. With 32 shapes kept, captures took 1.3 s of a bfloat16 server's 25 s under
+    # load; with 128, 0.8 s, and 128 clients rose from 5145 to 5580 RTFx (run17). A server's batch holds ~6 MB
+    # (18 rows of 12 s): a GiB keeps ~170 such shapes, the CLI's widest (64 rows of 35 s, ~70 MB) ~15.
+    KEEP_BYTES = 1 << 30
 
     def __init__(self, layers: nn.ModuleList):
         self.layers = layers
@@ -123,13 +127,17 @@ class LayerGraphs:
         self.slot: nn.Module | None = None
         self._slot_weights: torch.Tensor | None = None
         self._graphs: OrderedDict[tuple, _LayerGraph] = OrderedDict()
+        self._kept_bytes = 0  # of the graphs' static buffers
         self._pool = None
         self.enabled = True
         self.capture_seconds = 0.0  # summed over the captures so far
 
     def applies(self, x: torch.Tensor, window: tuple[int, int] | None) -> bool:
         frames = x.shape[0] * x.shape[1]
-        return self.enabled and window is None and x.is_cuda and frames <= self.MAX_FRAMES.get(x.element_size(), 0)
+        if not (self.enabled and window is None and x.is_cuda and x.element_size() in self.MAX_FRAMES):
+            return False
+        limit = self.MAX_FRAMES[x.element_size()]
+        return limit is None or frames <= limit
 
     def __call__(
         self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, window: tuple[int, int] | None
@@ -165,6 +173,7 @@ class LayerGraphs:
     def release(self) -> None:
         """Drop the captured graphs and their memory (out of memory elsewhere)."""
         self._graphs.clear()
+        self._kept_bytes = 0
         self._pool = None
 
     def _graph_for(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding) -> "_LayerGraph":
@@ -180,8 +189,9 @@ class LayerGraphs:
         graph = _LayerGraph(self.slot, x, pos_emb, padding, self._pool)
         self.capture_seconds += time.perf_counter() - start
         self._graphs[key] = graph
-        if len(self._graphs) > self.KEEP:
-            self._graphs.popitem(last=False)
+        self._kept_bytes += graph.nbytes
+        while self._kept_bytes > self.KEEP_BYTES and len(self._graphs) > 1:  # the newest stays, whatever its size
+            self._kept_bytes -= self._graphs.popitem(last=False)[1].nbytes
         return graph
 
 
@@ -196,6 +206,8 @@ class _LayerGraph:
             self.padding.__dict__[name] = mask.clone()
         self.graph = torch.cuda.CUDAGraph()
         capture(self.graph, lambda: self.x.copy_(slot(self.x, self.pos_emb, self.padding, None)), pool)
+        statics = [self.x, self.pos_emb, self.padding.valid, *_masks(self.padding).values()]
+        self.nbytes = sum(t.numel() * t.element_size() for t in statics)
 
     def refresh(self, padding: Padding) -> None:
         self.padding.valid.copy_(padding.valid)
