@@ -97,7 +97,8 @@ class LayerGraphs:
     per batch, which take longer to launch than the GPU takes to run them. The layers all have one structure, so
     one graph of one layer serves them all: `slot`, a copy of layer 0 whose weights are static buffers, is captured
     once per batch shape (after layer 0 has run eagerly on that shape: its cuBLAS and cuDNN plans exist, and
-    its work is the batch's own); every later layer copies its weights into the slot and replays the graph. Each
+    its work is the batch's own); every later layer copies its weights into the slot and replays the graph, and a
+    later batch of that shape replays it for every layer, the first one too. Each
     layer's weights are packed into one buffer (`_pack`), so that copy is one block.
     The same kernels on the same shapes and the same values as the eager loop: the output is bit-equal to it.
 
@@ -147,9 +148,14 @@ class LayerGraphs:
             return run_layers(self.layers, x, pos_emb, padding, window)
         if self._weights is None:
             self._pack_layers()
+        graph = self._kept(x)
+        if graph is not None:  # a shape seen before: every layer from its graph, the first one too
+            graph.refresh(padding)
+            graph.x.copy_(x)
+            return self._replay(graph, self._weights)
         x = self.layers[0](x, pos_emb, padding, None)  # eager: the batch's first layer, and warm-up for the capture
         try:
-            graph = self._graph_for(x, pos_emb, padding)
+            graph = self._capture(x, pos_emb, padding)
         except RuntimeError as err:  # capture is an optimisation: run the rest eagerly rather than fail
             log.warning(
                 "CUDA graph capture of the encoder layer failed (%s); running it eagerly", str(err).splitlines()[0]
@@ -158,8 +164,11 @@ class LayerGraphs:
             self.enabled = False
             return run_layers(self.layers[1:], x, pos_emb, padding, None)
         graph.x.copy_(x)
-        for weights in self._weights[1:]:
-            self._slot_weights.copy_(weights)
+        return self._replay(graph, self._weights[1:])
+
+    def _replay(self, graph: "_LayerGraph", weights: list[torch.Tensor]) -> torch.Tensor:
+        for w in weights:
+            self._slot_weights.copy_(w)
             graph.graph.replay()
         return graph.x.clone()  # the static buffer is the next batch's input
 
@@ -176,13 +185,17 @@ class LayerGraphs:
         self._kept_bytes = 0
         self._pool = None
 
-    def _graph_for(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding) -> "_LayerGraph":
+    def _kept(self, x: torch.Tensor) -> "_LayerGraph | None":
+        """The graph of x's shape, if kept (layers keep their input's shape: the first one's is every one's)."""
         key = (tuple(x.shape), x.dtype)
         graph = self._graphs.get(key)
         if graph is not None:
             self._graphs.move_to_end(key)
-            graph.refresh(padding)  # same shape: same positions, new padding
-            return graph
+        return graph
+
+    def _capture(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding) -> "_LayerGraph":
+        """A graph of `slot` for x's shape, after the eager first layer has made x and the masks the layer reads."""
+        key = (tuple(x.shape), x.dtype)
         start = time.perf_counter()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

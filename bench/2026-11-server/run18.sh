@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The encoder's layer graphs replayed for every layer, the first one too, once a batch shape has been captured
+# (issues 29 and 30), on one lent GPU, from the repo root with .whl and .scratch/before (src before the change) carried:
+#   bash bench/2026-11-server/run18.sh   (logs under $OUT)
+# 1. the GPU tests.
+# 2. the CLI on the 4096-file folder in bfloat16, txt, 2 rounds each, before and after, interleaved.
+# 3. bfloat16 servers before and after, 128, 32, 128 clients over the 4096 files; after: 8 and 1 over the 512 files.
+# 4. float32 as shipped: one 7.4 s clip at a time and 8 at a time; the server's text per file against the CLI's.
+set -uo pipefail
+source scripts/gpu_setup.sh
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+T="python3 -m graphscribe.cli"
+mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
+step "gpu tests" 240 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -x -m gpu \
+    tests/test_gpu.py tests/test_pipeline.py tests/test_timestamps.py tests/test_bench.py
+for r in 0 1; do
+    PYTHONPATH=/tmp/site:$PWD/.scratch/before/src step "cli before $r" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 \
+        --model $ckpt --rounds 1 --out /tmp/cli-before-$r --variant "before: --dtype bfloat16"
+    step "cli after $r" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 1 --out /tmp/cli-after-$r \
+        --variant "after: --dtype bfloat16"
+done
+serve before bfloat16 PYTHONPATH=/tmp/site:$PWD/.scratch/before/src
+step "server before 4096" 100 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,32,128 --json "$OUT/serve-before-4096.json"
+stop before
+serve after bfloat16
+step "server after 4096" 100 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,32,128 --json "$OUT/serve-after-4096.json"
+step "server after 512" 60 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f512 --concurrency 8,1 --json "$OUT/serve-after-512.json"
+stop after
+serve f32 float32
+step "server float32 7.4 s clip" 60 $T bench --serve http://127.0.0.1:8000 --folder /tmp/clip74 --concurrency 1,8,1,8 --json "$OUT/serve-f32-latency.json"
+step "cli float32 512 json" 60 $T /tmp/f512 -m $ckpt --dtype float32 -f json -o /tmp/cli-f32
+step "server float32 texts" 90 python3 scripts/compare_server.py --url http://127.0.0.1:8000 --folder /tmp/f512 --cli-out /tmp/cli-f32 --clients 16
+stop f32
+cat /tmp/cli-*/grid.md > "$OUT/cli-bf16.md"
+(cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt && rm -f serve-*.log metrics-*.txt)
+exit 0
