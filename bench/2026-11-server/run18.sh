@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The encoder's layer graphs replayed for every layer, the first one too, once a batch shape has been captured
-# (issues 29 and 30), on one lent GPU, from the repo root with .whl and .scratch/before (src before the change) carried:
+# (issues 29 and 30), on one lent GPU, from the repo root with .whl and .scratch/before (graphs.py before the change) carried:
 #   bash bench/2026-11-server/run18.sh   (logs under $OUT)
 # 1. the GPU tests.
 # 2. the CLI on the 4096-file folder in bfloat16, txt, 2 rounds each, before and after, interleaved.
@@ -13,13 +13,14 @@ T="python3 -m graphscribe.cli"
 mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
 step "gpu tests" 240 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -x -m gpu \
     tests/test_gpu.py tests/test_pipeline.py tests/test_timestamps.py tests/test_bench.py
+rm -rf /tmp/before && cp -r src /tmp/before && cp .scratch/before/graphs.py /tmp/before/graphscribe/graphs.py
 for r in 0 1; do
-    PYTHONPATH=/tmp/site:$PWD/.scratch/before/src step "cli before $r" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 \
+    PYTHONPATH=/tmp/site:/tmp/before step "cli before $r" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 \
         --model $ckpt --rounds 1 --out /tmp/cli-before-$r --variant "before: --dtype bfloat16"
     step "cli after $r" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 1 --out /tmp/cli-after-$r \
         --variant "after: --dtype bfloat16"
 done
-serve before bfloat16 PYTHONPATH=/tmp/site:$PWD/.scratch/before/src
+serve before bfloat16 PYTHONPATH=/tmp/site:/tmp/before
 step "server before 4096" 100 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,32,128 --json "$OUT/serve-before-4096.json"
 stop before
 serve after bfloat16
