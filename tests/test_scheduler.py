@@ -64,33 +64,51 @@ def test_closing_cuts_a_wait_short():
         scheduler.put("late", 1.0)
 
 
-def test_inputs_far_shorter_than_the_longest_wait_for_their_own_batch():
-    scheduler: Scheduler[str] = Scheduler(rows=4, share=0.5)
-    for key, seconds in [("a", 4.0), ("b", 10.0), ("c", 3.0), ("d", 6.0), ("e", 9.0)]:
+def test_a_batch_is_the_run_with_the_most_audio_for_its_cost():
+    """n inputs whose longest lasts T cost fixed + (extra + n) T. With fixed 10: [30] alone 30/40 = 0.75, the four
+    10 s ones 40/50 = 0.8, with the 11 s one too 51/65 = 0.78, all six 81/190: the four 10 s ones go first; then of
+    [30, 11], 30 alone (0.75) beats both (41/70) and 11 alone (11/21)."""
+    scheduler: Scheduler[str] = Scheduler(rows=8, cost=(10.0, 0.0), cost_over=0)
+    for key, seconds in [("a", 10.0), ("long", 30.0), ("b", 10.0), ("eleven", 11.0), ("c", 10.0), ("d", 10.0)]:
         scheduler.put(key, seconds)
-    assert scheduler.take() == ["b", "e", "d"]  # more wait than a batch holds: 4 s is under half of 10 s
-    scheduler.put("f", 12.0)
-    assert scheduler.take() == ["f", "a", "c"]  # no more than a batch: all of them, however short
+    assert scheduler.take() == ["a", "b", "c", "d"]  # equal lengths: oldest first
+    assert scheduler.take() == ["long"]
+    assert scheduler.take() == ["eleven"]
+
+
+def test_a_large_fixed_cost_makes_whole_batches_and_extra_favours_short_runs():
+    scheduler: Scheduler[str] = Scheduler(rows=8, cost=(1000.0, 0.0), cost_over=0)
+    for key, seconds in [("a", 10.0), ("long", 30.0), ("b", 10.0), ("eleven", 11.0)]:
+        scheduler.put(key, seconds)
+    assert scheduler.take() == ["long", "eleven", "a", "b"]  # 61/1120 against 30/1030 alone or 31/1033 for the rest
+    # extra 100: [30] alone 30/(101 x 30) = 0.0099; [10, 10] 20/(102 x 10) = 0.0196; [30, 10, 10] 50/(103 x 30)
+    scheduler = Scheduler(rows=8, cost=(0.0, 100.0), cost_over=0)
+    for key, seconds in [("a", 10.0), ("long", 30.0), ("b", 10.0)]:
+        scheduler.put(key, seconds)
+    assert scheduler.take() == ["a", "b"]
 
 
 def test_an_overdue_input_heads_the_next_batch():
-    scheduler: Scheduler[str] = Scheduler(rows=2, share=0.5, overdue=0.05)
+    scheduler: Scheduler[str] = Scheduler(rows=2, overdue=0.05, cost=(10.0, 0.0), cost_over=0)
     scheduler.put("short", 1.0)
     scheduler.put("shorter", 0.75)
     scheduler.put("long", 10.0)
-    assert scheduler.take() == ["long"]  # nobody overdue yet: the longest first, alone (the others are too short)
+    assert scheduler.take() == ["long"]  # nobody overdue: 10/20 alone against 11/30 with "short", 1.75/12 for the rest
     time.sleep(0.1)
     scheduler.put("longer", 12.0)
-    assert scheduler.take() == ["short", "shorter"]  # waited past `overdue`: heads the batch before the longer one
-    assert scheduler.take() == ["longer"]
+    scheduler.put("long2", 12.0)
+    assert scheduler.take() == ["short", "shorter"]  # waited past `overdue`: heads the batch before the longer ones
+    assert scheduler.take() == ["longer", "long2"]
 
 
-def test_the_length_cut_starts_past_share_over_waiting():
-    scheduler: Scheduler[str] = Scheduler(rows=8, share=0.5, share_over=2)
-    for key, seconds in [("a", 10.0), ("b", 2.0), ("c", 9.0)]:
+def test_the_cost_rule_starts_past_cost_over_waiting():
+    scheduler: Scheduler[str] = Scheduler(rows=8, cost=(10.0, 0.0), cost_over=3)
+    for key, seconds in [("a", 10.0), ("b", 1.0), ("c", 10.0)]:
         scheduler.put(key, seconds)
-    assert scheduler.take() == ["a", "c"]  # 3 wait, more than 2: the 2 s one is cut
-    assert scheduler.take() == ["b"]
+    assert scheduler.take() == ["a", "c", "b"]  # 3 wait, not more than 3: one whole batch, longest first
+    for key, seconds in [("a", 10.0), ("b", 1.0), ("c", 10.0), ("d", 10.0)]:
+        scheduler.put(key, seconds)
+    assert scheduler.take() == ["a", "c", "d"]  # 4 wait: 30/40 without the 1 s one, 31/50 with it
 
 
 def test_a_wait_for_company_ends_when_none_is_coming():

@@ -1,11 +1,11 @@
 """The server's batching without HTTP: N client threads in a closed loop submit a folder's files (decoded into memory
 first) to one `Service`, each sending its next file as soon as its answer is in. Per pass: RTFx, batches, rows a
-batch, padded seconds over audio seconds, graph capture seconds. A variant sets service.SHARE (share=0.5: the length cut
-instead of the cost rule), service.BATCH_COST (fixed=F,extra=G), service.OVERDUE_SECONDS, graphs.LayerGraphs.KEEP_BYTES
-(keep=BYTES) and the Service's max_batch before its Service is made (and warmed up); unset, each is as shipped.
+batch, padded seconds over audio seconds, graph capture seconds. A variant sets service.BATCH_COST (fixed=F,extra=G),
+service.OVERDUE_SECONDS, graphs.LayerGraphs.KEEP_BYTES (keep=BYTES) and the Service's max_batch (rows=N) before its
+Service is made (and warmed up); unset, each is as shipped.
 
     python scripts/experiments/service_policy.py -m v3.nemo --folder /tmp/f4096 --clients 128 --reps 2 \\
-        --variant share=0.5 --variant fixed=43,extra=4.3
+        --variant "" --variant fixed=43,extra=4.3 --variant keep=1073741824
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ def main() -> None:
     shipped_keep, shipped_overdue = graphscribe.graphs.LayerGraphs.KEEP_BYTES, graphscribe.service.OVERDUE_SECONDS
     for text in args.variant or [""]:
         knobs = parse_variant(text)
-        graphscribe.service.SHARE = knobs.get("share", 0.0)
         if "fixed" in knobs:  # the cost rule with these constants, for every device and dtype
             graphscribe.service.BATCH_COST = dict.fromkeys(shipped_cost, (knobs["fixed"], knobs.get("extra", 0.0)))
         else:

@@ -29,13 +29,14 @@ class Scheduler(Generic[K]):
     rows: inputs per batch at most. seconds: padded seconds per batch at most (0 or None: no cap); an input
     longer than the cap gets a batch alone. alone_over: inputs longer than this (seconds) always run alone
     (hours of audio with local attention do not share a batch's memory).
-    share: while more than `share_over` inputs wait (None: a batch's rows), an input shorter than this share of its
-    batch's longest waits for a later batch (0: none does). Inputs that arrive over time come in every length at
-    once: batched whole, 32 requests of LibriSpeech lengths are padded to 2.9 times their audio, and the encoder
-    computes every padded frame; cut at half the longest, 1.4 times. With few waiting, the batches such a cut
-    leaves are so small that their fixed costs weigh more than the padding.
-    overdue: seconds after which the oldest input waiting heads the next batch, however short it is (with `share`,
-    short inputs would otherwise wait for as long as longer ones keep coming).
+    cost: (fixed, extra): while more than `cost_over` inputs wait (None: a batch's rows), a batch is the run of the
+    waiting inputs (sorted by length) with the most audio per cost, where n inputs whose longest lasts T seconds
+    cost `fixed + (extra + n) * T` padded seconds (None: longest first, greedily). Inputs that arrive over time come
+    in every length at once: batched whole, 32 requests of LibriSpeech lengths are padded to 2.9 times their audio,
+    and the encoder computes every padded frame. With few waiting, whole batches: one batch's fixed costs then
+    weigh more than the padding.
+    overdue: seconds after which the oldest input waiting heads the next batch, however short it is (with `cost`,
+    an input far from the others' lengths would otherwise wait for as long as others keep coming).
     """
 
     def __init__(
@@ -43,17 +44,15 @@ class Scheduler(Generic[K]):
         rows: int,
         seconds: float | None = None,
         alone_over: float | None = None,
-        share: float = 0.0,
         overdue: float | None = None,
-        share_over: int | None = None,
         cost: tuple[float, float] | None = None,
+        cost_over: int | None = None,
     ):
         if rows < 1:
             raise ValueError(f"rows {rows}: use 1 or more")
         self.rows, self.seconds, self.alone_over = rows, seconds or None, alone_over
-        self.share, self.overdue = share, overdue
-        self.share_over = rows if share_over is None else share_over
-        self.cost = cost
+        self.overdue, self.cost = overdue, cost
+        self.cost_over = rows if cost_over is None else cost_over
         if cost is not None:
             import numpy  # noqa: F401 - here, not in the first `take` of a server's batching thread
         self._waiting: list[tuple[float, int, K]] = []  # (-seconds, arrival number, key): longest, then oldest first
@@ -121,19 +120,16 @@ class Scheduler(Generic[K]):
         """Positions in `_waiting` of the batch `take` would hand out now: a run of the sorted list, from the
         longest input (or the overdue oldest one) down."""
         start = self._overdue_position()
-        if self.cost is not None and len(self._waiting) > self.share_over:
+        if self.cost is not None and len(self._waiting) > self.cost_over:
             return self._window([start] if start else range(len(self._waiting)))
         longest = -self._waiting[start][0]
         if self.alone_over is not None and longest > self.alone_over:
             return [start]
         chosen = [start]
-        share = self.share if len(self._waiting) > self.share_over else 0.0
         for k in range(start + 1, len(self._waiting)):
             if len(chosen) >= self.rows:
                 break
             if self.seconds is not None and (len(chosen) + 1) * longest > self.seconds:
-                break
-            if -self._waiting[k][0] < share * longest:
                 break
             chosen.append(k)
         return chosen
