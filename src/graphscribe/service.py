@@ -60,7 +60,8 @@ WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 # against 4536-5305 with a first guess of (43, 4.3) (run13), 6148 against 5887-5908 with the fit, on a warm pass
 # (run15). While no more than half a batch waits, batches are whole: at 32 clients whole batches were better than
 # any cut (run8). A request waiting over OVERDUE_SECONDS heads the next batch, whatever its length.
-BATCH_COST = {"cuda-16bit": (88.8, 1.24), "cuda-float32": (12.4, 0.58), "cpu": (4.0, 0.5)}
+# The CPU's: the demo model on a 2-core machine (bench/2026-11-server/cpu-cost).
+BATCH_COST = {"cuda-16bit": (88.8, 1.24), "cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
 OVERDUE_SECONDS = 0.2
 
 
