@@ -101,6 +101,19 @@ def test_an_overdue_input_heads_the_next_batch():
     assert scheduler.take() == ["longer", "long2"]
 
 
+def test_an_overdue_longest_input_is_in_the_next_batch():
+    """Overdue and the longest: [old 12, 10, 10, 10] with fixed 10 and 3 rows. By cost alone the three 10 s ones
+    (30/40) beat any run with the 12 s one (32/46 at best), but it heads the batch: [12, 10, 10] (32/46) over
+    [12, 10] (22/34) and [12] (12/22)."""
+    scheduler: Scheduler[str] = Scheduler(rows=3, overdue=0.05, cost=(10.0, 0.0), cost_over=0)
+    scheduler.put("old", 12.0)
+    time.sleep(0.1)
+    for key in "abc":
+        scheduler.put(key, 10.0)
+    assert scheduler.take() == ["old", "a", "b"]
+    assert scheduler.take() == ["c"]
+
+
 def test_the_cost_rule_starts_past_cost_over_waiting():
     scheduler: Scheduler[str] = Scheduler(rows=8, cost=(10.0, 0.0), cost_over=3)
     for key, seconds in [("a", 10.0), ("b", 1.0), ("c", 10.0)]:

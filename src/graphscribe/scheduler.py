@@ -119,9 +119,10 @@ class Scheduler(Generic[K]):
     def _plan(self) -> list[int]:
         """Positions in `_waiting` of the batch `take` would hand out now: a run of the sorted list, from the
         longest input (or the overdue oldest one) down."""
-        start = self._overdue_position()
+        overdue = self._overdue_position()
         if self.cost is not None and len(self._waiting) > self.cost_over:
-            return self._window([start] if start else range(len(self._waiting)))
+            return self._window(range(len(self._waiting)) if overdue is None else [overdue])
+        start = overdue or 0
         longest = -self._waiting[start][0]
         if self.alone_over is not None and longest > self.alone_over:
             return [start]
@@ -156,13 +157,13 @@ class Scheduler(Generic[K]):
         s, m = np.unravel_index(int(np.argmax(value)), value.shape)
         return list(range(int(first[s, 0]), int(first[s, 0]) + int(m) + 1))
 
-    def _overdue_position(self) -> int:
-        """0, or the position of the oldest input waiting once it has waited past `overdue`."""
+    def _overdue_position(self) -> int | None:
+        """The position of the oldest input waiting once it has waited past `overdue`; None while none has."""
         if self.overdue is None or not self._arrived:
-            return 0
+            return None
         oldest = min(self._arrived, key=self._arrived.__getitem__)
         if time.monotonic() - self._arrived[oldest] <= self.overdue:
-            return 0
+            return None
         return next(k for k, entry in enumerate(self._waiting) if entry[1] == oldest)
 
     def _cut(self) -> list[K]:
