@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import threading
 import time
 from collections import OrderedDict
 from typing import Callable
@@ -34,14 +35,18 @@ def capture(graph: torch.cuda.CUDAGraph, record: Callable[[], None], pool) -> No
     memory meanwhile.
     """
     stream = _capture_stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-        try:
-            record()
-        finally:
-            graph.capture_end()
-    torch.cuda.current_stream().wait_stream(stream)
+    with _CAPTURING:  # one stream for every capture: the encoder's and the decoder's threads take turns
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                record()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+
+
+_CAPTURING = threading.Lock()
 
 
 @functools.cache
