@@ -191,29 +191,6 @@ def test_batching_does_not_change_results(model):
         assert [t.token_ids for t in got] == expected, (batch, seconds)
 
 
-@pytest.mark.parametrize("timings", [True, False])
-def test_decoding_on_its_own_thread_keeps_nemos_tokens_and_the_order(model, tmp_path, timings):
-    """overlap=True (the server's): each batch decoded on a thread of its own while the next one is started. The
-    token ids are still NeMo's, every input comes once, in the order of one thread, an unreadable file included."""
-    bad = tmp_path / "bad.wav"
-    bad.write_text("not audio\n")
-    paths = [CLIPS / name for name in CLIP_NAMES]
-    inputs = [*paths[:3], bad, *paths[3:]]
-
-    def run(overlap: bool) -> list:
-        reads = read_ahead(inputs, model.sample_rate, model.device, batch_size=2, batch_seconds=0)
-        return list(pipeline.transcribe_stream(model, reads, timings=timings, overlap=overlap))
-
-    got, alone = run(True), run(False)
-    assert [i for i, _ in got] == [i for i, _ in alone]
-    by_index = dict(got)
-    assert by_index[3].error and "bad.wav" in by_index[3].error
-    expected = [reference_clip(name)["token_ids"] for name in CLIP_NAMES]
-    assert [by_index[i].token_ids for i in range(len(inputs)) if i != 3] == expected
-    names = [t.name for t in threading.enumerate()]
-    assert not [n for n in names if n.startswith("graphscribe-decode")], names
-
-
 def test_without_timings_the_text_and_token_ids_are_nemos(model):
     """timings=False (what the CLI asks for txt output) keeps NeMo's text and token ids, and leaves the times out."""
     paths = [CLIPS / name for name in CLIP_NAMES]

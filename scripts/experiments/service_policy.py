@@ -1,8 +1,8 @@
 """The server's batching without HTTP: N client threads in a closed loop submit a folder's files (decoded into memory
 first) to one `Service`, each sending its next file as soon as its answer is in. Per pass: RTFx, batches, rows a
 batch, padded seconds over audio seconds, graph capture seconds. A variant sets service.BATCH_COST (fixed=F,extra=G),
-service.OVERDUE_SECONDS, service.OVERLAP (overlap=0 or 1), graphs.LayerGraphs.KEEP_BYTES (keep=BYTES) and the
-Service's max_batch (rows=N) before its Service is made (and warmed up); unset, each is as shipped.
+service.OVERDUE_SECONDS, graphs.LayerGraphs.KEEP_BYTES (keep=BYTES) and the Service's max_batch (rows=N) before its
+Service is made (and warmed up); unset, each is as shipped.
 
     python scripts/experiments/service_policy.py -m v3.nemo --folder /tmp/f4096 --clients 128 --reps 2 \\
         --variant "" --variant fixed=43,extra=4.3 --variant keep=1073741824
@@ -68,7 +68,6 @@ def main() -> None:
     rows = []
     shipped_cost = dict(graphscribe.service.BATCH_COST)
     shipped_keep, shipped_overdue = graphscribe.graphs.LayerGraphs.KEEP_BYTES, graphscribe.service.OVERDUE_SECONDS
-    shipped_overlap = graphscribe.service.OVERLAP
     for text in args.variant or [""]:
         knobs = parse_variant(text)
         if "fixed" in knobs:  # the cost rule with these constants, for every device and dtype
@@ -76,7 +75,6 @@ def main() -> None:
         else:
             graphscribe.service.BATCH_COST = shipped_cost
         graphscribe.service.OVERDUE_SECONDS = knobs.get("overdue", shipped_overdue)
-        graphscribe.service.OVERLAP = bool(knobs.get("overlap", shipped_overlap))
         graphscribe.graphs.LayerGraphs.KEEP_BYTES = int(knobs.get("keep", shipped_keep))
         batches: list[tuple[int, float]] = []
         service = Service(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import threading
 import time
 from collections import OrderedDict
 from typing import Callable
@@ -35,18 +34,14 @@ def capture(graph: torch.cuda.CUDAGraph, record: Callable[[], None], pool) -> No
     memory meanwhile.
     """
     stream = _capture_stream()
-    with _CAPTURING:  # one stream for every capture: the encoder's and the decoder's threads take turns
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-            try:
-                record()
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream().wait_stream(stream)
-
-
-_CAPTURING = threading.Lock()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            record()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
 
 
 @functools.cache

@@ -421,7 +421,6 @@ def transcribe_stream(
     timings: bool = True,
     render: Sequence[str] = (),
     renderer: RenderPool | None = None,
-    overlap: bool = False,
 ) -> Iterator[tuple[int, Transcript]]:
     """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
     leaves out the token, word and segment times (text and token ids only: less host work a file), as does a
@@ -437,56 +436,37 @@ def transcribe_stream(
     (`finishing.RenderPool`), and come light: text, token ids and `rendered`, no token, word or segment objects.
     Their millisecond of Python a file would otherwise hold the GIL that this thread launches the GPU's work with.
     `renderer`: the caller's pool instead of one made for `render` (the CLI's writes the output files too), to
-    use with timings; the caller closes it.
-
-    overlap: a batch is decoded on a thread of its own while this one takes, copies and queues the next batch's
-    features and encoder, so the GPU has the decode's steps to run while this thread launches (the server's many
-    small batches leave the GPU idle for the launching otherwise). Still one batch decodes at a time, in order."""
+    use with timings; the caller closes it."""
     clock = clock or StageClock(model.device, enabled=False)
     items = reads.items
     streams = _Streams(model.device)
     own = renderer is None and bool(render) and timings  # what it makes, it closes
     renderer = RenderPool(model.finishing, render) if own else renderer
     finisher = _Finisher(model, clock, timings, renderer) if timings else None
-    decoder = ThreadPoolExecutor(1, thread_name_prefix="graphscribe-decode") if overlap else None
-
-    def decode(job: _Job) -> Future | _Job:  # overlap: the decode's future, else the job itself
-        return job if decoder is None else decoder.submit(_decode_elsewhere, model, job, clock, streams)
-
-    def decoded_(pending: Future | _Job) -> _Job:
-        if decoder is None:
-            return _decode(model, pending, clock, streams)
-        job = pending.result()
-        if job.out_of_memory:  # released here, between launches, not while this thread's encoder runs
-            _release(model)
-        return job
-
     try:
-        encoded: Future | _Job | None = None  # queued up to its encoder (overlap: decoding), not decoded yet
+        encoded: _Job | None = None  # queued up to its encoder, not decoded yet
         for batch in reads:
             job = _start(model, batch, clock)  # queued on the GPU: it runs while `encoded` is decoded
             if encoded is not None:
-                decoded = decoded_(encoded)
+                decoded = _decode(model, encoded, clock, streams)
                 if finisher is None or decoded.out_of_memory:  # one at a time runs the GPU: here, in order
                     yield from finisher.drain() if finisher else ()
                     yield from _finish(model, decoded, clock, streams, timings, renderer)
                 else:
                     finisher.submit(decoded)
                     yield from finisher.ready() if batch.indices else finisher.drain()  # empty: the source waits
-                reads.recycle(decoded.batch)  # decoded, so copied to the GPU long ago
+                reads.recycle(encoded.batch)  # decoded, so copied to the GPU long ago
             failed = [(i, Transcript(source=_name(items[i]), error=error)) for i, error in batch.failed]
             if finisher is None:
                 yield from failed
             else:
                 finisher.add(failed)
-            encoded = decode(job)
+            encoded = job
         if encoded is not None:
-            decoded = decoded_(encoded)
+            decoded = _decode(model, encoded, clock, streams)
             yield from finisher.drain() if finisher else ()
             yield from _finish(model, decoded, clock, streams, timings, renderer)
     finally:  # also when the caller stops early: reads not started are dropped
-        if decoder is not None:
-            decoder.shutdown(wait=True)
         if finisher is not None:
             finisher.close()
         if own:
@@ -575,9 +555,7 @@ def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
     return job
 
 
-def _decode(model: Model, job: _Job, clock: StageClock, streams: _Streams, release: bool = True) -> _Job:
-    """release: out of memory frees the captured graphs and cached memory here (False: the caller does, on the
-    thread that launches the encoder, which may be replaying graphs meanwhile)."""
+def _decode(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> _Job:
     if job.encoded is None:
         return job
     start = time.perf_counter()
@@ -585,7 +563,7 @@ def _decode(model: Model, job: _Job, clock: StageClock, streams: _Streams, relea
         with streams.decoding(job), clock.gpu("decode"):
             job.hyps = model.decode(job.encoded, job.frames)
     except (torch.OutOfMemoryError, RuntimeError) as err:
-        _out_of_memory_or_raise(model, err, release)
+        _out_of_memory_or_raise(model, err)
         job.out_of_memory = True
     job.encoded = job.frames = None  # the encoder output's memory is reused once decoding is done (record_stream)
     job.seconds += time.perf_counter() - start
@@ -637,22 +615,10 @@ def _alone(
     )
 
 
-def _decode_elsewhere(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> _Job:
-    """`_decode` on a thread other than the encoder's: on the model's device (a thread starts on device 0), and
-    out of memory leaves releasing to the encoder's thread."""
-    with torch.cuda.device(model.device) if model.device.type == "cuda" else contextlib.nullcontext():
-        return _decode(model, job, clock, streams, release=False)
-
-
-def _out_of_memory_or_raise(model: Model, err: Exception, release: bool = True) -> None:
+def _out_of_memory_or_raise(model: Model, err: Exception) -> None:
     text = str(err)
     if not (isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text):
         raise err
-    if release:
-        _release(model)
-
-
-def _release(model: Model) -> None:
     if model.device.type == "cuda":
         model.release_graphs()
         torch.cuda.empty_cache()

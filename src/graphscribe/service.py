@@ -63,10 +63,6 @@ WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 # The CPU's: the demo model on a 2-core machine (bench/2026-11-server/cpu-cost).
 BATCH_COST = {"cuda-16bit": (88.8, 1.24), "cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
 OVERDUE_SECONDS = 0.2
-# On CUDA each batch is decoded on a thread of its own while the batching thread takes and launches the next one
-# (transcribe_stream's overlap): under load the batching thread's launching left the GPU idle ~40% of the time
-# (bench/2026-11-server/run15, run19).
-OVERLAP = True
 
 
 @dataclass(eq=False)
@@ -182,8 +178,7 @@ class Service:
             try:
                 if warm_up is None:
                     warm_up = self._warm_up_batches()
-                overlap = OVERLAP and self.model.device.type == "cuda"
-                for n, transcript in transcribe_stream(self.model, _Batches(self, warm_up), overlap=overlap):
+                for n, transcript in transcribe_stream(self.model, _Batches(self, warm_up)):
                     self._answer(n, transcript)
                 return  # closed, and everything answered
             except Exception as err:  # noqa: BLE001 - the server outlives one broken batch
