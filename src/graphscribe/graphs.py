@@ -116,9 +116,8 @@ class LayerGraphs:
     MAX_FRAMES = {4: 768, 2: None}
     # Captured shapes are kept, most recently used, while their static buffers (a batch's input, positions and masks)
     # fit in KEEP_BYTES: a server's batches come in many shapes (rows x padded length), and a shape dropped is
-    # captured again when it comes back. With 32 shapes kept, captures took 1.3 s of a bfloat16 server's 25 s under
-    # load; with 128, 0.8 s, and 128 clients rose from 5145 to 5580 RTFx (run17). A server's batch holds ~6 MB
-    # (18 rows of 12 s): a GiB keeps ~170 such shapes, the CLI's widest (64 rows of 35 s, ~70 MB) ~15.
+    # captured again when it comes back (bench/2026-11-server/run17). A server's batch holds ~6 MB (18 rows of 12 s):
+    # a GiB keeps ~170 such shapes, the CLI's widest (64 rows of 35 s, ~70 MB) ~15.
     KEEP_BYTES = 1 << 30
 
     def __init__(self, layers: nn.ModuleList):

@@ -20,8 +20,8 @@ Messages on a worker's pipe are pickled tuples:
     engine -> worker   (READY, health, max_queue, sample_rate)   (DONE, id, transcript, queue seconds)
                        (REFUSED, id)   (METRICS, id, text)
 A SUBMIT's samples follow it as a message of their own, raw float32 bytes, which the engine reads straight into an
-array (`receive_samples`): pickled with it, they were copied four times over in the engine, each copy holding the
-GIL that its batching thread launches the GPU's work with (~0.7 ms a 7.5 s request on a 2-core machine against
+array (`receive_samples`): pickled with it, they would be copied four times over in the engine, each copy holding
+the GIL that its batching thread launches the GPU's work with (~0.7 ms a 7.5 s request on a 2-core machine against
 ~0.15 ms raw, most of it in the kernel; bench/2026-11-server/run15-run16).
 Workers start before the model loads (their imports overlap its loading) and answer 503 until READY.
 The engine keeps the counters and writes the access log: one writer for stderr and for /metrics.
@@ -125,28 +125,23 @@ class Link:
         self._loop, self._on_lost = loop, on_lost
         threading.Thread(target=self._receive, name="graphscribe-link", daemon=True).start()
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: tuple, raw: np.ndarray | None = None) -> None:
+        """One pickled message and, right after it on the pipe, `raw`'s bytes as a message of their own."""
         if self.lost:
             raise EngineLost
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # outside the lock
         try:
             with self._lock:
                 self.conn.send_bytes(data)
+                if raw is not None:
+                    self.conn.send_bytes(memoryview(raw).cast("B"))
         except OSError:
             raise EngineLost from None
 
     def submit(self, n: int, samples: np.ndarray, timings: bool, name: str) -> None:
         """(SUBMIT, n, bytes, timings, name), then the float32 samples themselves, raw (`receive_samples`)."""
-        if self.lost:
-            raise EngineLost
         samples = np.ascontiguousarray(samples, dtype=np.float32)
-        data = pickle.dumps((SUBMIT, n, samples.nbytes, timings, name), protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            with self._lock:  # the two messages go together
-                self.conn.send_bytes(data)
-                self.conn.send_bytes(memoryview(samples).cast("B"))
-        except OSError:
-            raise EngineLost from None
+        self.send((SUBMIT, n, samples.nbytes, timings, name), samples)
 
     def expect(self) -> tuple[int, asyncio.Future]:
         """A new id and the future its answer will settle (on the event loop)."""

@@ -8,7 +8,7 @@ batched by the same rule among those waiting at that moment.
 
     folder job:  put every file, close, take until None      (pipeline.ReadAhead's feeding thread)
     devices:     one scheduler in the parent; each worker takes its next batch when it frees up
-    server:      put each request as its audio is decoded; the batching thread takes with `wait`
+    server:      put each request as its audio is decoded; the batching thread takes with `wait`, by `cost`
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ class Scheduler(Generic[K]):
         self.rows, self.seconds, self.alone_over = rows, seconds or None, alone_over
         self.overdue, self.cost = overdue, cost
         self.cost_over = rows if cost_over is None else cost_over
-        if cost is not None:
-            import numpy  # noqa: F401 - here, not in the first `take` of a server's batching thread
         self._waiting: list[tuple[float, int, K]] = []  # (-seconds, arrival number, key): longest, then oldest first
         self._arrived: dict[int, float] = {}  # arrival number -> monotonic time it was put
         self._count = itertools.count()

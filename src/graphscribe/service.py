@@ -56,10 +56,8 @@ WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 # n rows whose longest lasts T seconds cost `fixed + (extra + n) * T` padded seconds (Scheduler's `cost`; fixed: a
 # batch's own costs, extra: those that grow with its length whatever its rows, such as the decode loop's steps),
 # fitted to the GPU's time per batch by rows and length (scripts/experiments/batch_cost.py, bench/2026-11-server/
-# run13). In-process at 128 clients it beat taking requests down to half the longest one's length: 6470-6726
-# against 4536-5305 with a first guess of (43, 4.3) (run13), 6148 against 5887-5908 with the fit, on a warm pass
-# (run15). While no more than half a batch waits, batches are whole: at 32 clients whole batches were better than
-# any cut (run8). A request waiting over OVERDUE_SECONDS heads the next batch, whatever its length.
+# run13; against other rules: run13-run16). While no more than half a batch waits, batches are whole: there one
+# batch's fixed costs weigh more than its padding (run8). A request waiting over OVERDUE_SECONDS heads the next batch, whatever its length.
 # The CPU's: the demo model on a 2-core machine (bench/2026-11-server/cpu-cost).
 BATCH_COST = {"cuda-16bit": (88.8, 1.24), "cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
 OVERDUE_SECONDS = 0.2
