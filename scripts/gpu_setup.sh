@@ -30,3 +30,7 @@ stop() {
     grep -E "batch_rows_(sum|count)|capture_seconds_total [0-9]|padded_seconds_total [0-9]|audio_seconds_total [0-9]" "$OUT/metrics-$1.txt" | tee -a "$log"
     kill -TERM $server; wait $server; echo "server exit $?; non-200 POST lines: $(grep POST "$OUT/serve-$1.log" | grep -vc ' 200 ')" | tee -a "$log"
 }
+# GPU utilisation beside a step: `util NAME` samples nvidia-smi every 100 ms, `unutil NAME` stops and logs the mean
+# over the nonzero samples (the idle ones around a step left out).
+util() { nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > "/tmp/util-$1.txt" & utilpid=$!; }
+unutil() { kill $utilpid; python3 -c "import sys; v=[int(x) for x in open(sys.argv[1]) if x.strip()]; b=[x for x in v if x>0]; print(f'GPU utilisation {sys.argv[2]}: {sum(b)/max(1,len(b)):.0f}% over the {len(b)} nonzero of {len(v)} samples')" "/tmp/util-$1.txt" $1 | tee -a "$log"; }

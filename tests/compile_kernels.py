@@ -128,7 +128,7 @@ def main() -> None:
         )
         compile_kernel(
             ek._position_bias_kernel,
-            dict(raw_ptr=half, valid_ptr="*i1", out_ptr=half, scale="fp32"),
+            dict(raw_ptr=half, segments_ptr=I64, out_ptr=half, scale="fp32"),
             dict(BLOCK_I=16, BLOCK_J=256),
         )
     print("compiled")

@@ -56,24 +56,42 @@ def test_glu_depthwise_matches_pytorch(channels, kernel, bias, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_position_bias_matches_pytorch(monkeypatch, dtype):
-    """Groups of query rows (forced small) and a padded batch: the fused bias equals the PyTorch one."""
+    """Groups of query rows (forced small), a padded row and a packed one: the fused bias equals the PyTorch one,
+    and a query sees exactly the keys of its own clip."""
     gen = torch.Generator().manual_seed(1)
     b, h, t, d_k = 3, 2, 29, 8
     q_v = torch.randn(b, h, t, d_k, generator=gen).to(dtype)
     p = torch.randn(h, 2 * t - 1, d_k, generator=gen).to(dtype)
-    valid = torch.arange(t)[None, :] < torch.tensor([29, 11, 3])[:, None]
+    # clips as (row, first frame, frames): row 0 one clip filling it, row 1 one of 11, row 2 three packed with gaps
+    clips = [(0, 0, 29), (1, 0, 11), (2, 0, 3), (2, 7, 12), (2, 23, 5)]
+    segments = torch.full((b, t), -1, dtype=torch.long)
+    clip_of = {}  # (row, frame) -> clip
+    for n, (row, first, frames) in enumerate(clips):
+        segments[row, first : first + frames] = n
+        clip_of.update({(row, f): n for f in range(first, first + frames)})
     scale, width = 0.35, encoder._aligned(t)
     for start, end in [(0, t), (0, 7), (7, 16), (16, t)]:
         p_rows = p[:, t - end : 2 * t - 1 - start]
-        want = encoder._position_bias(q_v[:, :, start:end], p_rows, valid, scale, width)  # CPU: PyTorch
+        want = encoder._position_bias(q_v[:, :, start:end], p_rows, segments, start, scale, width)  # CPU: PyTorch
         monkeypatch.setattr(encoder, "_kernels_for", lambda x: kernels)
-        got = encoder._position_bias(q_v[:, :, start:end].to(DEVICE), p_rows.to(DEVICE), valid.to(DEVICE), scale, width)
+        got = encoder._position_bias(
+            q_v[:, :, start:end].to(DEVICE), p_rows.to(DEVICE), segments.to(DEVICE), start, scale, width
+        )
         monkeypatch.undo()
         assert got.stride(2) == width
         got = got.cpu()
         assert got.shape == want.shape == (b, h, end - start, t)
-        assert torch.equal(got == encoder._MASKED_SCORE, want == encoder._MASKED_SCORE)
-        assert torch.equal(got == encoder._MASKED_SCORE, (~valid[:, None, None, :]).expand_as(got))
+        seen = torch.tensor(
+            [
+                [
+                    [(r, i) in clip_of and clip_of.get((r, j)) == clip_of[(r, i)] for j in range(t)]
+                    for i in range(start, end)
+                ]
+                for r in range(b)
+            ]
+        )  # (B, n, t)
+        assert torch.equal(got == encoder._MASKED_SCORE, (~seen[:, None]).expand_as(got))
+        assert torch.equal(want == encoder._MASKED_SCORE, (~seen[:, None]).expand_as(got))
         tol = 1e-6 if dtype == torch.float32 else 1e-2
         assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
 

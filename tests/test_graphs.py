@@ -73,3 +73,24 @@ def test_layer_graphs_give_the_eager_loops_bits(model, monkeypatch):
             got = runner(x, pos, padding, None)
         assert torch.equal(got, expected), (lengths, frames)
     assert list(runner._graphs) == [((2, 12, x.shape[2]), x.dtype)]  # the last shape, made again after others
+
+
+def test_layer_graphs_refresh_packed_rows(model, monkeypatch):
+    """A packed batch (`Padding.of_segments`) and an unpacked one of the same shape share a graph: each gets the
+    eager loop's bits, so the clips' segments are part of what a replay refreshes."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Replayed)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(graphs, "capture", lambda graph, record, pool: setattr(graph, "record", record))
+    monkeypatch.setattr(graphs.LayerGraphs, "applies", lambda self, x, window: self.enabled and window is None)
+    layers = nn.ModuleList(copy.deepcopy(model.module.encoder.layers[i % 2]) for i in range(3))
+    runner = graphs.LayerGraphs(layers)
+    segments = torch.tensor([[0, 0, 0, 0, 0, -1, -1, -1, -1, 2, 2, 2], [1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1]])
+    packed = Padding.of_segments(segments, torch.float32)
+    for padding in (packed, _batch(model, [12, 7], 12)[2], packed):
+        x, pos, _ = _batch(model, [12, 12], 12)
+        with torch.inference_mode():
+            fresh = Padding.of_segments(padding.segments, x.dtype)  # no masks made yet
+            expected = run_layers(layers, x, pos, fresh, None)
+            got = runner(x, pos, padding, None)
+        assert torch.equal(got, expected)
+    assert len(runner._graphs) == 1

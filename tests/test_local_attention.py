@@ -25,7 +25,7 @@ from conftest import CLIPS, FIXTURES, NEMO_PATH
 
 from graphscribe import model as model_module
 from graphscribe.config import UnsupportedModelError, model_config_from_nemo
-from graphscribe.encoder import _full_attention_nemo, full_attention, local_attention, memory_estimate
+from graphscribe.encoder import Padding, _full_attention_nemo, full_attention, local_attention, memory_estimate
 from graphscribe.model import load_model
 
 LOCAL = FIXTURES / "nemo-local-attention"
@@ -145,11 +145,12 @@ def test_full_attention_equals_nemos_formulation_in_groups(monkeypatch):
 
     q_u, q_v, k, v, valid = _qkv()
     p = torch.randn(3, 2 * 37 - 1, 8)
-    expected = _full_attention_nemo(q_u, q_v, k, v, p, valid)
+    padding = Padding(valid, q_u.dtype)
+    expected = _full_attention_nemo(q_u, q_v, k, v, p, padding)
     rows = valid[:, None, :, None]
-    assert torch.allclose(full_attention(q_u, q_v, k, v, p, valid) * rows, expected * rows, atol=1e-5)
+    assert torch.allclose(full_attention(q_u, q_v, k, v, p, padding) * rows, expected * rows, atol=1e-5)
     monkeypatch.setattr(encoder, "_GROUP_BYTES", 1)  # one query row per group
-    assert torch.allclose(full_attention(q_u, q_v, k, v, p, valid) * rows, expected * rows, atol=1e-5)
+    assert torch.allclose(full_attention(q_u, q_v, k, v, p, padding) * rows, expected * rows, atol=1e-5)
 
 
 def _banded_reference(q_u, q_v, k, v, p, valid, left, right):
@@ -192,7 +193,10 @@ def test_half_precision_attention(dtype, kind):
     """bfloat16 / float16: the bias is made in the queries' dtype (SDPA requires it), results near float32's."""
     q_u, q_v, k, v, valid = _qkv()
     p = torch.randn(3, 2 * 37 - 1 if kind == "full" else 9, 8)
-    run = (lambda *a: full_attention(*a)) if kind == "full" else (lambda *a: local_attention(*a, (4, 4)))
+    if kind == "full":
+        run = lambda *a: full_attention(*a[:-1], Padding(a[-1], a[0].dtype))  # noqa: E731
+    else:
+        run = lambda *a: local_attention(*a, (4, 4))  # noqa: E731
     exact = run(q_u, q_v, k, v, p, valid)
     half = run(q_u.to(dtype), q_v.to(dtype), k.to(dtype), v.to(dtype), p.to(dtype), valid)
     assert half.dtype == dtype

@@ -1,11 +1,12 @@
 """The server's batching without HTTP: N client threads in a closed loop submit a folder's files (decoded into memory
 first) to one `Service`, each sending its next file as soon as its answer is in. Per pass: RTFx, batches, rows a
-batch, padded seconds over audio seconds, graph capture seconds. A variant sets service.BATCH_COST (fixed=F,extra=G),
-service.OVERDUE_SECONDS, graphs.LayerGraphs.KEEP_BYTES (keep=BYTES) and the Service's max_batch (rows=N) before its
-Service is made (and warmed up); unset, each is as shipped.
+batch, padded seconds over audio seconds, graph capture seconds. A variant sets the Scheduler's cost rule for every
+dtype (fixed=F,extra=G; service.batch_cost), service.OVERDUE_SECONDS, graphs.LayerGraphs.KEEP_BYTES (keep=BYTES), the
+Service's max_batch (rows=N) and packed rows off (pack=0: encoder.Packing.MAX_SHARE = 0) before its Service is made
+(and warmed up); unset, each is as shipped.
 
     python scripts/experiments/service_policy.py -m v3.nemo --folder /tmp/f4096 --clients 128 --reps 2 \\
-        --variant "" --variant fixed=43,extra=4.3 --variant keep=1073741824
+        --variant "" --variant pack=0,fixed=88.8,extra=1.24 --variant keep=1073741824
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import graphscribe.encoder
 import graphscribe.graphs
 import graphscribe.service
 from graphscribe import load_model
@@ -66,14 +68,17 @@ def main() -> None:
         audios = list(pool.map(model.read, paths))
     seconds = sum(a.numel() for a in audios) / model.sample_rate
     rows = []
-    shipped_cost = dict(graphscribe.service.BATCH_COST)
+    shipped_cost = graphscribe.service.batch_cost
     shipped_keep, shipped_overdue = graphscribe.graphs.LayerGraphs.KEEP_BYTES, graphscribe.service.OVERDUE_SECONDS
+    shipped_share = graphscribe.encoder.Packing.MAX_SHARE
     for text in args.variant or [""]:
         knobs = parse_variant(text)
         if "fixed" in knobs:  # the cost rule with these constants, for every device and dtype
-            graphscribe.service.BATCH_COST = dict.fromkeys(shipped_cost, (knobs["fixed"], knobs.get("extra", 0.0)))
+            rule = (knobs["fixed"], knobs.get("extra", 0.0))
+            graphscribe.service.batch_cost = lambda device, dtype, rule=rule: rule
         else:
-            graphscribe.service.BATCH_COST = shipped_cost
+            graphscribe.service.batch_cost = shipped_cost
+        graphscribe.encoder.Packing.MAX_SHARE = shipped_share if knobs.get("pack", 1) else 0.0
         graphscribe.service.OVERDUE_SECONDS = knobs.get("overdue", shipped_overdue)
         graphscribe.graphs.LayerGraphs.KEEP_BYTES = int(knobs.get("keep", shipped_keep))
         batches: list[tuple[int, float]] = []

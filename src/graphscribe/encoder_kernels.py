@@ -11,8 +11,8 @@ Each kernel here computes, in one pass, what `encoder.py` computes in several:
                    frame mask: its output is the encoder's largest tensor (C channels at half the frame rate),
                    written once, where PyTorch's kernels made a column copy, a product per row, and two passes.
   `position_bias`  full attention's additive bias: the position term of each head, shifted so that column
-                   j is key j, scaled, padded keys at NeMo's -10000, from a per-head product that needs no
-                   broadcast copy of the positions.
+                   j is key j, scaled, padded keys (and another clip's, in a packed row) at NeMo's -10000,
+                   from a per-head product that needs no broadcast copy of the positions.
 
 Arithmetic in float32 inside each kernel, one rounding to the model dtype at the end; the tile sizes change no
 bit of it (the defaults were the fastest on an H100 batch of 128 rows of 10 s). Tested against the
@@ -199,13 +199,14 @@ def first_conv(
 @triton.jit
 def _position_bias_kernel(
     raw_ptr,
-    valid_ptr,
+    segments_ptr,
     out_ptr,
     B,
     H,
     N,
     T,
     P,
+    START,
     WIDTH,
     scale,
     MASKED: tl.constexpr,
@@ -219,19 +220,22 @@ def _position_bias_kernel(
     i_ok = i < N
     src_row = raw_ptr + ((h * B + b) * N + i) * P + (N - 1 - i)  # key j of row i: column j + n - 1 - i
     dst_row = out_ptr + ((b * H + h) * N + i) * WIDTH
+    query = tl.load(segments_ptr + b * T + START + i, mask=i_ok, other=-1)  # the query's clip, -1 padding
     for j0 in range(0, T, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
         j_ok = j < T
-        key = tl.load(valid_ptr + b * T + j, mask=j_ok, other=0) != 0
+        key = tl.load(segments_ptr + b * T + j, mask=j_ok, other=-1)
+        seen = (key[None, :] == query[:, None]) & (query[:, None] >= 0)  # a frame of the query's own clip
         m = i_ok[:, None] & j_ok[None, :]
-        x = tl.load(src_row[:, None] + j[None, :], mask=m & key[None, :], other=0.0).to(tl.float32) * scale
-        x = tl.where(key[None, :], x, MASKED)
+        x = tl.load(src_row[:, None] + j[None, :], mask=m & seen, other=0.0).to(tl.float32) * scale
+        x = tl.where(seen, x, MASKED)
         tl.store(dst_row[:, None] + j[None, :], x.to(out_ptr.dtype.element_ty), mask=m)
 
 
 def position_bias(
     raw: torch.Tensor,
-    valid: torch.Tensor,
+    segments: torch.Tensor,
+    start: int,
     scale: float,
     width: int,
     masked: float,
@@ -242,23 +246,25 @@ def position_bias(
     """Full attention's bias for a group of n query rows from the position term of each head.
 
     raw (H, B, n, t + n - 1): q_v p^T of rows start ... start + n - 1 against positions t - end ... 2t - 2 - start
-    (row r, key j at column j + n - 1 - r); valid (B, t). -> (B, H, n, t), a view of rows `width` (>= t) long:
-    raw * scale on keys that are frames, `masked` (the caller's, NeMo's -10000) on padded keys. `block_i` rows a
-    program, `block_j` keys a pass.
+    (row r, key j at column j + n - 1 - r); segments (B, t) int64, each frame's clip (-1: padding; several clips
+    share a packed row). -> (B, H, n, t), a view of rows `width` (>= t) long: raw * scale where the key is a frame
+    of the query's own clip, `masked` (the caller's, NeMo's -10000) elsewhere. `block_i` rows a program, `block_j`
+    keys a pass.
     """
     h, b, n, p = raw.shape
-    t = valid.shape[1]
+    t = segments.shape[1]
     out = raw.new_empty(b, h, n, width)
     grid = (b * h, triton.cdiv(n, block_i))
     _position_bias_kernel[grid](
         raw.contiguous(),
-        valid.contiguous(),
+        segments.contiguous(),
         out,
         b,
         h,
         n,
         t,
         p,
+        start,
         width,
         scale,
         MASKED=masked,

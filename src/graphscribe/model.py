@@ -23,7 +23,7 @@ from .audio import read_input
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
-from .encoder import FastConformer, memory_estimate
+from .encoder import FastConformer, encoder_frames, memory_estimate
 from .features import LogMel
 from .finishing import Finishing
 from .graphs import LayerGraphs
@@ -273,25 +273,35 @@ class Model:
 
     @torch.inference_mode()
     def encoder_output(
-        self, features: torch.Tensor, lengths: torch.Tensor, window: tuple[int, int] | None = None
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        window: tuple[int, int] | None = None,
+        samples: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, n_mels, T) features and (B,) frames -> (B, T', D) encoder output in the model dtype and (B,) lengths.
 
         window: None for full attention, (left, right) frames for local attention (`attention_for` chooses).
-        With graphs, a small batch's layers replay one captured layer (`graphs.LayerGraphs`): the same numbers."""
+        With graphs, a small batch's layers replay one captured layer (`graphs.LayerGraphs`): the same numbers.
+        samples: the clips' sample counts, known on the host: in 16 bits a batch of clips of many lengths runs its
+        layers on packed rows (`encoder.Packing`). float32 keeps a row a clip: its numbers are then NeMo's for that
+        batch, which a request's text against the CLI's depends on."""
         layers = None
         if self.options.graphs:
             if self._layer_graphs is None:  # packs the layers' weights at its first small batch (see LayerGraphs)
                 self._layer_graphs = LayerGraphs(self.module.encoder.layers)
             layers = self._layer_graphs
+        frames = None
+        if samples is not None and self.dtype.itemsize == 2:
+            frames = encoder_frames(samples, self.cfg.features.hop_length, self.cfg.encoder.subsampling_factor)
         with self._float32_math():
-            return self.module.encoder(features.to(self.dtype), lengths, window, layers)
+            return self.module.encoder(features.to(self.dtype), lengths, window, layers, frames)
 
     @torch.inference_mode()
     def encode(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded batch of audio -> (B, T', D) encoder output in the model dtype and (B,) lengths."""
-        window = self.attention_for([a.numel() for a in audios], sources)
-        return self.encoder_output(*self.features(audios), window)
+        samples = [a.numel() for a in audios]
+        return self.encoder_output(*self.features(audios), self.attention_for(samples, sources), samples)
 
     def attention_for(self, samples: list[int], sources: list[str] | None = None) -> tuple[int, int] | None:
         """The encoder's attention for a batch of inputs of `samples` samples each: None (full) or a (left, right)

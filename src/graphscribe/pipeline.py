@@ -539,12 +539,13 @@ def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
     if not batch.indices:
         return job
     start = time.perf_counter()
-    window = model.attention_for(batch.lengths.tolist(), batch.sources)  # full, or local for hours of audio
+    samples = batch.lengths.tolist()
+    window = model.attention_for(samples, batch.sources)  # full, or local for hours of audio
     try:
         with clock.gpu("features"):
             features, feature_frames = model.padded_features(batch.audio, batch.lengths)
         with clock.gpu("encoder"):
-            job.encoded, job.frames = model.encoder_output(features, feature_frames, window)
+            job.encoded, job.frames = model.encoder_output(features, feature_frames, window, samples)
         if model.device.type == "cuda":
             job.ready = torch.cuda.Event()
             job.ready.record()

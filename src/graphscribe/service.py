@@ -51,15 +51,18 @@ log = logging.getLogger(__name__)
 # growing (a 20 s row makes room for 20.48 s) and that its token records have grown. On the CPU nothing is
 # captured: one row of a second loads the kernels.
 WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
-# Requests come in every length at once, and a batch costs the GPU its rows times its longest request's length plus
-# fixed costs: a batch is the run of the waiting requests (sorted by length) with the most audio per cost, where
-# n rows whose longest lasts T seconds cost `fixed + (extra + n) * T` padded seconds (Scheduler's `cost`; fixed: a
-# batch's own costs, extra: those that grow with its length whatever its rows, such as the decode loop's steps),
-# fitted to the GPU's time per batch by rows and length (scripts/experiments/batch_cost.py, bench/2026-11-server/
-# run13; against other rules: run13-run16). While no more than half a batch waits, batches are whole: there one
-# batch's fixed costs weigh more than its padding (run8). A request waiting over OVERDUE_SECONDS heads the next batch, whatever its length.
-# The CPU's: the demo model on a 2-core machine (bench/2026-11-server/cpu-cost).
-BATCH_COST = {"cuda-16bit": (88.8, 1.24), "cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
+# Requests come in every length at once. In 16 bits the encoder packs a batch's clips end to end in fewer rows
+# (encoder.Packing), so a batch costs about its audio plus fixed costs: batches are whole, the longest requests
+# waiting first (bench/2026-11-server/run22). In float32 each clip keeps a row (its numbers are the CLI's), and a
+# batch costs the GPU its rows times its longest request's length plus fixed costs: a batch is the run of the waiting
+# requests (sorted by length) with the most audio per cost, where n rows whose longest lasts T seconds cost
+# `fixed + (extra + n) * T` padded seconds (Scheduler's `cost`; fixed: a batch's own costs, extra: those that grow
+# with its length whatever its rows, such as the decode loop's steps), fitted to the GPU's time per batch by rows and
+# length (scripts/experiments/batch_cost.py, bench/2026-11-server/run13). While no more than half a batch waits,
+# batches are whole: there one batch's fixed costs weigh more than its padding (run8). A request waiting over
+# OVERDUE_SECONDS heads the next batch, whatever its length. The CPU's: the demo model on a 2-core machine
+# (bench/2026-11-server/cpu-cost).
+BATCH_COST = {"cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
 OVERDUE_SECONDS = 0.2
 
 
@@ -247,11 +250,11 @@ class Service:
         return batch
 
 
-def batch_cost(device: torch.device, dtype: torch.dtype | None) -> tuple[float, float]:
-    """The Scheduler's `cost` for a model on `device` in `dtype` (BATCH_COST)."""
-    if device.type != "cuda":
-        return BATCH_COST["cpu"]
-    return BATCH_COST["cuda-16bit" if dtype is not None and dtype.itemsize == 2 else "cuda-float32"]
+def batch_cost(device: torch.device, dtype: torch.dtype | None) -> tuple[float, float] | None:
+    """The Scheduler's `cost` for a model on `device` in `dtype` (BATCH_COST); None in 16 bits (packed rows)."""
+    if dtype is not None and dtype.itemsize == 2:
+        return None
+    return BATCH_COST["cuda-float32" if device.type == "cuda" else "cpu"]
 
 
 class _Batches:

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Packed rows: in bfloat16 the encoder lays a batch's clips end to end in fewer rows (encoder.Packing), and the
+# server's batches are whole, longest first (issue 29), on one lent GPU, from the repo root with .whl and
+# .scratch/before (src at c006257, before the change) carried:  bash bench/2026-11-server/run22.sh  (logs under $OUT)
+# 1. the GPU tests, the encoder's kernels compiled (tests/test_encoder_kernels.py) and the packing tests.
+# 2. bfloat16 servers before and after, 128, 32, 128 clients over the 4096 files, GPU utilisation beside; after: 8
+#    and 1 over the 512 files. 3. the CLI, bfloat16, one round, after. 4. float32 as shipped: one clip at a time and
+#    8 at a time; the server's text per file against the CLI's.
+set -uo pipefail
+source scripts/gpu_setup.sh
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+T="python3 -m graphscribe.cli"
+mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
+step "gpu tests" 240 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -x -m gpu \
+    tests/test_gpu.py tests/test_pipeline.py tests/test_timestamps.py tests/test_bench.py
+step "kernel and packing tests" 120 python3 -m pytest -q -x tests/test_encoder_kernels.py tests/test_packing.py tests/test_graphs.py
+serve before bfloat16 PYTHONPATH=/tmp/site:$PWD/.scratch/before/src
+util before
+step "server before 4096" 100 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,32,128 --json "$OUT/serve-before-4096.json"
+unutil before
+stop before
+serve after bfloat16
+util after
+step "server after 4096" 100 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,32,128 --json "$OUT/serve-after-4096.json"
+unutil after
+step "server after 512" 60 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f512 --concurrency 8,1 --json "$OUT/serve-after-512.json"
+stop after
+step "cli bfloat16 4096" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out /tmp/cli-bf16 \
+    --variant "txt: --dtype bfloat16"
+cp /tmp/cli-bf16/grid.md "$OUT/cli-bf16.md"
+serve f32 float32
+step "server float32 7.4 s clip" 60 $T bench --serve http://127.0.0.1:8000 --folder /tmp/clip74 --concurrency 1,8,1,8 --json "$OUT/serve-f32-latency.json"
+step "cli float32 512 json" 60 $T /tmp/f512 -m $ckpt --dtype float32 -f json -o /tmp/cli-f32
+step "server float32 texts" 90 python3 scripts/compare_server.py --url http://127.0.0.1:8000 --folder /tmp/f512 --cli-out /tmp/cli-f32 --clients 16
+stop f32
+(cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt && rm -f serve-*.log metrics-*.txt)
+exit 0
