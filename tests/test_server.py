@@ -529,10 +529,12 @@ def test_only_loopback_counts_as_private():
     assert not any(map(_loopback, ["0.0.0.0", "::", "192.168.1.10", "example.org"]))
 
 
-def test_samples_cross_the_pipe_raw_and_in_order():
+@pytest.mark.parametrize("duplex", [True, False], ids=["socket", "pipe"])
+def test_samples_cross_the_pipe_raw_and_in_order(duplex):
     """A SUBMIT's samples come as a raw message after it (http_front.Link.submit): the engine's reader gets the
     very floats sent, whatever their size (Connection frames up to 16 KiB with the header, larger ones apart; empty
-    ones are a header alone), and the next message on the pipe after them."""
+    ones are a header alone; 480 KB outgrow a socket's buffer, read in one call that waits for all), and the next
+    message on the pipe after them, on a duplex Connection (a socket pair, the server's) and a one-way one."""
     import multiprocessing
     import pickle
 
@@ -540,7 +542,7 @@ def test_samples_cross_the_pipe_raw_and_in_order():
 
     from graphscribe.http_front import SUBMIT, Link, receive_samples
 
-    ours, theirs = multiprocessing.Pipe()
+    ours, theirs = multiprocessing.Pipe(duplex)
     link = Link(theirs)
     rng = np.random.default_rng(0)
     sent = [rng.standard_normal(n).astype(np.float32) for n in (120_000, 7, 0, 4096, 4097)]

@@ -91,13 +91,27 @@ def receive_samples(conn: Connection, nbytes: int) -> np.ndarray:
 
 
 def _read_exactly(fd: int, n: int, into: memoryview | None = None) -> memoryview:
+    """n bytes from `fd`. From a socket (a duplex Connection's) in one call that waits for all of them: the engine's
+    batching thread holds the GIL nearly all the time, and a reader that wakes for each part of a message waits for
+    the GIL each time (up to the switch interval, 5 ms)."""
     into = memoryview(bytearray(n)) if into is None else into
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:  # a pipe
+        sock = None
     got = 0
-    while got < n:
-        k = os.readv(fd, [into[got:n]])
-        if k == 0:
-            raise EOFError
-        got += k
+    try:
+        while got < n:
+            if sock is not None:
+                k = sock.recv_into(into[got:n], n - got, socket.MSG_WAITALL)
+            else:
+                k = os.readv(fd, [into[got:n]])
+            if k == 0:
+                raise EOFError
+            got += k
+    finally:
+        if sock is not None:
+            sock.detach()  # the fd stays the Connection's
     return into
 
 

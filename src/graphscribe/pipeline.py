@@ -449,7 +449,9 @@ def transcribe_stream(
             job = _start(model, batch, clock)  # queued on the GPU: it runs while `encoded` is decoded
             if encoded is not None:
                 decoded = _decode(model, encoded, clock, streams)
-                if finisher is None or decoded.out_of_memory:  # one at a time runs the GPU: here, in order
+                # here, in order: one at a time runs the GPU; a batch without times is text only (tens of microseconds
+                # a row), answered now rather than a batch later
+                if finisher is None or decoded.out_of_memory or not decoded.batch.timings:
                     yield from finisher.drain() if finisher else ()
                     yield from _finish(model, decoded, clock, streams, timings, renderer)
                 else:
