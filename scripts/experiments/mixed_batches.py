@@ -2,7 +2,9 @@
 like lengths (the CLI's, cut from the sorted folder), run back to back through `transcribe_stream`.
 
 Per (kind, rows, packing): ms a batch in steady state (after a pass that captures the shapes' graphs), the GPU's ms
-a batch per stage (features, encoder, decode: CUDA events), audio seconds a batch and the RTFx that makes.
+a batch per stage (features, encoder, decode: CUDA events), audio seconds a batch and the RTFx that makes. With
+--profile, each pass once more under torch.profiler, graphs off (their kernels show one by one): the kernels with
+the most GPU time a batch.
 
     python scripts/experiments/mixed_batches.py -m v3.nemo --folder /tmp/f4096 --rows 16,32,64 --batches 24
 """
@@ -48,6 +50,7 @@ def main() -> None:
     parser.add_argument("--rows", default="16,32,64")
     parser.add_argument("--batches", type=int, default=24)
     parser.add_argument("--json")
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     model = load_model(args.model, dtype=args.dtype)
     rate = model.sample_rate
@@ -95,10 +98,28 @@ def main() -> None:
                 }
                 out.append(row)
                 print(json.dumps(row), flush=True)
+                if args.profile:
+                    profile_pass(model, batches, f"{kind} {rows} rows {packing}")
     graphscribe.encoder.Packing.MAX_SHARE = shipped
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+
+
+def profile_pass(model, batches, title: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    model.use_graphs(False)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in transcribe_stream(model, Batches(batches), timings=False):
+            pass
+        torch.cuda.synchronize()
+    model.use_graphs(True)
+    events = prof.key_averages()
+    total = sum(e.self_device_time_total for e in events) / 1e3 / len(batches)
+    print(f"=== {title}: GPU kernels {total:.2f} ms a batch (graphs off)")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:18]:
+        print(f"  {e.self_device_time_total / 1e3 / len(batches):7.3f} ms  {e.count // len(batches):5d}x  {e.key[:90]}")
 
 
 if __name__ == "__main__":
