@@ -10,19 +10,15 @@ import torch
 from conftest import CLIP_NAMES, NEMO_PATH, reference_clip
 
 import graphscribe as gs
+from graphscribe import encoder
 from graphscribe.encoder import Packing
 
 CPU = torch.device("cpu")
 
 
-def _plan(frames: list[int], padded: int, gap: int = 4):
-    """A plan in encoder frames: factor 1, so feature frames are encoder frames (subsampled_lengths of 1 is a no-op)."""
-    return Packing.plan(frames, padded, 1, gap, CPU)
-
-
 def test_plan_lays_clips_first_fit_longest_first():
     """Rows 16 frames long (10 rounded up to ALIGN), 4 frames between clips; worked out by hand."""
-    plan = _plan([10, 3, 3, 2], padded=10)
+    plan = Packing.plan([10, 3, 3, 2], padded=10, gap=4, device=CPU)
     assert (plan.rows, plan.length) == (2, 16)
     expected = torch.full((2, 16), -1)
     expected[0, :10] = 0  # the longest opens row 0
@@ -30,29 +26,19 @@ def test_plan_lays_clips_first_fit_longest_first():
     expected[1, 7:10] = 2  # after clip 1 and its gap
     expected[0, 14:16] = 3  # 10 + 4 + 2 = 16: fits row 0 exactly
     assert torch.equal(plan.segments, expected)
-    # subsampled in two runs: row 0 alone (3 < half of 10), rows 1-3 padded to 3 frames
-    assert plan.groups == [(0, 1, 10), (1, 4, 3)]
     x = torch.arange(1.0, 41.0).view(4, 10, 1)  # frame t of clip b holds 10 b + t + 1
-    parts = [x[a:b, :w] for a, b, w in plan.groups]
-    packed = plan.pack(parts)
+    packed = plan.pack(x)
     assert packed[0, 14, 0] == x[3, 0, 0] and packed[1, 9, 0] == x[2, 2, 0]
     assert not packed[plan.segments < 0].any()  # gaps and the rows' ends are zeros
     valid = torch.arange(10)[None, :] < torch.tensor([10, 3, 3, 2])[:, None]
     assert torch.equal(plan.unpack(packed)[..., 0], torch.where(valid, x[..., 0], 0.0))
 
 
-def test_runs_of_rows_are_subsampled_together():
-    """Runs end before a row under half the run's first or longer than it; the shortest share the fourth run."""
-    groups = Packing._groups
-    assert groups([40, 30, 19, 12, 10, 9, 4, 2, 1]) == [(0, 2, 40), (2, 5, 19), (5, 6, 9), (6, 9, 4)]
-    assert groups([5, 9, 9, 3]) == [(0, 1, 5), (1, 3, 9), (3, 4, 3)]  # unsorted: a longer row opens a run
-
-
 def test_plan_keeps_rows_when_packing_saves_little():
-    assert _plan([10, 9, 8], padded=10) is None  # no two clips share a row
-    assert _plan([10], padded=10) is None
-    assert _plan([9, 3], padded=9) is None  # one row of 16 for 2 x 9: over 80%
-    assert _plan([11, 1], padded=11) is not None  # one row of 16 for 2 x 11
+    assert Packing.plan([10, 9, 8], padded=10, gap=4, device=CPU) is None  # no two clips share a row
+    assert Packing.plan([10], padded=10, gap=4, device=CPU) is None
+    assert Packing.plan([9, 3], padded=9, gap=4, device=CPU) is None  # one row of 16 for 2 x 9: over 80%
+    assert Packing.plan([11, 1], padded=11, gap=4, device=CPU) is not None  # one row of 16 for 2 x 11
 
 
 def _nemo_features_batch(model, reference_arrays):
@@ -94,13 +80,11 @@ def test_packed_float32_batch_gives_each_clip_nemos_output(reference_arrays, pac
     """The six fixture clips (0.25-7.4 s) in one batch, packed (float32 packs only when asked: `frames` given)."""
     model = gs.load_model(NEMO_PATH, device="cpu", graphs=False)
     features, lengths, samples = _nemo_features_batch(model, reference_arrays)
-    feature_frames = [n // model.cfg.features.hop_length for n in samples]
-    assert feature_frames == lengths.tolist()
-    frames = [reference_clip(name)["encoder_frames"] for name in CLIP_NAMES]
+    frames = encoder.encoder_frames(samples, model.cfg.features.hop_length, model.cfg.encoder.subsampling_factor)
+    assert frames == [reference_clip(name)["encoder_frames"] for name in CLIP_NAMES]
     with torch.inference_mode():
-        encoded, out_lengths = model.module.encoder(features, lengths, None, None, feature_frames)
+        encoded, out_lengths = model.module.encoder(features, lengths, None, None, frames)
     assert len(packs) == 1 and packs[0] is not None and packs[0].rows < len(CLIP_NAMES)
-    assert len(packs[0].groups) > 1  # the fixture's order mixes lengths: several runs subsampled apart
     assert out_lengths.tolist() == frames
     assert max(_relative_errors(encoded, reference_arrays)) < 1e-4  # as each clip alone (test_nemo_parity)
     for i, n in enumerate(frames):

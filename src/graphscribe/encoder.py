@@ -516,21 +516,18 @@ class FastConformer(nn.Module):
         frames: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`layers`: runs the layer stack in place of `run_layers` (`graphs.LayerGraphs`: replayed graphs).
-        `frames`: the clips' feature frames, known on the host: with full attention the layers then run on packed
-        rows (`Packing`) when that saves enough of the padding."""
+        `frames`: the clips' lengths in encoder frames, known on the host (`encoder_frames`): with full attention
+        the layers then run on packed rows (`Packing`) when that saves enough of the padding."""
+        x, lengths = self.pre_encode(features.transpose(1, 2), lengths)  # (B, T', D)
+        if self.cfg.xscaling:
+            x = x * math.sqrt(self.cfg.d_model)
         packing = None
         if frames is not None and window is None:
-            gap = (self.cfg.conv_kernel - 1) // 2
-            packing = Packing.plan(frames, features.shape[2], self.cfg.subsampling_factor, gap, features.device)
+            packing = Packing.plan(frames, x.shape[1], (self.cfg.conv_kernel - 1) // 2, x.device)
         if packing is not None:
-            parts = [self._subsampled(features[a:b, :, :w], lengths[a:b]) for a, b, w in packing.groups]
-            x = packing.pack(parts)  # (R, L, D)
-            lengths = subsampled_lengths(lengths, self.cfg.subsampling_factor)
+            x = packing.pack(x)  # (R, L, D)
             padding = Padding.of_segments(packing.segments, x.dtype)
         else:
-            x, lengths = self.pre_encode(features.transpose(1, 2), lengths)  # (B, T', D)
-            if self.cfg.xscaling:
-                x = x * math.sqrt(self.cfg.d_model)
             padding = Padding(torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None], x.dtype)
         t = x.shape[1]
         if window is None:
@@ -543,10 +540,11 @@ class FastConformer(nn.Module):
             x = layers(x, pos_emb, padding, window)
         return (x if packing is None else packing.unpack(x)), lengths
 
-    def _subsampled(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """(B, n_mels, T) features -> (B, T', D), scaled as the layers take it."""
-        x, _ = self.pre_encode(features.transpose(1, 2), lengths)
-        return x * math.sqrt(self.cfg.d_model) if self.cfg.xscaling else x
+
+def encoder_frames(samples: list[int], hop_length: int, factor: int) -> list[int]:
+    """Encoder frames of clips of `samples` samples each, on the host: feature frames (`features.feature_lengths`),
+    then subsampled."""
+    return [subsampled_lengths(n // hop_length, factor) for n in samples]
 
 
 @dataclass
@@ -559,37 +557,27 @@ class Packing:
     of the query's own clip (`Padding.of_segments`), with the same relative positions as in a row of its own, and
     the convolution module reads zeros across the gap, as it does past a clip's end. The other operations work
     frame by frame. So a clip gets the numbers of its own row, up to the rounding of sums over a longer row.
-
-    Before the layers, the subsampling runs on `groups` of the batch's rows (runs of rows of like lengths, each
-    padded to its own longest), since its convolutions too compute every padded frame (a batch of requests in
-    sorted order: a run ends where a row is under GROUP_SHARE of the run's first).
     """
 
     batch: int  # rows of the padded batch
-    padded: int  # encoder frames a row of the padded batch
+    padded: int  # frames a row of the padded batch
     rows: int
     length: int  # frames a packed row
-    groups: list[tuple[int, int, int]]  # (first row, end row, feature frames) of each run subsampled together
-    source: torch.Tensor  # (N,) each clip frame's place in the groups' subsampled frames, one after another
+    source: torch.Tensor  # (N,) flat frame b * padded + t of each clip frame, clip by clip
     target: torch.Tensor  # (N,) flat frame r * length + u where that frame goes
-    unpacked: torch.Tensor  # (N,) flat frame b * padded + t where it goes back after the layers
     segments: torch.Tensor  # (rows, length) the clip (its row in the batch) of each frame, -1 for gaps and padding
 
     # packs a batch only when the packed rows hold at most this share of the padded batch's frames: below that
     # the gathers and the changed rounding buy too little
     MAX_SHARE = 0.8
     ALIGN = 16  # frames: a row's length is a multiple of it, so that batches of nearby lengths share one shape
-    GROUP_SHARE = 0.5
-    MAX_GROUPS = 4  # each is one more subsampling's kernel launches; the shortest rows share the last one
 
     @classmethod
-    def plan(cls, features: list[int], padded: int, factor: int, gap: int, device: torch.device) -> "Packing | None":
-        """Clips of `features` feature frames each (rows of a batch `padded` feature frames wide, subsampled by
-        `factor`), or None when packing would not save enough (`MAX_SHARE`)."""
-        frames = [subsampled_lengths(f, factor) for f in features]
-        padded = subsampled_lengths(padded, factor)
+    def plan(cls, frames: list[int], padded: int, gap: int, device: torch.device) -> "Packing | None":
+        """Clips of `frames` encoder frames each (rows of a batch `padded` frames wide), or None when they would
+        not save enough (`MAX_SHARE`)."""
         longest = max(frames, default=0)
-        if len(frames) < 2 or longest <= 0:
+        if len(frames) < 2 or longest == 0:
             return None
         length = -(-longest // cls.ALIGN) * cls.ALIGN
         used: list[int] = []  # frames taken in each packed row, gaps included
@@ -606,53 +594,31 @@ class Packing:
                 used.append(need)
         if len(used) * length > cls.MAX_SHARE * len(frames) * padded:
             return None
-        groups = cls._groups(features)
-        base = np.zeros(len(frames), dtype=np.int64)  # where each row's subsampled frames start
-        offset = 0
-        for a, b, width in groups:
-            t = subsampled_lengths(width, factor)
-            base[a:b] = offset + np.arange(b - a) * t
-            offset += (b - a) * t
         counts = np.asarray(frames, dtype=np.int64)
         clip = np.repeat(np.arange(len(frames)), counts)
         within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        source = clip * padded + within
         target = np.asarray(row_of)[clip] * length + np.asarray(offset_of)[clip] + within
         segments = np.full(len(used) * length, -1, dtype=np.int64)
         segments[target] = clip
-        # one copy to the device for them all
-        indices = [base[clip] + within, target, clip * padded + within]
-        flat = torch.from_numpy(np.concatenate([*indices, segments])).to(device, non_blocking=True)
-        n = len(target)
-        source, target_, unpacked = (flat[k * n : (k + 1) * n] for k in range(3))
-        return cls(
-            len(frames), padded, len(used), length, groups, source, target_, unpacked, flat[3 * n :].view(-1, length)
-        )
+        # one copy to the device for all three
+        flat = torch.from_numpy(np.concatenate([source, target, segments])).to(device, non_blocking=True)
+        n = len(source)
+        segments_2d = flat[2 * n :].view(len(used), length)
+        return cls(len(frames), padded, len(used), length, flat[:n], flat[n : 2 * n], segments_2d)
 
-    @classmethod
-    def _groups(cls, features: list[int]) -> list[tuple[int, int, int]]:
-        """Runs of rows: one ends before a row longer than its first or under GROUP_SHARE of it."""
-        groups, start = [], 0
-        for r in range(1, len(features) + 1):
-            if r == len(features) or not cls.GROUP_SHARE * features[start] <= features[r] <= features[start]:
-                groups.append((start, r))
-                start = r
-        if len(groups) > cls.MAX_GROUPS:
-            groups[cls.MAX_GROUPS - 1 :] = [(groups[cls.MAX_GROUPS - 1][0], len(features))]
-        return [(a, b, max(features[a:b])) for a, b in groups]
-
-    def pack(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """The groups' subsampled frames, (B_g, T_g, D) each -> (rows, length, D), zeros between the clips."""
-        d = parts[0].shape[-1]
-        flat = torch.cat([p.reshape(-1, d) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1, d)
-        packed = flat.new_zeros(self.rows * self.length, d)
-        packed.index_copy_(0, self.target, flat.index_select(0, self.source))
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, padded, D) -> (rows, length, D), zeros between the clips."""
+        d = x.shape[-1]
+        packed = x.new_zeros(self.rows * self.length, d)
+        packed.index_copy_(0, self.target, x.reshape(-1, d).index_select(0, self.source))
         return packed.view(self.rows, self.length, d)
 
     def unpack(self, y: torch.Tensor) -> torch.Tensor:
         """(rows, length, D) -> (B, padded, D), zeros on the padded frames."""
         d = y.shape[-1]
         out = y.new_zeros(self.batch * self.padded, d)
-        out.index_copy_(0, self.unpacked, y.reshape(-1, d).index_select(0, self.target))
+        out.index_copy_(0, self.source, y.reshape(-1, d).index_select(0, self.target))
         return out.view(self.batch, self.padded, d)
 
 

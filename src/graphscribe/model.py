@@ -23,7 +23,7 @@ from .audio import read_input
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
-from .encoder import FastConformer, memory_estimate
+from .encoder import FastConformer, encoder_frames, memory_estimate
 from .features import LogMel
 from .finishing import Finishing
 from .graphs import LayerGraphs
@@ -309,7 +309,7 @@ class Model:
             layers = self._layer_graphs
         frames = None
         if samples is not None and self.dtype.itemsize == 2:
-            frames = [n // self.cfg.features.hop_length for n in samples]  # features.feature_lengths, on the host
+            frames = encoder_frames(samples, self.cfg.features.hop_length, self.cfg.encoder.subsampling_factor)
         with self._float32_math():
             return self.module.encoder(features.to(self.dtype), lengths, window, layers, frames)
 
