@@ -143,37 +143,6 @@ def test_one_killed_worker_loses_nothing(tmp_path):
     assert "go to another worker" in stderr and "error:" not in stderr
 
 
-def test_workers_split_the_hosts_cores(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 0, 1, 2, 4})
-    assert devices.core_shares(2) == [[0, 1], [2, 3, 4]]
-    assert devices.core_shares(1) == [[0, 1, 2, 3, 4]]
-    assert devices.core_shares(6) == [[0, 1, 2, 3, 4]] * 6  # fewer cores than workers: all of them each
-
-
-def test_each_worker_keeps_to_its_cores(tmp_path):
-    """The live workers, read from the kernel: two CPU workers on cores of their own, together the CLI's."""
-    folder = tmp_path / "copies"
-    folder.mkdir()
-    for k in range(40):
-        shutil.copy(CLIPS / "quarter_second.wav", folder / f"copy_{k:02d}.wav")
-    process = start(folder, "--batch", "1", "-o", tmp_path / "out", "--devices", "cpu,cpu")
-    try:
-        deadline = time.monotonic() + 120
-        seen = []
-        while time.monotonic() < deadline:  # pinned as each worker starts: wait for both
-            seen = [os.sched_getaffinity(w) for w in workers_of(process.pid)]
-            if len(seen) == 2 and seen[0].isdisjoint(seen[1]):
-                break
-            time.sleep(0.05)
-        mine = os.sched_getaffinity(0)
-        if len(mine) >= 2:
-            assert len(seen) == 2 and seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == mine
-        process.communicate(timeout=240)
-    finally:
-        process.kill()
-    assert process.returncode == 0
-
-
 @pytest.mark.parametrize(
     ("value", "count", "message"),
     [

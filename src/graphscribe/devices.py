@@ -122,30 +122,15 @@ class DeviceStats:
         }
 
 
-def core_shares(workers: int) -> list[list[int] | int]:
-    """Each worker's part of the host's cores: on Linux the cores themselves, split into `workers` runs, where the
-    worker keeps its threads; elsewhere how many (its torch threads at most, `limit_host_threads`).
-
-    Each worker's one launching thread keeps its GPU fed: on the lent 2-GPU machine (32 cores, one socket) two
-    workers left to the scheduler ran bfloat16 at 1.58-1.64x one GPU, pinned to 16 cores each at 1.67-1.91x
-    (bench/2026-11-devices/run5)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return [max(1, (os.cpu_count() or 1) // workers)] * workers
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < workers:  # fewer cores than workers: they share them all
-        return [cores] * workers
-    return [cores[k * len(cores) // workers : (k + 1) * len(cores) // workers] for k in range(workers)]
-
-
 class _Worker:
     """The parent's side of one worker process."""
 
-    def __init__(self, context, device: str, source: str, options: RunOptions, cores: list[int] | int):
+    def __init__(self, context, device: str, source: str, options: RunOptions, share: int):
         self.device = device
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=_work,
-            args=(child, source, replace(options, device=device), cores),
+            args=(child, source, replace(options, device=device), share),
             name=f"graphscribe-{device}",
         )
         self.process.start()
@@ -182,9 +167,10 @@ class DevicePool:
     def __init__(self, source: str, devices: list[str], options: RunOptions = RunOptions()):
         self.devices = list(devices)
         self.options = options
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        share = max(1, cores // len(self.devices))  # each worker's torch threads at most (`limit_host_threads`)
         context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
-        shares = core_shares(len(self.devices))
-        self.workers = [_Worker(context, d, str(source), options, c) for d, c in zip(self.devices, shares)]
+        self.workers = [_Worker(context, d, str(source), options, share) for d in self.devices]
         self._seen_logs: set[str] = set()
         self._batching: list[tuple[int, float]] | None = None
 
@@ -543,16 +529,14 @@ class _PipeLog(logging.Handler):
             pass  # the parent is gone: there is nobody to tell
 
 
-def _work(conn: Connection, source: str, options: RunOptions, cores: list[int] | int) -> None:
+def _work(conn: Connection, source: str, options: RunOptions, share: int) -> None:
     """A worker's main: load the model at the first job, then transcribe the batches the parent hands out; leave
-    at once when told to stop. cores: its part of the host's (`core_shares`), taken before any thread starts."""
-    if isinstance(cores, list):
-        os.sched_setaffinity(0, cores)
+    at once when told to stop."""
     import torch
 
     from .pipeline import limit_host_threads
 
-    limit_host_threads(options.device, cores if isinstance(cores, int) else len(cores))
+    limit_host_threads(options.device, share)
     device = torch.device(options.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # streams and events made without a device land on this one
