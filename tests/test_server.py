@@ -558,3 +558,8 @@ def test_samples_cross_the_pipe_raw_and_in_order(duplex):
     theirs.close()
     with pytest.raises(EOFError):
         ours.recv_bytes()
+    ours, theirs = multiprocessing.Pipe(duplex)
+    Link(theirs).send((SUBMIT, 99, 8, False, "f99"), np.zeros(3, dtype=np.float32))  # 12 bytes, 8 announced
+    _, _, nbytes, _, _ = pickle.loads(ours.recv_bytes())
+    with pytest.raises(ValueError, match="12 bytes, not the 8 announced"):  # the engine stops that worker
+        receive_samples(ours, nbytes)

@@ -83,8 +83,8 @@ def receive_samples(conn: Connection, nbytes: int) -> np.ndarray:
     (size,) = struct.unpack("!i", _read_exactly(fd, 4))
     if size == -1:  # past 2 GiB
         (size,) = struct.unpack("!Q", _read_exactly(fd, 8))
-    if size != nbytes:
-        raise OSError(f"the samples' message has {size} bytes, not the {nbytes} announced")
+    if size != nbytes:  # a bug on one side of the pipe, never an upload's doing
+        raise ValueError(f"the samples' message has {size} bytes, not the {nbytes} announced")
     samples = np.empty(nbytes // 4, dtype=np.float32)
     _read_exactly(fd, nbytes, memoryview(samples).cast("B"))
     return samples

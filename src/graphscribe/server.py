@@ -187,6 +187,10 @@ class Engine:
                     samples = receive_samples(worker.conn, nbytes)
                 except (EOFError, OSError):
                     return
+                except ValueError as err:  # the pipe is out of step: nothing more from it can be trusted
+                    err_console.print(f"error: an HTTP worker's message was malformed ({err}); stopping it")
+                    worker.process.kill()  # check_workers starts another; its clients' connections close
+                    return
                 try:
                     self.service.submit(torch.from_numpy(samples), timings, _answer_to(worker, n), name)
                 except RuntimeError:  # closed: the server is stopping
