@@ -1,4 +1,4 @@
-"""Packed rows (`encoder.Packing`): the clips of a batch laid end to end in fewer rows, each clip still getting
+"""Packed rows (`packing.Packing`): the clips of a batch laid end to end in fewer rows, each clip still getting
 NeMo's own encoder output for it alone (reference.npz), in float32 and in bfloat16, eager and through the layer
 graphs' bookkeeping."""
 
@@ -11,7 +11,7 @@ from conftest import CLIP_NAMES, NEMO_PATH, reference_clip
 
 import graphscribe as gs
 from graphscribe import encoder
-from graphscribe.encoder import Packing
+from graphscribe.packing import Packing
 
 CPU = torch.device("cpu")
 

@@ -19,7 +19,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
-import graphscribe.encoder
+import graphscribe.packing
 from graphscribe import load_model
 from graphscribe.audio import find_audio_files, read_input
 from graphscribe.bench import speech_path
@@ -59,7 +59,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     cuda = model.device.type == "cuda"
     pad_to = pad_samples(model.device, model.dtype, rate)
-    shipped = graphscribe.encoder.Packing.MAX_SHARE
+    shipped = graphscribe.packing.Packing.MAX_SHARE
     out = []
 
     def audio(seconds: float) -> torch.Tensor:
@@ -76,7 +76,7 @@ def main() -> None:
             ]
             seconds = sum(map(sum, plan))
             for packing in ("packed", "unpacked"):
-                graphscribe.encoder.Packing.MAX_SHARE = shipped if packing == "packed" else 0.0
+                graphscribe.packing.Packing.MAX_SHARE = shipped if packing == "packed" else 0.0
                 for _ in transcribe_stream(model, Batches(batches), timings=False):  # captures the shapes' graphs
                     pass
                 clock = StageClock(model.device)
@@ -100,7 +100,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 if args.profile:
                     profile_pass(model, batches, f"{kind} {rows} rows {packing}")
-    graphscribe.encoder.Packing.MAX_SHARE = shipped
+    graphscribe.packing.Packing.MAX_SHARE = shipped
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -2,7 +2,7 @@
 first) to one `Service`, each sending its next file as soon as its answer is in. Per pass: RTFx, batches, rows a
 batch, padded seconds over audio seconds, graph capture seconds. A variant sets the Scheduler's cost rule for every
 dtype (fixed=F,extra=G; service.batch_cost), service.OVERDUE_SECONDS, graphs.LayerGraphs.KEEP_BYTES (keep=BYTES), the
-Service's max_batch (rows=N) and packed rows off (pack=0: encoder.Packing.MAX_SHARE = 0) before its Service is made
+Service's max_batch (rows=N) and packed rows off (pack=0: packing.Packing.MAX_SHARE = 0) before its Service is made
 (and warmed up); unset, each is as shipped.
 
     python scripts/experiments/service_policy.py -m v3.nemo --folder /tmp/f4096 --clients 128 --reps 2 \\
@@ -17,8 +17,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import graphscribe.encoder
 import graphscribe.graphs
+import graphscribe.packing
 import graphscribe.service
 from graphscribe import load_model
 from graphscribe.audio import find_audio_files
@@ -70,7 +70,7 @@ def main() -> None:
     rows = []
     shipped_cost = graphscribe.service.batch_cost
     shipped_keep, shipped_overdue = graphscribe.graphs.LayerGraphs.KEEP_BYTES, graphscribe.service.OVERDUE_SECONDS
-    shipped_share = graphscribe.encoder.Packing.MAX_SHARE
+    shipped_share = graphscribe.packing.Packing.MAX_SHARE
     for text in args.variant or [""]:
         knobs = parse_variant(text)
         if "fixed" in knobs:  # the cost rule with these constants, for every device and dtype
@@ -78,7 +78,7 @@ def main() -> None:
             graphscribe.service.batch_cost = lambda device, dtype, rule=rule: rule
         else:
             graphscribe.service.batch_cost = shipped_cost
-        graphscribe.encoder.Packing.MAX_SHARE = shipped_share if knobs.get("pack", 1) else 0.0
+        graphscribe.packing.Packing.MAX_SHARE = shipped_share if knobs.get("pack", 1) else 0.0
         graphscribe.service.OVERDUE_SECONDS = knobs.get("overdue", shipped_overdue)
         graphscribe.graphs.LayerGraphs.KEEP_BYTES = int(knobs.get("keep", shipped_keep))
         batches: list[tuple[int, float]] = []

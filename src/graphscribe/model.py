@@ -300,7 +300,7 @@ class Model:
         window: None for full attention, (left, right) frames for local attention (`attention_for` chooses).
         With graphs, a small batch's layers replay one captured layer (`graphs.LayerGraphs`): the same numbers.
         samples: the clips' sample counts, known on the host: in 16 bits a batch of clips of many lengths runs its
-        layers on packed rows (`encoder.Packing`). float32 keeps a row a clip: its numbers are then NeMo's for that
+        layers on packed rows (`packing.Packing`). float32 keeps a row a clip: its numbers are then NeMo's for that
         batch, which a request's text against the CLI's depends on."""
         layers = None
         if self.options.graphs:

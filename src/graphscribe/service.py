@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 # captured: one row of a second loads the kernels.
 WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 # Requests come in every length at once. In 16 bits the encoder packs a batch's clips end to end in fewer rows
-# (encoder.Packing), so a batch costs about its audio plus fixed costs: batches are whole, the longest requests
+# (packing.Packing), so a batch costs about its audio plus fixed costs: batches are whole, the longest requests
 # waiting first (bench/2026-11-server/run22). In float32 each clip keeps a row (its numbers are the CLI's), and a
 # batch costs the GPU its rows times its longest request's length plus fixed costs: a batch is the run of the waiting
 # requests (sorted by length) with the most audio per cost, where n rows whose longest lasts T seconds cost
