@@ -8,7 +8,7 @@ batched by the same rule among those waiting at that moment.
 
     folder job:  put every file, close, take until None      (pipeline.ReadAhead's feeding thread)
     devices:     one scheduler in the parent; each worker takes its next batch when it frees up
-    server:      put each request as its audio is decoded; the batching thread takes with `wait`, by `cost`
+    server:      put each request as its audio is decoded; the batching thread takes with `wait` (float32: by `cost`)
 """
 
 from __future__ import annotations
