@@ -75,7 +75,7 @@ def main() -> None:
         knobs = parse_variant(text)
         if "fixed" in knobs:  # the cost rule with these constants, for every device and dtype
             rule = (knobs["fixed"], knobs.get("extra", 0.0))
-            graphscribe.service.batch_cost = lambda device, dtype, rule=rule: rule
+            graphscribe.service.batch_cost = lambda model, rule=rule: rule
         else:
             graphscribe.service.batch_cost = shipped_cost
         graphscribe.packing.Packing.MAX_SHARE = shipped_share if knobs.get("pack", 1) else 0.0

@@ -287,6 +287,11 @@ class Model:
         device.record_stream(current)  # made on the copy stream, used and freed on this one
         return device
 
+    @property
+    def packs_rows(self) -> bool:
+        """Whether a batch of clips of many lengths runs its layers on packed rows (`encoder_output`): in 16 bits."""
+        return self.dtype.itemsize == 2
+
     @torch.inference_mode()
     def encoder_output(
         self,
@@ -308,7 +313,7 @@ class Model:
                 self._layer_graphs = LayerGraphs(self.module.encoder.layers)
             layers = self._layer_graphs
         frames = None
-        if samples is not None and self.dtype.itemsize == 2:
+        if samples is not None and self.packs_rows:
             frames = encoder_frames(samples, self.cfg.features.hop_length, self.cfg.encoder.subsampling_factor)
         with self._float32_math():
             return self.module.encoder(features.to(self.dtype), lengths, window, layers, frames)

@@ -112,7 +112,7 @@ class Service:
             self.batch_seconds,
             FULL_ATTENTION_MAX_SECONDS,
             OVERDUE_SECONDS,
-            batch_cost(model.device, model.dtype),
+            batch_cost(model),
             self.max_batch // 2,
         )
         self.pad_to = pad_samples(model.device, model.dtype, model.sample_rate)
@@ -250,11 +250,11 @@ class Service:
         return batch
 
 
-def batch_cost(device: torch.device, dtype: torch.dtype | None) -> tuple[float, float] | None:
-    """The Scheduler's `cost` for a model on `device` in `dtype` (BATCH_COST); None in 16 bits (packed rows)."""
-    if dtype is not None and dtype.itemsize == 2:
+def batch_cost(model: Model) -> tuple[float, float] | None:
+    """The Scheduler's `cost` for `model` (BATCH_COST); None where its encoder packs rows (`Model.packs_rows`)."""
+    if model.packs_rows:
         return None
-    return BATCH_COST["cuda-float32" if device.type == "cuda" else "cpu"]
+    return BATCH_COST["cuda-float32" if model.device.type == "cuda" else "cpu"]
 
 
 class _Batches:
