@@ -529,6 +529,36 @@ def test_only_loopback_counts_as_private():
     assert not any(map(_loopback, ["0.0.0.0", "::", "192.168.1.10", "example.org"]))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT spreads connections on Linux only")
+def test_connections_spread_over_the_workers_sockets():
+    """Each HTTP worker accepts on a socket of its own on the server's port: 64 connections land on all four (one
+    shared socket gave a burst of them to whichever worker woke first); a second server cannot take the port; a
+    worker's socket gone, its port still answers through the others."""
+    from graphscribe.server import listen, worker_socket
+
+    held = listen("127.0.0.1", 0)
+    port = held.getsockname()[1]
+    sockets = [worker_socket(held) for _ in range(4)]
+    with pytest.raises(OSError):
+        listen("127.0.0.1", port)
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(64)]
+    accepted = []
+    for s in sockets:
+        s.settimeout(0.2)
+        taken = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                taken.append(s.accept()[0])
+        accepted.append(len(taken))
+        for c in taken:
+            c.close()
+    assert sum(accepted) == 64 and min(accepted) > 0, accepted
+    sockets[0].close()
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    for s in [held, *sockets[1:], *clients]:
+        s.close()
+
+
 @pytest.mark.parametrize("duplex", [True, False], ids=["socket", "pipe"])
 def test_samples_cross_the_pipe_raw_and_in_order(duplex):
     """A SUBMIT's samples come as a raw message after it (http_front.Link.submit): the engine's reader gets the

@@ -110,6 +110,10 @@ class DeviceStats:
     busy_seconds: float = 0.0  # from its first batch taken to its last result sent (summed over its jobs)
     load_seconds: float | None = None
     ended: str | None = None  # why the worker ended early: died, failed, could not load
+    # seconds from the run's start (`DeviceRun` made) to this worker's "ready" and to its last batch's results: a
+    # worker ready later than the first, or done well before the last, is a device idle while the clock runs
+    ready_at: float | None = None
+    done_at: float | None = None
 
     def to_json(self) -> dict:
         return {
@@ -119,6 +123,8 @@ class DeviceStats:
             "busy_seconds": round(self.busy_seconds, 3),
             "load_seconds": None if self.load_seconds is None else round(self.load_seconds, 3),
             "ended": self.ended,
+            "ready_at": None if self.ready_at is None else round(self.ready_at, 3),
+            "done_at": None if self.done_at is None else round(self.done_at, 3),
         }
 
 
@@ -256,6 +262,7 @@ class DeviceRun:
         self._cancelled = False
         # when the first worker could take a batch: the transcription's clock starts there (`transcribing_since`)
         self._first_ready: float | None = None
+        self._started = time.perf_counter()
         for worker in self.workers:  # before planning: reading starts as soon as a worker has a config
             worker.send(self._job())
         if all(w.loaded for w in self.workers):  # a pool's later run: nothing to wait for
@@ -387,6 +394,7 @@ class DeviceRun:
             worker.held.discard(seq)
             stats.files += sum(t.error is None for _, t in results)
             stats.audio_seconds += sum(t.audio_seconds for _, t in results)
+            stats.done_at = time.perf_counter() - self._started
             self._finished(seq, results)
         elif kind == "job_done":
             stats.busy_seconds += message[1]
@@ -396,6 +404,7 @@ class DeviceRun:
             worker.loaded = True
             worker.load_seconds = stats.load_seconds = message[1]
             worker.warm_up_seconds = message[2]
+            stats.ready_at = time.perf_counter() - self._started
             if self._first_ready is None:
                 self._first_ready = time.perf_counter()
             self._check_loaded()

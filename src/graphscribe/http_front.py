@@ -8,7 +8,8 @@ engine (server.py), which batches them through the model and hands back transcri
            -> samples over the worker's pipe -> [engine: Service.submit, batching across every worker's requests]
            -> transcript over the pipe -> [HTTP worker: answered in OpenAI's shape (openai_api.py)]
 
-Every worker accepts on the one listening socket the engine bound, so the kernel spreads connections over them.
+Every worker accepts on a socket of its own on the server's port (`server.worker_socket`), so the kernel spreads
+connections over them evenly.
 They run apart from the engine because of the GIL: an upload's HTTP parsing, multipart splitting and decoding
 hold it for about a millisecond a request, and in one process that time is taken from the thread that launches
 the GPU's work (on 2 cores, the HTTP side alone managed ~300 requests a second). A worker imports torch only for

@@ -7,9 +7,9 @@
     GET  /health                   200 when warm, 503 while loading, warming up or stopping
     GET  /metrics                  Prometheus text (metrics.py)
 
-Processes: this one, the engine, binds the listening socket, starts the HTTP workers (http_front.py: Starlette on
-uvicorn, `--http-workers` of them, each accepting on that socket, reading and decoding uploads), loads the model
-and warms it up; then one intake thread a worker hands that worker's decoded uploads to the `Service` (service.py:
+Processes: this one, the engine, binds the server's port, starts the HTTP workers (http_front.py: Starlette on
+uvicorn, `--http-workers` of them, each accepting on a socket of its own on that port, which the kernel spreads the
+connections over, reading and decoding uploads), loads the model and warms it up; then one intake thread a worker hands that worker's decoded uploads to the `Service` (service.py:
 batching across every worker's requests), counts /metrics and writes the access log, and one writer thread a
 worker sends it its answers (queued by the batching thread, which never waits on a worker's pipe).
 SIGTERM or SIGINT: the workers refuse new requests with 503 and answer those they admitted (the engine keeps
@@ -136,14 +136,17 @@ class Engine:
 
     def _start_worker(self) -> None:
         mine, theirs = self._context.Pipe()
+        accepting = worker_socket(self.listening)
         process = self._context.Process(
             target=worker_main,
-            args=(self.listening, theirs, self.admitted, self.settings),
+            args=(accepting, theirs, self.admitted, self.settings),
             name="graphscribe-http",
             daemon=True,
         )
         process.start()
         theirs.close()
+        if accepting is not self.listening:  # the worker's own: gone with it, and its waiting connections with it
+            accepting.close()
         worker = _Worker(process, mine, time.monotonic())
         with self._lock:
             self.workers.append(worker)
@@ -246,10 +249,39 @@ def _answer_to(worker: _Worker, n: int):
     return done
 
 
+# Linux spreads a port's new connections evenly over the sockets listening on it with SO_REUSEPORT (by a hash of
+# each connection's addresses). One socket shared by the workers is not spread: a worker woken by a burst of
+# connections accepts up to a hundred at once and keeps them (clients hold theirs open), so under 128 clients one
+# worker of four served most requests on its one event loop while the others idled (bench run32).
+PORT_PER_WORKER = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
 def listen(host: str, port: int) -> socket.socket:
-    """The listening socket the HTTP workers share; OSError with the reason when it cannot be bound."""
+    """The server's socket, bound; OSError with the reason when it cannot be. Where each worker listens on a socket
+    of its own (PORT_PER_WORKER) this one only holds the port: it is bound as any server's socket (so a port in use,
+    by another graphscribe too, fails here) and then marked for the workers' sockets to share its port, but never
+    listens (nobody would take what came to it). Elsewhere it listens, and the workers share it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=BACKLOG)
+    if not PORT_PER_WORKER:
+        return socket.create_server((host, port), family=family, backlog=BACKLOG)
+    held = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            held.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        held.bind((host, port))
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    except OSError:
+        held.close()
+        raise
+    return held
+
+
+def worker_socket(held: socket.socket) -> socket.socket:
+    """The socket an HTTP worker accepts on: its own, listening on `held`'s port (PORT_PER_WORKER), else `held`."""
+    if not PORT_PER_WORKER:
+        return held
+    return socket.create_server(held.getsockname()[:2], family=held.family, backlog=BACKLOG, reuse_port=True)
 
 
 class _Stop:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Each HTTP worker on a socket of its own (SO_REUSEPORT, server.PORT_PER_WORKER) against one socket shared by the
+# workers (a patched copy: PORT_PER_WORKER = False), and the engine with one torch CPU thread (OMP_NUM_THREADS=1),
+# rounds interleaved; 128 clients twice over the 4096 files per server, each process's and thread's share of a core
+# beside (cpu_probe.py; threads named by scripts/experiments/thread_names); the CLI before and after (issue 29).
+# One lent H100, from the repo root with .whl carried:  bash bench/2026-11-server/run33.sh
+set -uo pipefail
+source scripts/gpu_setup.sh
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+T="python3 -m graphscribe.cli"
+P="python3 scripts/experiments/cpu_probe.py"
+TN=$PWD/scripts/experiments/thread_names
+rm -rf /tmp/shared; cp -r src /tmp/shared
+sed -i 's/^PORT_PER_WORKER = .*/PORT_PER_WORKER = False/' /tmp/shared/graphscribe/server.py
+grep -n "^PORT_PER_WORKER" /tmp/shared/graphscribe/server.py | tee -a "$log"
+step "cli bfloat16 4096" 120 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out /tmp/cli-a \
+    --variant "txt: --dtype bfloat16"
+cp /tmp/cli-a/grid.md "$OUT/cli-a.md"
+load() {  # NAME: the load test on the server up now, with the probe and the GPU's utilisation
+    util $1
+    step "server $1" 100 $P --pid $server -- $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
+        --concurrency 128,128 --json "$OUT/serve-$1.json"
+    unutil $1; stop $1
+}
+for round in 1 2; do
+    serve own-$round bfloat16 PYTHONPATH=/tmp/site:$PWD/src:$TN; load own-$round
+    serve shared-$round bfloat16 PYTHONPATH=/tmp/site:/tmp/shared:$TN; load shared-$round
+    serve omp1-$round bfloat16 PYTHONPATH=/tmp/site:$PWD/src:$TN OMP_NUM_THREADS=1; load omp1-$round
+done
+step "cli bfloat16 4096 again" 90 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 1 --out /tmp/cli-b \
+    --variant "txt: --dtype bfloat16"
+(cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)
+exit 0
