@@ -453,13 +453,22 @@ def test_sigterm_answers_admitted_requests_then_exits_0(tmp_path):
 # ============================================================================ the load test, the command
 
 
-def test_load_test_reports_a_row_per_level(server, tmp_path):
+@pytest.mark.parametrize("processes", [1, 3])
+def test_load_test_reports_a_row_per_level(server, expected, tmp_path, processes):
+    """Every level sends every file once, whichever client process has it (3 processes: one sits the 1-client
+    level out; at 4 clients their files are every third); the server counts each request and its audio."""
     folder = tmp_path / "clips"
     folder.mkdir()
-    for path in sorted(FILES, key=lambda p: p.stat().st_size)[:4]:
+    chosen = sorted(FILES, key=lambda p: p.stat().st_size)[:4]
+    for path in chosen:
         shutil.copy(path, folder / path.name)
+    audio = sum(expected[p.name]["audio_seconds"] for p in chosen)
+    label = '{path="/v1/audio/transcriptions",status="200"}'
+    requests_before = _metric_samples(server.url, "graphscribe_requests_total").get(label, 0)
+    audio_before = _metric_samples(server.url, "graphscribe_audio_seconds_total")[""]
     report_path = tmp_path / "load.json"
     command = ["bench", "--serve", server.url, "--folder", folder, "--concurrency", "1,4", "--json", report_path]
+    command += ["--client-processes", processes]
     result = subprocess.run(
         [sys.executable, "-m", "graphscribe.cli", *map(str, command), "--api-key", KEY],
         capture_output=True,
@@ -470,11 +479,16 @@ def test_load_test_reports_a_row_per_level(server, tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(report_path.read_text())
     assert report["server"]["model"] == "tdt-tiny" and report["files"] == 4
+    assert report["client_processes"] == processes
     assert [r["concurrency"] for r in report["rows"]] == [1, 4]
     for row in report["rows"]:
         assert row["requests"] == 4 and row["failed"] == 0
-        assert row["rtfx"] > 0 and row["audio_seconds"] == report["audio_seconds"] > 0
+        assert row["rtfx"] > 0 and row["audio_seconds"] == pytest.approx(audio, abs=1e-3)
         assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"]
+    assert _metric_samples(server.url, "graphscribe_requests_total")[label] == requests_before + 8
+    assert _metric_samples(server.url, "graphscribe_audio_seconds_total")[""] == pytest.approx(
+        audio_before + 2 * audio, abs=1e-3
+    )
     wrong = subprocess.run(
         [sys.executable, "-m", "graphscribe.cli", *map(str, command), "--api-key", "sk-wrong"],
         capture_output=True,

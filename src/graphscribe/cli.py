@@ -671,6 +671,13 @@ def bench_command(
         None, "--api-key", envvar="GRAPHSCRIBE_API_KEY", metavar="KEY", help="--serve: the server's API key."
     ),
     response_format: str = typer.Option("json", metavar="FORMAT", help="--serve: the response_format asked for."),
+    client_processes: Optional[int] = typer.Option(
+        None,
+        "--client-processes",
+        metavar="P",
+        show_default=False,
+        help="--serve: processes the clients are spread over (default: one per 4 cores, at most 4).",
+    ),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
     --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
@@ -680,7 +687,7 @@ def bench_command(
         from .loadtest import bench_server, print_report
 
         try:
-            report = bench_server(serve, folder, concurrency, api_key, response_format)
+            report = bench_server(serve, folder, concurrency, api_key, response_format, client_processes)
         except ValueError as err:
             _fail_usage(str(err))
         print_report(report, Console(width=None if sys.stdout.isatty() else 240))

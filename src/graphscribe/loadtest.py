@@ -5,12 +5,20 @@ concurrency level N, N clients (aiohttp, asyncio, one connection each) send ever
 taking the next file as soon as its last answer is in. Per level: RTFx (audio seconds of all the files / wall
 time from the first request to the last answer), latency percentiles as the client sees them (upload included),
 and failed requests (any answer but 200, or none).
+
+The clients run in `--client-processes` processes (default: one per 4 cores, at most 4), each with its share of
+the clients and every P-th file, started together at every level: one process's event loop, answering a batch's
+worth of responses at once and sending the next requests, added its own queueing to the latencies it measured
+(bench/2026-11-server/run32: 128 clients 6250-6811 RTFx from one fresh process, 8221-8271 from two or four).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
+import queue
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +30,7 @@ import numpy as np
 from .audio import audio_seconds, find_audio_files
 
 DEFAULT_LEVELS = "1,8,32,128"
+MAX_CLIENT_PROCESSES = 4
 REQUEST_TIMEOUT = 600.0  # seconds: a request that takes longer counts as failed
 _BOUNDARY = "graphscribe-load-test-boundary"
 
@@ -51,12 +60,26 @@ def multipart_body(name: str, data: bytes, fields: dict[str, str]) -> bytes:
     return b"".join([*parts, data, f"\r\n--{_BOUNDARY}--\r\n".encode()])
 
 
+def default_client_processes() -> int:
+    """Client processes when not given: one per 4 cores of this machine, 1 to MAX_CLIENT_PROCESSES."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_CLIENT_PROCESSES, cores // 4))
+
+
 def bench_server(
-    url: str, folder: Path | None, levels: str, api_key: str | None, response_format: str = "json"
+    url: str,
+    folder: Path | None,
+    levels: str,
+    api_key: str | None,
+    response_format: str = "json",
+    processes: int | None = None,
 ) -> dict:
     """Run the load test; the report (`rows`: one dict a level). ValueError for bad arguments or a server that is
-    not ready."""
+    not ready. processes: client processes (None: `default_client_processes`)."""
     concurrency = parse_levels(levels)
+    if processes is not None and processes < 1:
+        raise ValueError(f"--client-processes {processes}: use 1 or more")
+    processes = processes or default_client_processes()
     paths = find_audio_files(folder) if folder is not None and folder.is_dir() else []
     if not paths:
         raise ValueError(f"--folder {folder}: no audio files there (--serve needs a --folder of files to send)")
@@ -70,11 +93,15 @@ def bench_server(
         raise ValueError(f"--serve {url}: /health answers {err.code}: {body}") from None
     except (OSError, ValueError) as err:
         raise ValueError(f"--serve {url}: no answer ({err})") from None
-    seconds = [audio_seconds(p) or 0.0 for p in paths]
+    audio = sum(audio_seconds(p) or 0.0 for p in paths)
     fields = {"model": "graphscribe", "response_format": response_format}
-    bodies = [multipart_body(p.name, p.read_bytes(), fields) for p in paths]
-    rows = [asyncio.run(_level(url, headers, bodies, n)) for n in concurrency]
-    audio = sum(seconds)
+    processes = min(processes, len(paths), max(concurrency))
+    plans = [[_part(n, len(paths), processes, k) for n in concurrency] for k in range(processes)]
+    if processes == 1:
+        parts = [[run] for run in _client(url, headers, paths, fields, plans[0])]
+    else:
+        parts = _client_processes(url, headers, paths, fields, plans)
+    rows = [_row(n, len(paths), part) for n, part in zip(concurrency, parts)]
     for row in rows:
         row["audio_seconds"] = round(audio, 3)
         row["rtfx"] = round(audio / row["wall_seconds"], 1) if row["wall_seconds"] > 0 else None
@@ -84,17 +111,111 @@ def bench_server(
         "folder": str(folder),
         "files": len(paths),
         "audio_seconds": round(audio, 3),
-        "upload_mb": round(sum(map(len, bodies)) / 2**20, 1),
+        "upload_mb": round(sum(p.stat().st_size for p in paths) / 2**20, 1),
         "response_format": response_format,
+        "client_processes": processes,
         "timer": "client: from sending a request to its full answer, upload included; RTFx over every file",
         "rows": rows,
     }
 
 
-async def _level(url: str, headers: dict, bodies: list[bytes], clients: int) -> dict:
-    """One level: `clients` clients sending every body once between them. aiohttp, not httpx: against a server that
-    answers at once, httpx's client managed 4700 RTFx-worth of these requests at 8 clients and 510 at 128 (its pool
-    slows with the connections it holds), aiohttp ~3000 requests a second at any level (2 cores)."""
+def _part(clients: int, files: int, processes: int, k: int) -> tuple[int, int, int] | None:
+    """Process k's part of a level of `clients` clients: (its clients, and its files: every `step`-th from `first`),
+    or None where the level has fewer clients than processes and k sits it out."""
+    clients = min(clients, files)
+    active = min(processes, clients)
+    if k >= active:
+        return None
+    return clients // active + (k < clients % active), k, active  # every active-th file: like lengths in each
+
+
+def _client(url: str, headers: dict, paths: list[Path], fields: dict, plan: list, barrier=None) -> list:
+    """One client process's part of every level (`_part`): (start, end, latencies, failures) each, end None where
+    it sat the level out; with `barrier`, every level starts when every process is at it. Its files' bodies are
+    built before the level's clock starts."""
+    import aiohttp  # noqa: F401 - imported before any clock starts
+
+    runs, built, bodies = [], None, []
+    for part in plan:
+        if part is not None and part[1:] != built:
+            built, bodies = (
+                part[1:],
+                [multipart_body(p.name, p.read_bytes(), fields) for p in paths[part[1] :: part[2]]],
+            )
+        if barrier is not None:
+            barrier.wait()
+        if part is None:
+            runs.append((0.0, None, [], {}))
+            continue
+        start = time.time()
+        latencies, failures = asyncio.run(_level(url, headers, bodies, part[0]))
+        runs.append((start, time.time(), latencies, dict(failures)))
+    return runs
+
+
+def _client_main(url, headers, paths, fields, plan, barrier, results) -> None:
+    try:
+        results.put(_client(url, headers, paths, fields, plan, barrier))
+    except BaseException as err:  # noqa: BLE001 - told to the parent, which stops the others
+        barrier.abort()
+        results.put(f"{type(err).__name__}: {err}")
+
+
+def _client_processes(url: str, headers: dict, paths: list[Path], fields: dict, plans: list[list]):
+    """Every level's parts from one process per plan (spawned: no state of this one in them), levels in step."""
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(len(plans)), context.Queue()
+    procs = [
+        context.Process(target=_client_main, args=(url, headers, paths, fields, plan, barrier, results), daemon=True)
+        for plan in plans
+    ]
+    for p in procs:
+        p.start()
+    done: list = []
+    while len(done) < len(procs):
+        try:
+            done.append(results.get(timeout=1.0))
+        except queue.Empty:
+            lost = [p for p in procs if p.exitcode not in (None, 0)]
+            if lost and results.empty():  # killed before it could say so: the others would wait at the barrier
+                barrier.abort()
+                for p in procs:
+                    p.kill()
+                raise ValueError(f"a client process died (exit code {lost[0].exitcode})") from None
+    for p in procs:
+        p.join()
+    errors = [d for d in done if isinstance(d, str)]
+    if errors:
+        raise ValueError(f"a client process failed: {errors[0]}")
+    return [list(level) for level in zip(*done)]
+
+
+def _row(clients: int, files: int, parts: list[tuple]) -> dict:
+    """One level's row from its processes' parts."""
+    ran = [p for p in parts if p[1] is not None]
+    wall = max(p[1] for p in ran) - min(p[0] for p in ran)
+    latencies = [x for p in ran for x in p[2]]
+    failures: Counter[str] = Counter()
+    for p in ran:
+        failures.update(p[3])
+    ms = np.percentile(np.array(latencies) * 1000, [50, 95, 99]) if latencies else [None] * 3
+    return {
+        "concurrency": min(clients, files),
+        "requests": files,
+        "failed": sum(failures.values()),
+        "failures": dict(failures),
+        "wall_seconds": round(wall, 3),
+        "p50_ms": _round(ms[0]),
+        "p95_ms": _round(ms[1]),
+        "p99_ms": _round(ms[2]),
+    }
+
+
+async def _level(url: str, headers: dict, bodies: list[bytes], clients: int) -> tuple[list[float], Counter]:
+    """`clients` clients sending every body once between them -> (latencies in seconds, failures by kind). aiohttp,
+    not httpx: against a server that answers at once, httpx's client managed 4700 RTFx-worth of these requests at 8
+    clients and 510 at 128 (its pool slows with the connections it holds), aiohttp ~3000 requests a second at any
+    level (2 cores)."""
     import aiohttp  # here: the server's extra
 
     clients = min(clients, len(bodies))
@@ -123,20 +244,8 @@ async def _level(url: str, headers: dict, bodies: list[bytes], clients: int) -> 
                     continue
                 latencies.append(time.perf_counter() - start)
 
-        start = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
-        wall = time.perf_counter() - start
-    ms = np.percentile(np.array(latencies) * 1000, [50, 95, 99]) if latencies else [None] * 3
-    return {
-        "concurrency": clients,
-        "requests": len(bodies),
-        "failed": sum(failures.values()),
-        "failures": dict(failures),
-        "wall_seconds": round(wall, 3),
-        "p50_ms": _round(ms[0]),
-        "p95_ms": _round(ms[1]),
-        "p99_ms": _round(ms[2]),
-    }
+    return latencies, failures
 
 
 def _round(value) -> float | None:
