@@ -676,7 +676,7 @@ def bench_command(
         "--client-processes",
         metavar="P",
         show_default=False,
-        help="--serve: processes the clients are spread over (default: one per 4 cores, at most 4).",
+        help="--serve: processes the clients are spread over (default: one).",
     ),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or

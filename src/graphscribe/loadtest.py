@@ -6,10 +6,10 @@ taking the next file as soon as its last answer is in. Per level: RTFx (audio se
 time from the first request to the last answer), latency percentiles as the client sees them (upload included),
 and failed requests (any answer but 200, or none).
 
-The clients run in `--client-processes` processes (default: one per 4 cores, at most 4), each with its share of
-the clients and every P-th file, started together at every level: one process's event loop, answering a batch's
-worth of responses at once and sending the next requests, added its own queueing to the latencies it measured
-(bench/2026-11-server/run32: 128 clients 6250-6811 RTFx from one fresh process, 8221-8271 from two or four).
+With `--client-processes P` the clients run in P processes, each with its share of the clients and every P-th
+file, started together at every level: for a server that one client process cannot keep busy (a remote one, a
+machine of many cores). Against `transcribe serve` on the lent H100 one process was not the limit: 128 clients
+7500-8604 RTFx from one, 7456-7943 from four (bench/2026-11-server/run36).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-import os
 import queue
 import time
 import urllib.error
@@ -30,7 +29,6 @@ import numpy as np
 from .audio import audio_seconds, find_audio_files
 
 DEFAULT_LEVELS = "1,8,32,128"
-MAX_CLIENT_PROCESSES = 4
 REQUEST_TIMEOUT = 600.0  # seconds: a request that takes longer counts as failed
 _BOUNDARY = "graphscribe-load-test-boundary"
 
@@ -60,12 +58,6 @@ def multipart_body(name: str, data: bytes, fields: dict[str, str]) -> bytes:
     return b"".join([*parts, data, f"\r\n--{_BOUNDARY}--\r\n".encode()])
 
 
-def default_client_processes() -> int:
-    """Client processes when not given: one per 4 cores of this machine, 1 to MAX_CLIENT_PROCESSES."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_CLIENT_PROCESSES, cores // 4))
-
-
 def bench_server(
     url: str,
     folder: Path | None,
@@ -75,11 +67,11 @@ def bench_server(
     processes: int | None = None,
 ) -> dict:
     """Run the load test; the report (`rows`: one dict a level). ValueError for bad arguments or a server that is
-    not ready. processes: client processes (None: `default_client_processes`)."""
+    not ready. processes: the client processes (None: one)."""
     concurrency = parse_levels(levels)
     if processes is not None and processes < 1:
         raise ValueError(f"--client-processes {processes}: use 1 or more")
-    processes = processes or default_client_processes()
+    processes = processes or 1
     paths = find_audio_files(folder) if folder is not None and folder.is_dir() else []
     if not paths:
         raise ValueError(f"--folder {folder}: no audio files there (--serve needs a --folder of files to send)")
