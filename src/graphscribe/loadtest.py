@@ -72,6 +72,10 @@ def bench_server(
     if processes is not None and processes < 1:
         raise ValueError(f"--client-processes {processes}: use 1 or more")
     processes = processes or 1
+    try:
+        import aiohttp  # noqa: F401 - the clients' library, in the server's extra
+    except ImportError:
+        raise ValueError("--serve: the load test needs aiohttp: pip install 'graphscribe[serve]'") from None
     paths = find_audio_files(folder) if folder is not None and folder.is_dir() else []
     if not paths:
         raise ValueError(f"--folder {folder}: no audio files there (--serve needs a --folder of files to send)")

@@ -9,9 +9,10 @@
 
 Processes: this one, the engine, binds the server's port, starts the HTTP workers (http_front.py: Starlette on
 uvicorn, `--http-workers` of them, each accepting on a socket of its own on that port, which the kernel spreads the
-connections over, reading and decoding uploads), loads the model and warms it up; then one intake thread a worker hands that worker's decoded uploads to the `Service` (service.py:
-batching across every worker's requests), counts /metrics and writes the access log, and one writer thread a
-worker sends it its answers (queued by the batching thread, which never waits on a worker's pipe).
+connections over, reading and decoding uploads), loads the model and warms it up; then one intake thread a worker
+hands that worker's decoded uploads to the `Service` (service.py: batching across every worker's requests), counts
+/metrics and writes the access log, and one writer thread a worker sends it its answers (queued by the batching
+thread, which never waits on a worker's pipe).
 SIGTERM or SIGINT: the workers refuse new requests with 503 and answer those they admitted (the engine keeps
 transcribing for them), then exit; the engine exits 0 after them. A worker that dies is replaced.
 """
@@ -258,9 +259,10 @@ PORT_PER_WORKER = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSE
 
 def listen(host: str, port: int) -> socket.socket:
     """The server's socket, bound; OSError with the reason when it cannot be. Where each worker listens on a socket
-    of its own (PORT_PER_WORKER) this one only holds the port: it is bound as any server's socket (so a port in use,
-    by another graphscribe too, fails here) and then marked for the workers' sockets to share its port, but never
-    listens (nobody would take what came to it). Elsewhere it listens, and the workers share it."""
+    of its own (PORT_PER_WORKER) this one only holds the port: it is bound as any server's socket (so a port another
+    server listens on, another graphscribe's workers included, fails here) and then marked for the workers' sockets
+    to share its port, but never listens (nobody would take what came to it). Elsewhere it listens, and the workers
+    share it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     if not PORT_PER_WORKER:
         return socket.create_server((host, port), family=family, backlog=BACKLOG)
