@@ -114,6 +114,10 @@ class DeviceStats:
     # worker ready later than the first, or done well before the last, is a device idle while the clock runs
     ready_at: float | None = None
     done_at: float | None = None
+    # the worker's start-up on the same clock (perf_counter is the host's monotonic clock in every process):
+    # "started" (its main running), "torch" (imported, device set), "job" (the first job received), "loaded"
+    # (`load_model` returned), "warmed" (`warm_up_run` done, ready)
+    phases: dict[str, float] | None = None
 
     def to_json(self) -> dict:
         return {
@@ -125,6 +129,7 @@ class DeviceStats:
             "ended": self.ended,
             "ready_at": None if self.ready_at is None else round(self.ready_at, 3),
             "done_at": None if self.done_at is None else round(self.done_at, 3),
+            "phases": self.phases,
         }
 
 
@@ -405,6 +410,7 @@ class DeviceRun:
             worker.load_seconds = stats.load_seconds = message[1]
             worker.warm_up_seconds = message[2]
             stats.ready_at = time.perf_counter() - self._started
+            stats.phases = {name: round(t - self._started, 3) for name, t in message[3].items()}
             if self._first_ready is None:
                 self._first_ready = time.perf_counter()
             self._check_loaded()
@@ -541,6 +547,7 @@ class _PipeLog(logging.Handler):
 def _work(conn: Connection, source: str, options: RunOptions, share: int) -> None:
     """A worker's main: load the model at the first job, then transcribe the batches the parent hands out; leave
     at once when told to stop."""
+    marks = {"started": time.perf_counter()}  # start-up phases (`DeviceStats.phases`)
     import torch
 
     from .pipeline import limit_host_threads
@@ -549,6 +556,7 @@ def _work(conn: Connection, source: str, options: RunOptions, share: int) -> Non
     device = torch.device(options.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # streams and events made without a device land on this one
+    marks["torch"] = time.perf_counter()
     sender = _Sender(conn)
     logger = logging.getLogger("graphscribe")
     logger.handlers[:] = [_PipeLog(sender)]
@@ -558,7 +566,8 @@ def _work(conn: Connection, source: str, options: RunOptions, share: int) -> Non
     model = None
     try:
         while (message := conn.recv())[0] == "job":
-            model = _job(conn, sender, model, source, options, *message[1:])
+            marks.setdefault("job", time.perf_counter())
+            model = _job(conn, sender, model, source, options, marks, *message[1:])
     except (EOFError, BrokenPipeError):
         pass  # the parent is gone
     except BaseException as err:  # noqa: BLE001 - told to the parent, which redoes this worker's batches
@@ -579,6 +588,7 @@ def _job(
     model,
     source: str,
     options: RunOptions,
+    marks: dict[str, float],
     files: list[str],
     timings: bool,
     render: tuple[str, ...],
@@ -629,8 +639,10 @@ def _job(
         except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
             sender.send(("load_error", f"{source}: {err}" if isinstance(err, UnsupportedModelError) else str(err)))
             os._exit(2)  # not closing the readers: their feeder may be waiting for the parent's answer
+        marks["loaded"] = time.perf_counter()
         warm = warm_up_run(model, len(files), batch_size, batch_seconds)  # as one device: its first uses off the clock
-        sender.send(("ready", model.load_seconds["total"] + warm, warm))
+        marks["warmed"] = time.perf_counter()
+        sender.send(("ready", model.load_seconds["total"] + warm, warm, marks))
     else:
         reads.append(start(model.sample_rate, model.device, model.dtype))
     groups: dict[int, list[tuple[int, Transcript]]] = {}
