@@ -536,6 +536,32 @@ def test_multipart_bodies_as_clients_send_them():
             parse_form(cut, boundary)
 
 
+def test_a_worker_socket_that_cannot_be_made_stops_the_start_with_one_line(monkeypatch, capfd):
+    """Out of file descriptors for the second worker's socket: the first worker is stopped, one line names the
+    address and the reason, exit 1 (no traceback, no orphan)."""
+    import errno
+    import multiprocessing
+
+    import graphscribe.server as server_module
+
+    made = []
+
+    def worker_socket(held):
+        if made:
+            raise OSError(errno.EMFILE, "Too many open files")
+        made.append(held)
+        return real(held)
+
+    real = server_module.worker_socket
+    monkeypatch.setattr(server_module, "worker_socket", worker_socket)
+    with pytest.raises(SystemExit) as exit_info:
+        server_module.serve_app(["--port", "0", "--http-workers", "2"], prog_name="transcribe serve")
+    assert exit_info.value.code == 1
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: cannot start the HTTP workers on 127.0.0.1:0 (Too many open files)"), err
+    assert not [c for c in multiprocessing.active_children() if c.name == "graphscribe-http"]
+
+
 def test_only_loopback_counts_as_private():
     from graphscribe.server import _loopback
 

@@ -225,7 +225,10 @@ class Engine:
             if time.monotonic() - w.started < STARTUP_SECONDS and not w.up:
                 return f"an HTTP worker {how} at its start"
             err_console.print(f"error: an HTTP worker {how}; starting another")
-            self._start_worker()
+            try:
+                self._start_worker()
+            except OSError as err:  # its socket (out of file descriptors): no worker to take its place
+                return f"cannot start another HTTP worker ({err.strerror or err})"
         return None
 
     def stop_workers(self) -> None:
@@ -437,7 +440,12 @@ def serve_command(
     settings = FrontSettings(name, api_key, math.floor(max_upload_mb * 2**20), upload_timeout)
     engine = Engine(listening, settings, http_workers or default_http_workers(device))
     with _Stop() as stop:
-        engine.start_workers()  # their imports overlap the model's loading; they answer 503 until it is warm
+        try:
+            engine.start_workers()  # their imports overlap the model's loading; they answer 503 until it is warm
+        except OSError as err:  # a worker's socket
+            engine.stop_workers()
+            err_console.print(f"error: cannot start the HTTP workers on {host}:{port} ({err.strerror or err})")
+            raise typer.Exit(1) from None
         try:
             loaded = load_or_exit(model, device, dtype, graphs=None, batch=max_batch)
         except BaseException:
