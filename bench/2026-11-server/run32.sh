@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where the host's CPU goes with 128 clients (issue 29): the server as shipped with 4 HTTP workers (its default on
 # 16 cores) and with 8, interleaved, each process's and thread's share of a core over the load test beside it
-# (scripts/experiments/cpu_probe.py); the load test's clients in 1, 2 and 4 processes (load_processes.py); the CLI
+# (scripts/experiments/cpu_probe.py); the load test's clients in 1, 2 and 4 processes (load_processes.py, at commit
+# a088f4d; now `transcribe bench --serve --client-processes`); the CLI
 # before and after. One lent H100, from the repo root with .whl carried:  bash bench/2026-11-server/run32.sh
 set -uo pipefail
 source scripts/gpu_setup.sh
