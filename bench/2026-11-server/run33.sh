@@ -7,8 +7,6 @@
 set -uo pipefail
 source scripts/gpu_setup.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-T="python3 -m graphscribe.cli"
-P="python3 scripts/experiments/cpu_probe.py"
 TN=$PWD/scripts/experiments/thread_names
 rm -rf /tmp/shared; cp -r src /tmp/shared
 sed -i 's/^PORT_PER_WORKER = .*/PORT_PER_WORKER = False/' /tmp/shared/graphscribe/server.py
@@ -16,16 +14,10 @@ grep -n "^PORT_PER_WORKER" /tmp/shared/graphscribe/server.py | tee -a "$log"
 step "cli bfloat16 4096" 120 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out /tmp/cli-a \
     --variant "txt: --dtype bfloat16"
 cp /tmp/cli-a/grid.md "$OUT/cli-a.md"
-load() {  # NAME: the load test on the server up now, with the probe and the GPU's utilisation
-    util $1
-    step "server $1" 100 $P --pid $server -- $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
-        --concurrency 128,128 --json "$OUT/serve-$1.json"
-    unutil $1; stop $1
-}
 for round in 1 2; do
-    serve own-$round bfloat16 PYTHONPATH=/tmp/site:$PWD/src:$TN; load own-$round
-    serve shared-$round bfloat16 PYTHONPATH=/tmp/site:/tmp/shared:$TN; load shared-$round
-    serve omp1-$round bfloat16 PYTHONPATH=/tmp/site:$PWD/src:$TN OMP_NUM_THREADS=1; load omp1-$round
+    serve own-$round bfloat16 PYTHONPATH=/tmp/site:$PWD/src:$TN; probed own-$round
+    serve shared-$round bfloat16 PYTHONPATH=/tmp/site:/tmp/shared:$TN; probed shared-$round
+    serve omp1-$round bfloat16 PYTHONPATH=/tmp/site:$PWD/src:$TN OMP_NUM_THREADS=1; probed omp1-$round
 done
 step "cli bfloat16 4096 again" 90 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 1 --out /tmp/cli-b \
     --variant "txt: --dtype bfloat16"

@@ -6,8 +6,6 @@
 set -uo pipefail
 source scripts/gpu_setup.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-T="python3 -m graphscribe.cli"
-P="python3 scripts/experiments/cpu_probe.py"
 TN=$PWD/scripts/experiments/thread_names
 rm -rf /tmp/zeroing; cp -r src /tmp/zeroing
 python3 - <<'PY'
@@ -19,15 +17,9 @@ PY
 step "cli bfloat16 4096" 200 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out /tmp/cli \
     --variant "unzeroed: --dtype bfloat16" --variant "zeroing: --dtype bfloat16 @PYTHONPATH=/tmp/site:/tmp/zeroing"
 cp /tmp/cli/grid.md "$OUT/cli.md"
-load() {
-    util $1
-    step "server $1" 100 $P --pid $server -- $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
-        --concurrency 128,128 --json "$OUT/serve-$1.json"
-    unutil $1; stop $1
-}
 for round in 1 2; do
-    serve unzeroed-$round bfloat16 PYTHONPATH=/tmp/site:$PWD/src:$TN; load unzeroed-$round
-    serve zeroing-$round bfloat16 PYTHONPATH=/tmp/site:/tmp/zeroing:$TN; load zeroing-$round
+    serve unzeroed-$round bfloat16 PYTHONPATH=/tmp/site:$PWD/src:$TN; probed unzeroed-$round
+    serve zeroing-$round bfloat16 PYTHONPATH=/tmp/site:/tmp/zeroing:$TN; probed zeroing-$round
 done
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)
 exit 0

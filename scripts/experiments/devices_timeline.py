@@ -3,8 +3,9 @@
     python3 scripts/experiments/devices_timeline.py --folder DIR --model v3.nemo --dtype bfloat16 --rounds 3
 
 Per round: the transcription's seconds and RTFx as the CLI counts them (from the first worker ready to the last
-result), then per device the seconds from the run's start to its "ready" and to its last batch, its busy seconds
-and files. A worker ready well after the first (or done well before the last) is a device idle on the clock.
+result), then per device its start-up phases and its last batch in seconds from the run's start
+(`DeviceStats.phases`, `done_at`), its busy seconds and files. A worker ready ("warmed") well after the first (or
+done well before the last) is a device idle on the clock.
 """
 
 from __future__ import annotations

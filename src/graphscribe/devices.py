@@ -110,14 +110,13 @@ class DeviceStats:
     busy_seconds: float = 0.0  # from its first batch taken to its last result sent (summed over its jobs)
     load_seconds: float | None = None
     ended: str | None = None  # why the worker ended early: died, failed, could not load
-    # seconds from the run's start (`DeviceRun` made) to this worker's "ready" and to its last batch's results: a
-    # worker ready later than the first, or done well before the last, is a device idle while the clock runs
-    ready_at: float | None = None
-    done_at: float | None = None
-    # the worker's start-up on the same clock (perf_counter is the host's monotonic clock in every process):
+    # seconds from the run's start (`DeviceRun` made) to the worker's start-up phases and to its last batch's
+    # results: a worker ready ("warmed") later than the first, or done well before the last, is a device idle while
+    # the clock runs. perf_counter is the host's monotonic clock in every process, so the worker's own marks serve:
     # "started" (its main running), "torch" (imported, device set), "job" (the first job received), "loaded"
-    # (`load_model` returned), "warmed" (`warm_up_run` done, ready)
+    # (`load_model` returned), "warmed" (`warm_up_run` done: ready)
     phases: dict[str, float] | None = None
+    done_at: float | None = None
 
     def to_json(self) -> dict:
         return {
@@ -127,9 +126,8 @@ class DeviceStats:
             "busy_seconds": round(self.busy_seconds, 3),
             "load_seconds": None if self.load_seconds is None else round(self.load_seconds, 3),
             "ended": self.ended,
-            "ready_at": None if self.ready_at is None else round(self.ready_at, 3),
-            "done_at": None if self.done_at is None else round(self.done_at, 3),
             "phases": self.phases,
+            "done_at": None if self.done_at is None else round(self.done_at, 3),
         }
 
 
@@ -409,7 +407,6 @@ class DeviceRun:
             worker.loaded = True
             worker.load_seconds = stats.load_seconds = message[1]
             worker.warm_up_seconds = message[2]
-            stats.ready_at = time.perf_counter() - self._started
             stats.phases = {name: round(t - self._started, 3) for name, t in message[3].items()}
             if self._first_ready is None:
                 self._first_ready = time.perf_counter()
