@@ -256,3 +256,31 @@ def test_subsampling_without_cudnn_gives_cudnns_bits(monkeypatch, dtype):
         if dtype == "float32":
             assert torch.equal(ours, cudnn)
         assert torch.equal(grouped, ours)
+
+
+@pytest.mark.parametrize("name,checkpoint", ORACLES[:2])
+def test_service_on_gpu_gives_nemos_tokens(name, checkpoint):
+    """The server's path on CUDA: samples received into pinned memory (`Service.samples_buffer`), batches gathered
+    from each request's memory straight to the GPU (`pipeline.gather`), NeMo's tokens back; a request too long to
+    pin comes from plain memory."""
+    from graphscribe.audio import read_input
+    from graphscribe.service import PIN_SECONDS, Service
+
+    ref = _reference(name)
+    model = gs.load_model(FIXTURES / name / checkpoint, device="cuda", dtype="float32")
+    service = Service(model, max_batch=6)
+    service.start()
+    assert service.wait_ready(120)
+    assert service.samples_buffer(16000).is_pinned()
+    assert not service.samples_buffer(int(PIN_SECONDS * model.sample_rate) + 1).is_pinned()
+    answers: dict[int, object] = {}
+    for round_ in range(2):  # the clips' lengths differ: their batches pad them
+        for k, clip in enumerate(ref["clips"]):
+            audio = read_input(str(CLIPS / clip["file"]), model.sample_rate)
+            samples = service.samples_buffer(audio.numel())
+            samples.copy_(audio)
+            service.submit(samples, True, lambda t, _, key=(round_, k): answers.__setitem__(key, t))
+    service.close(60)
+    expected = [(c["token_ids"], c["timestamps"], c["text"]) for c in ref["clips"]]
+    for round_ in range(2):
+        assert _result([answers[(round_, k)] for k in range(len(expected))]) == expected

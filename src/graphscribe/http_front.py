@@ -77,16 +77,19 @@ def send(conn: Connection, message: tuple) -> None:
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def receive_samples(conn: Connection, nbytes: int) -> np.ndarray:
-    """The raw message of `nbytes` that follows a SUBMIT, as float32 samples: read from the pipe straight into a new
-    array (the kernel copies, with the GIL released), in the framing `Connection.send_bytes` wrote it with."""
+def receive_samples(conn: Connection, nbytes: int, into: np.ndarray | None = None) -> np.ndarray:
+    """The raw message of `nbytes` that follows a SUBMIT, as float32 samples: read from the pipe straight into
+    `into` (float32, nbytes of it; None: a new array; the kernel copies, with the GIL released), in the framing
+    `Connection.send_bytes` wrote it with."""
     fd = conn.fileno()
     (size,) = struct.unpack("!i", _read_exactly(fd, 4))
     if size == -1:  # past 2 GiB
         (size,) = struct.unpack("!Q", _read_exactly(fd, 8))
     if size != nbytes:  # a bug on one side of the pipe, never an upload's doing
         raise ValueError(f"the samples' message has {size} bytes, not the {nbytes} announced")
-    samples = np.empty(nbytes // 4, dtype=np.float32)
+    samples = np.empty(nbytes // 4, dtype=np.float32) if into is None else into
+    if samples.nbytes != nbytes:
+        raise ValueError(f"the samples' message has {nbytes} bytes, not the {samples.nbytes} made room for")
     _read_exactly(fd, nbytes, memoryview(samples).cast("B"))
     return samples
 

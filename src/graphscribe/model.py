@@ -278,14 +278,19 @@ class Model:
         server's 25 ms batch, bench/2026-11-server/run26), and the current stream waits only for the copy."""
         if self.device.type != "cuda" or not host.is_pinned():
             return host.to(self.device, non_blocking=True)
-        if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(self.device)
         current = torch.cuda.current_stream(self.device)
-        with torch.cuda.stream(self._copy_stream):
+        with torch.cuda.stream(self.copy_stream):
             device = host.to(self.device, non_blocking=True)
-        current.wait_stream(self._copy_stream)
+        current.wait_stream(self.copy_stream)
         device.record_stream(current)  # made on the copy stream, used and freed on this one
         return device
+
+    @property
+    def copy_stream(self) -> torch.cuda.Stream:
+        """The CUDA stream that batches' samples go to the device on (`_copied`, `pipeline.gather`)."""
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        return self._copy_stream
 
     @property
     def packs_rows(self) -> bool:

@@ -1,10 +1,11 @@
 """Transcription as a service: requests from many threads, batched across requests through the folder job's code.
 
-    caller (the server's intake thread of an HTTP worker process):  submit(audio, timings, done)
-      -> Scheduler.put(request, seconds)
+    caller (the server's intake thread of an HTTP worker process):  samples received into samples_buffer (pinned
+      beside a GPU) -> submit(audio, timings, done) -> Scheduler.put(request, seconds)
     one batching thread:  Scheduler.take (the longest waiting first, at most `max_batch` rows and `batch_seconds`
       of padded audio; while the GPU is idle a batch waits up to `max_wait` for company)
-      -> collate into a reused (pinned) host buffer -> pipeline.transcribe_stream: features and encoder of the
+      -> on CUDA each request's samples copied to the GPU into one padded batch (`gather`; on the CPU `collate`d
+      into a reused host buffer) -> pipeline.transcribe_stream: features and encoder of the
       next batch are queued while this one decodes (one captured graph per size class) -> done(transcript, queue s)
 
 The batching thread takes the next batch as soon as the GPU has one queued, without waiting for company: under
@@ -35,6 +36,7 @@ from .pipeline import (
     HostBuffers,
     collate,
     default_batching,
+    gather,
     pad_samples,
     transcribe_stream,
 )
@@ -64,6 +66,11 @@ WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 # (bench/2026-11-server/cpu-cost).
 BATCH_COST = {"cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
 OVERDUE_SECONDS = 0.2
+# Beside a GPU, a request of up to this many seconds is received into pinned memory (`samples_buffer`), which its
+# batch copies to the GPU from (`pipeline.gather`). PyTorch's pinned-memory cache keeps such blocks by power-of-two
+# size for reuse: the admitted requests (QUEUE_PER_ROW x max_batch) hold at most 4 MiB each. Longer ones, rare,
+# are received into plain memory, copied to the GPU all the same.
+PIN_SECONDS = 60.0
 
 
 @dataclass(eq=False)
@@ -117,7 +124,7 @@ class Service:
         )
         self.pad_to = pad_samples(model.device, model.dtype, model.sample_rate)
         self.pin = model.device.type == "cuda"
-        self.buffers = HostBuffers(keep=READ_AHEAD + 3, pin=self.pin)
+        self.buffers = HostBuffers(keep=READ_AHEAD + 3, pin=False)  # the CPU's batches (on CUDA: `gather`)
         # request number -> Request, from `submit` to its answer; each number is written by one thread and popped
         # by the batching thread (dict operations are atomic under the GIL)
         self.requests: dict[int, Request] = {}
@@ -141,6 +148,12 @@ class Service:
         if self.error is not None:
             raise self.error
         return True
+
+    def samples_buffer(self, n: int) -> torch.Tensor:
+        """An empty (n,) float32 tensor to receive a request's samples into before `submit`: in pinned memory beside
+        a GPU (up to PIN_SECONDS), so that its batch copies it to the GPU with no copy on the host."""
+        pin = self.pin and n <= PIN_SECONDS * self.model.sample_rate
+        return torch.empty(n, dtype=torch.float32, pin_memory=pin)
 
     def submit(
         self, audio: torch.Tensor, timings: bool, done: Callable[[Transcript, float], None], name: str = "<upload>"
@@ -241,7 +254,11 @@ class Service:
         """The requests `numbers` as one padded batch; their samples are dropped (copied into the batch)."""
         now = time.monotonic()
         requests = [self.requests[n] for n in numbers]
-        batch = collate([(n, r.name, r.audio) for n, r in zip(numbers, requests)], self.buffers, self.pad_to, self.pin)
+        rows = [(n, r.name, r.audio) for n, r in zip(numbers, requests)]
+        if self.pin:  # on CUDA: from each request's memory to the GPU
+            batch = gather(rows, self.model.device, self.model.copy_stream, self.pad_to)
+        else:
+            batch = collate(rows, self.buffers, self.pad_to)
         batch.timings = any(r.timings for r in requests)
         for r in requests:
             r.audio, r.taken_at = None, now
