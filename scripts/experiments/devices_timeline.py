@@ -4,8 +4,9 @@
 
 Per round: the transcription's seconds and RTFx as the CLI counts them (from the first worker ready to the last
 result), then per device its start-up phases and its last batch in seconds from the run's start
-(`DeviceStats.phases`: started, torch imported, CUDA started, job, loaded, warmed; `done_at`), its busy seconds and files. A worker ready ("warmed") well after the first (or
-done well before the last) is a device idle on the clock.
+(`DeviceStats.phases`: started, torch imported, CUDA started, job, loaded, warmed; `done_at`), its busy seconds
+and files. A worker ready ("warmed") well after the first (or done well before the last) is a device idle on the
+clock.
 """
 
 from __future__ import annotations
