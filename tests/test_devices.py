@@ -254,29 +254,3 @@ def test_results_come_in_one_process_order(mixed, model):
     assert [(i, t.text, t.error) for i, t in run] == one
     assert one != sorted(one)  # longest first: not input order
     assert sum(s.files for s in run.device_stats) == 6  # each file on one device
-
-
-@pytest.mark.parametrize(
-    "visible,device,sees,named",
-    [
-        (None, "cuda:1", "1", "cuda:0"),
-        ("3,5", "cuda:1", "5", "cuda:0"),
-        ("GPU-aa, GPU-bb", "cuda:0", "GPU-aa", "cuda:0"),
-        ("3", "cuda:2", "3", "cuda:2"),  # not a device of the process: left to fail as before
-        ("3,5", "cpu", "3,5", "cpu"),
-    ],
-)
-def test_a_cuda_worker_sees_its_own_device_alone(monkeypatch, visible, device, sees, named):
-    """CUDA in a worker starts for its own device only: CUDA_VISIBLE_DEVICES narrowed to the parent's id of that
-    device, which the worker then calls cuda:0."""
-    from graphscribe.config import RunOptions
-    from graphscribe.devices import _see_own_device
-
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # put back as it was after the test, whatever it sets
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    options = _see_own_device(RunOptions(device=device))
-    assert options.device == named
-    assert os.environ.get("CUDA_VISIBLE_DEVICES") == sees

@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -260,9 +261,10 @@ def test_subsampling_without_cudnn_gives_cudnns_bits(monkeypatch, dtype):
 
 @pytest.mark.parametrize("name,checkpoint", ORACLES[:2])
 def test_service_on_gpu_gives_nemos_tokens(name, checkpoint):
-    """The server's path on CUDA: samples received into pinned memory (`Service.samples_buffer`), batches gathered
-    from each request's memory straight to the GPU (`pipeline.gather`), NeMo's tokens back; a request too long to
-    pin comes from plain memory."""
+    """The server's path on CUDA: samples received into pinned memory (`Service.samples_buffer`), each batch gathered
+    from there straight to the GPU (`pipeline.gather`), NeMo's tokens back. One request at a time, so each batch is
+    one clip unpadded, as NeMo's reference was made (a tiny random model's near ties move with a batch's padding);
+    a request too long to pin comes from plain memory."""
     from graphscribe.audio import read_input
     from graphscribe.service import PIN_SECONDS, Service
 
@@ -273,14 +275,41 @@ def test_service_on_gpu_gives_nemos_tokens(name, checkpoint):
     assert service.wait_ready(120)
     assert service.samples_buffer(16000).is_pinned()
     assert not service.samples_buffer(int(PIN_SECONDS * model.sample_rate) + 1).is_pinned()
-    answers: dict[int, object] = {}
-    for round_ in range(2):  # the clips' lengths differ: their batches pad them
-        for k, clip in enumerate(ref["clips"]):
-            audio = read_input(str(CLIPS / clip["file"]), model.sample_rate)
-            samples = service.samples_buffer(audio.numel())
-            samples.copy_(audio)
-            service.submit(samples, True, lambda t, _, key=(round_, k): answers.__setitem__(key, t))
+    got = []
+    for clip in ref["clips"]:
+        audio = read_input(str(CLIPS / clip["file"]), model.sample_rate)
+        samples = service.samples_buffer(audio.numel())
+        samples.copy_(audio)
+        answered = threading.Event()
+        service.submit(samples, True, lambda t, _: (got.append(t), answered.set()))
+        assert answered.wait(60)
     service.close(60)
-    expected = [(c["token_ids"], c["timestamps"], c["text"]) for c in ref["clips"]]
-    for round_ in range(2):
-        assert _result([answers[(round_, k)] for k in range(len(expected))]) == expected
+    assert _result(got) == [(c["token_ids"], c["timestamps"], c["text"]) for c in ref["clips"]]
+
+
+@pytest.mark.parametrize("pad_to", [0, 1024])
+def test_gather_pads_rows_with_zeros_on_the_gpu(pad_to):
+    """`pipeline.gather`: rows from pinned and from plain memory, in a zeroed (B, L) tensor on the GPU, L the longest
+    row rounded up to pad_to, as torch's own pad_sequence lays them out; the memory it reuses held NaN."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    from graphscribe.pipeline import gather
+
+    device = torch.device("cuda")
+    dirty = torch.full((64, 40000), float("nan"), device=device)
+    del dirty  # its memory goes back to the allocator's pool, NaN in it
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for k, n in enumerate([12345, 40000, 1, 31000]):
+        audio = torch.randn(n, generator=generator)
+        rows.append((k, f"row{k}", audio.pin_memory() if k % 2 else audio))
+    stream = torch.cuda.Stream(device)
+    batch = gather(rows, device, stream, pad_to)
+    expected = pad_sequence([a for _, _, a in rows], batch_first=True)
+    if pad_to:
+        expected = torch.nn.functional.pad(expected, (0, -(-40000 // pad_to) * pad_to - 40000))
+    torch.cuda.synchronize()
+    assert batch.audio.is_cuda and batch.audio.shape == expected.shape
+    assert torch.equal(batch.audio.cpu(), expected)
+    assert batch.lengths.tolist() == [12345, 40000, 1, 31000]
+    assert batch.indices == [0, 1, 2, 3] and batch.sources == ["row0", "row1", "row2", "row3"]

@@ -545,7 +545,6 @@ def _work(conn: Connection, source: str, options: RunOptions, share: int) -> Non
     """A worker's main: load the model at the first job, then transcribe the batches the parent hands out; leave
     at once when told to stop."""
     marks = {"started": time.perf_counter()}  # start-up phases (`DeviceStats.phases`)
-    options = _see_own_device(options)
     import torch
 
     from .pipeline import limit_host_threads
@@ -579,22 +578,6 @@ def _work(conn: Connection, source: str, options: RunOptions, share: int) -> Non
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _see_own_device(options: RunOptions) -> RunOptions:
-    """A CUDA worker's options with CUDA_VISIBLE_DEVICES narrowed to its own device, which it then calls cuda:0;
-    called before torch is imported. CUDA's start in a process (the driver's and the runtime's state for every
-    device it sees) then covers one device, not every device of the host in every worker at once."""
-    match = _DEVICE.fullmatch(options.device)
-    if match is None or not options.device.startswith("cuda"):
-        return options
-    index = int(match.group(1) or 0)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [v.strip() for v in visible.split(",")] if visible is not None else None
-    if ids is not None and index >= len(ids):
-        return options  # not a device of this process: torch says so, as it would have
-    os.environ["CUDA_VISIBLE_DEVICES"] = ids[index] if ids is not None else str(index)
-    return replace(options, device="cuda:0")
 
 
 def _job(
