@@ -68,8 +68,9 @@ run_profile() {
             --batch $batch --step $kind $flag --json "$OUT/profile.jsonl"
     done
 }
-run_gputests() {  # every GPU-marked test (decoding, pipeline, bench, timestamps)
-    step "gpu tests (all)" 300 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -m gpu tests/
+run_gputests() {  # every GPU-marked test (decoding, pipeline, bench, timestamps); the files whose extras (av, ray,
+    # openai, srt) the lent machine lacks are left out (their tests are CPU tests)
+    step "gpu tests (all)" 300 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -m gpu --continue-on-collection-errors tests/
 }
 run_coldstart() {  # COLDSTART_CACHED=1: only the runs with a bytecode cache
     [ -n "${COLDSTART_CACHED:-}" ] ||
