@@ -7,8 +7,10 @@ longest-first plan held by the parent.
              -> transcribe_stream -> each batch's transcripts to the parent in one message
 
 A worker asks for its next batch when its readers have room (WORKER_READ_AHEAD), so the devices finish together
-without a static split. This module imports no torch: the parent starts its workers before it imports torch
-itself (~2 s), so their imports and its own run side by side, not one after the other. Every worker talks to
+without a static split. This module imports no torch: on Linux the parent starts multiprocessing's fork server,
+which imports torch once for every worker while the parent imports its own, and forks the workers from there
+(`_worker_context`); elsewhere it spawns its workers before it imports torch itself, so their imports and its own
+run side by side, not one after the other. Every worker talks to
 the parent over a pipe of its own: one killed mid-message breaks only its own pipe. A worker that dies (a signal,
 the OOM killer) or raises loses nothing done elsewhere: the batches it held go to another worker, once; a batch
 whose second worker dies too, or that no worker is left for, yields one error per file ("FILE: lost: the worker
@@ -166,6 +168,23 @@ class _Worker:
         return f"the worker on {self.device} died (exit code {code})"
 
 
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """How workers start. On Linux, forked by multiprocessing's fork server, started here at once, which imports
+    torch (not CUDA: a forked child could not use it) while the parent imports its own: every worker is forked
+    with torch imported, at the same moment. Started apart, each worker imported torch itself side by side with
+    the others, which took 2.5-4.6 s on the lent 2-GPU machines and was the most variable step of a worker's
+    start-up: the workers came ready up to 1.2 s apart, and a run pays about half that gap
+    (bench/2026-11-devices/run8, run9). Elsewhere each worker is spawned, a new interpreter that imports it all."""
+    if not sys.platform.startswith("linux"):
+        return multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+    from multiprocessing import forkserver
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__, "torch"])
+    forkserver.ensure_running()  # starts it, and its imports, without waiting for them
+    return context
+
+
 class DevicePool:
     """Worker processes, one per device, each loading its own model (all at once, at the first `transcribe`).
 
@@ -178,7 +197,9 @@ class DevicePool:
         self.options = options
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         share = max(1, cores // len(self.devices))  # each worker's torch threads at most (`limit_host_threads`)
-        context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+        context = _worker_context()
+        if context.get_start_method() == "forkserver":
+            import torch  # noqa: F401 - the parent's own (`default_batching`), beside the fork server's
         self.workers = [_Worker(context, d, str(source), options, share) for d in self.devices]
         self._seen_logs: set[str] = set()
         self._batching: list[tuple[int, float]] | None = None
