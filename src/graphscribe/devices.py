@@ -7,14 +7,13 @@ longest-first plan held by the parent.
              -> transcribe_stream -> each batch's transcripts to the parent in one message
 
 A worker asks for its next batch when its readers have room (WORKER_READ_AHEAD), so the devices finish together
-without a static split. This module imports no torch: on Linux the parent starts multiprocessing's fork server,
-which imports torch once for every worker while the parent imports its own, and forks the workers from there
-(`_worker_context`); elsewhere it spawns its workers before it imports torch itself, so their imports and its own
-run side by side, not one after the other. Every worker talks to
-the parent over a pipe of its own: one killed mid-message breaks only its own pipe. A worker that dies (a signal,
-the OOM killer) or raises loses nothing done elsewhere: the batches it held go to another worker, once; a batch
-whose second worker dies too, or that no worker is left for, yields one error per file ("FILE: lost: the worker
-on cuda:1 died (signal 9)").
+without a static split. This module imports no torch when imported: on Linux the parent starts multiprocessing's
+fork server, which imports torch once for every worker while the parent imports its own, and forks the workers
+from there (`_worker_context`); elsewhere it spawns its workers before it imports torch itself, so their imports
+and its own run side by side, not one after the other. Every worker talks to the parent over a pipe of its own:
+one killed mid-message breaks only its own pipe. A worker that dies (a signal, the OOM killer) or raises loses
+nothing done elsewhere: the batches it held go to another worker, once; a batch whose second worker dies too, or
+that no worker is left for, yields one error per file ("FILE: lost: the worker on cuda:1 died (signal 9)").
 """
 
 from __future__ import annotations
@@ -173,8 +172,9 @@ def _worker_context() -> multiprocessing.context.BaseContext:
     torch (not CUDA: a forked child could not use it) while the parent imports its own: every worker is forked
     with torch imported, at the same moment. Started apart, each worker imported torch itself side by side with
     the others, which took 2.5-4.6 s on the lent 2-GPU machines and was the most variable step of a worker's
-    start-up: the workers came ready up to 1.2 s apart, and a run pays about half that gap
-    (bench/2026-11-devices/run8, run9). Elsewhere each worker is spawned, a new interpreter that imports it all."""
+    start-up: the workers came ready up to 1.2 s apart, and a run pays about half that gap (bench/2026-11-devices/
+    run8, run9); forked, 0.02-0.03 s apart (run10). Elsewhere each worker is spawned, a new interpreter that imports
+    it all."""
     if not sys.platform.startswith("linux"):
         return multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
     from multiprocessing import forkserver
