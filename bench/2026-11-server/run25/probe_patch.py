@@ -1,6 +1,8 @@
 """Copy of src with stage times in the access log: read (upload read and parsed), submit (decoded, sent to the
 engine), engine (sent -> answer back), answer (-> response sent)."""
-import shutil, sys
+import shutil
+import sys
+
 src, dst = sys.argv[1], sys.argv[2]
 shutil.copytree(src, dst, dirs_exist_ok=True)
 p = f"{dst}/graphscribe/http_front.py"
