@@ -296,14 +296,15 @@ def test_gather_pads_rows_with_zeros_on_the_gpu(pad_to):
     from graphscribe.pipeline import gather
 
     device = torch.device("cuda")
-    dirty = torch.full((64, 40000), float("nan"), device=device)
-    del dirty  # its memory goes back to the allocator's pool, NaN in it
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):  # the allocator keeps a pool a stream: this one's, which gather allocates from
+        dirty = torch.full((64, 40000), float("nan"), device=device)
+        del dirty  # its memory goes back to the pool, NaN in it
     generator = torch.Generator().manual_seed(0)
     rows = []
     for k, n in enumerate([12345, 40000, 1, 31000]):
         audio = torch.randn(n, generator=generator)
         rows.append((k, f"row{k}", audio.pin_memory() if k % 2 else audio))
-    stream = torch.cuda.Stream(device)
     batch = gather(rows, device, stream, pad_to)
     expected = pad_sequence([a for _, _, a in rows], batch_first=True)
     if pad_to:
