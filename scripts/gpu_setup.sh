@@ -42,3 +42,17 @@ probed() {
         --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,128 --json "$OUT/serve-$1.json"
     unutil $1; stop $1
 }
+# `loaded NAME`: 128 clients twice over the 4096 files on the server up now, the GPU's utilisation beside; `low NAME`:
+# 32 clients over the 4096 files, then 8 and 1 over the 512 (JSON under $OUT as serve-NAME*.json).
+loaded() {
+    util $1
+    step "server $1" 80 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
+        --concurrency 128,128 --json "$OUT/serve-$1.json"
+    unutil $1
+}
+low() {
+    step "server $1 32" 40 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
+        --concurrency 32 --json "$OUT/serve-$1-32.json"
+    step "server $1 8 1" 40 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/f512 \
+        --concurrency 8,1 --json "$OUT/serve-$1-8-1.json"
+}

@@ -622,8 +622,10 @@ def test_samples_cross_the_pipe_raw_and_in_order(duplex):
     for k, a in enumerate(sent):
         kind, n, nbytes, timings, name = pickle.loads(ours.recv_bytes())
         assert (kind, n, timings, name) == (SUBMIT, k, k % 2 == 0, f"f{k}")
-        got = receive_samples(ours, nbytes)
+        into = np.full(nbytes // 4, np.nan, dtype=np.float32) if k % 2 else None  # the engine's own buffer, or new
+        got = receive_samples(ours, nbytes, into)
         assert got.dtype == np.float32 and np.array_equal(got, a.astype(np.float32))
+        assert into is None or got is into
     writer.join()
     theirs.close()
     with pytest.raises(EOFError):
@@ -633,3 +635,8 @@ def test_samples_cross_the_pipe_raw_and_in_order(duplex):
     _, _, nbytes, _, _ = pickle.loads(ours.recv_bytes())
     with pytest.raises(ValueError, match="12 bytes, not the 8 announced"):  # the engine stops that worker
         receive_samples(ours, nbytes)
+    ours, theirs = multiprocessing.Pipe(duplex)
+    Link(theirs).send((SUBMIT, 100, 12, False, "f100"), np.zeros(3, dtype=np.float32))
+    _, _, nbytes, _, _ = pickle.loads(ours.recv_bytes())
+    with pytest.raises(ValueError, match="12 bytes, not the 8 made room for"):
+        receive_samples(ours, nbytes, np.empty(2, dtype=np.float32))

@@ -16,14 +16,9 @@ step "gpu test service" 120 python3 -m pytest -q -p no:cacheprovider tests/test_
 step "cli bfloat16 4096" 90 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out /tmp/cli-a \
     --variant "txt: --dtype bfloat16"
 cp /tmp/cli-a/grid.md "$OUT/cli-a.md"
-load() {
-    util $1
-    step "server $1" 80 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,128 --json "$OUT/serve-$1.json"
-    unutil $1
-}
 for round in 1 2; do
-    serve gather-$round bfloat16; load gather-$round; stop gather-$round
-    serve before-$round bfloat16 PYTHONPATH=/tmp/site:/tmp/before; load before-$round; stop before-$round
+    serve gather-$round bfloat16; loaded gather-$round; stop gather-$round
+    serve before-$round bfloat16 PYTHONPATH=/tmp/site:/tmp/before; loaded before-$round; stop before-$round
 done
 step "cli bfloat16 4096 again" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 1 --out /tmp/cli-b \
     --variant "txt: --dtype bfloat16"

@@ -13,21 +13,12 @@ cp -r src /tmp/keep; python3 bench/2026-11-server/keep_bytes_patch.py /tmp/keep 
 step "cli bfloat16 4096" 90 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out /tmp/cli-a \
     --variant "txt: --dtype bfloat16"
 cp /tmp/cli-a/grid.md "$OUT/cli-a.md"
-load() {
-    util $1
-    step "server $1" 80 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,128 --json "$OUT/serve-$1.json"
-    unutil $1
-}
-low() {
-    step "server $1 32" 40 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 32 --json "$OUT/serve-$1-32.json"
-    step "server $1 8 1" 40 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f512 --concurrency 8,1 --json "$OUT/serve-$1-8-1.json"
-}
-serve gather-1 bfloat16; load gather-1; low gather-1; stop gather-1
-serve before-1 bfloat16 PYTHONPATH=/tmp/site:/tmp/before; load before-1; low before-1; stop before-1
-serve keep-1 bfloat16 PYTHONPATH=/tmp/site:/tmp/keep; load keep-1; stop keep-1
-serve before-2 bfloat16 PYTHONPATH=/tmp/site:/tmp/before; load before-2; stop before-2
-serve keep-2 bfloat16 PYTHONPATH=/tmp/site:/tmp/keep; load keep-2; stop keep-2
-serve gather-2 bfloat16; load gather-2; stop gather-2
+serve gather-1 bfloat16; loaded gather-1; low gather-1; stop gather-1
+serve before-1 bfloat16 PYTHONPATH=/tmp/site:/tmp/before; loaded before-1; low before-1; stop before-1
+serve keep-1 bfloat16 PYTHONPATH=/tmp/site:/tmp/keep; loaded keep-1; stop keep-1
+serve before-2 bfloat16 PYTHONPATH=/tmp/site:/tmp/before; loaded before-2; stop before-2
+serve keep-2 bfloat16 PYTHONPATH=/tmp/site:/tmp/keep; loaded keep-2; stop keep-2
+serve gather-2 bfloat16; loaded gather-2; stop gather-2
 step "cli bfloat16 4096 again" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 1 --out /tmp/cli-b \
     --variant "txt: --dtype bfloat16"
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)

@@ -11,19 +11,10 @@ rm -rf /tmp/shallow; cp -r src /tmp/shallow; python3 bench/2026-11-server/shallo
 step "cli bfloat16 4096" 90 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 2 --out /tmp/cli-a \
     --variant "txt: --dtype bfloat16"
 cp /tmp/cli-a/grid.md "$OUT/cli-a.md"
-load() {
-    util $1
-    step "server $1" 80 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,128 --json "$OUT/serve-$1.json"
-    unutil $1
-}
-low() {
-    step "server $1 32" 40 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 32 --json "$OUT/serve-$1-32.json"
-    step "server $1 8 1" 40 $T bench --serve http://127.0.0.1:8000 --folder /tmp/f512 --concurrency 8,1 --json "$OUT/serve-$1-8-1.json"
-}
-serve shallow-1 bfloat16 PYTHONPATH=/tmp/site:/tmp/shallow; load shallow-1; low shallow-1; stop shallow-1
-serve shipped-1 bfloat16; load shipped-1; low shipped-1; stop shipped-1
-serve shipped-2 bfloat16; load shipped-2; stop shipped-2
-serve shallow-2 bfloat16 PYTHONPATH=/tmp/site:/tmp/shallow; load shallow-2; stop shallow-2
+serve shallow-1 bfloat16 PYTHONPATH=/tmp/site:/tmp/shallow; loaded shallow-1; low shallow-1; stop shallow-1
+serve shipped-1 bfloat16; loaded shipped-1; low shipped-1; stop shipped-1
+serve shipped-2 bfloat16; loaded shipped-2; stop shipped-2
+serve shallow-2 bfloat16 PYTHONPATH=/tmp/site:/tmp/shallow; loaded shallow-2; stop shallow-2
 step "cli bfloat16 4096 again" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 1 --out /tmp/cli-b \
     --variant "txt: --dtype bfloat16"
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)

@@ -343,8 +343,8 @@ def gather(
     """`collate` for a CUDA device, with no copy on the host: each row's samples, in pinned memory where they were
     received (`Service.samples_buffer`), copied straight into a zeroed (B, L) tensor on `device`, on `stream` (the
     GPU runs the copies beside the work queued before them); the current stream waits for them. The server's
-    batching thread launches them, where copying every row into one pinned buffer itself took a fifth of its time
-    (bench/2026-11-server/run34); 128 clients ran 4.6% faster with it (run38, run39)."""
+    batching thread then only launches copies: copying every row into one pinned buffer takes a fifth of its time,
+    while the GPU waits (bench/2026-11-server/run34, run38, run39)."""
     lengths = torch.tensor([a.numel() for _, _, a in rows], dtype=torch.long)  # (B,)
     width = max((a.numel() for _, _, a in rows), default=0)
     if pad_to:

@@ -124,7 +124,7 @@ class Service:
         )
         self.pad_to = pad_samples(model.device, model.dtype, model.sample_rate)
         self.pin = model.device.type == "cuda"
-        self.buffers = HostBuffers(keep=READ_AHEAD + 3, pin=False)  # the CPU's batches (on CUDA: `gather`)
+        self.buffers = None if self.pin else HostBuffers(keep=READ_AHEAD + 3, pin=False)  # on CUDA: `gather`
         # request number -> Request, from `submit` to its answer; each number is written by one thread and popped
         # by the batching thread (dict operations are atomic under the GIL)
         self.requests: dict[int, Request] = {}
