@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -87,6 +88,22 @@ def test_two_cpu_workers_print_what_one_process_prints(mixed):
     errors = [line for line in two.stderr.splitlines() if line.startswith("error:")]
     assert errors == [line for line in one.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "letter.wav" in errors[0] + errors[1]
+    # under the summary, a line per device whose shares add up to the six clips and their audio
+    shares = [
+        re.match(
+            r"  cpu: (\d+) files, ([\d.]+) s of audio, busy ([\d.]+) s, ready at ([\d.]+) s(?:, done at ([\d.]+) s)?$",
+            line,
+        )
+        for line in two.stderr.splitlines()
+        if line.startswith("  cpu: ")
+    ]
+    assert len(shares) == 2 and all(shares), two.stderr
+    audio = float(re.search(r"([\d.]+) s of audio in", two.stderr).group(1))
+    assert sum(int(m.group(1)) for m in shares) == 6
+    assert abs(sum(float(m.group(2)) for m in shares) - audio) < 0.2
+    # a worker ready after the other took every batch has none, and no "done at"
+    assert all(float(m.group(4)) < float(m.group(5)) for m in shares if m.group(5)), two.stderr
+    assert "  cpu: " not in one.stderr
 
 
 def test_two_cpu_workers_write_what_one_process_writes(mixed, tmp_path):

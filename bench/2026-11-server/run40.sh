@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared at stop 39, not run yet (no device time left). A shallower server pipeline (shallow_patch.py: each batch
+# Prepared at stop 39, run at stop 40. A shallower server pipeline (shallow_patch.py: each batch
 # decoded and answered before the next is taken) against the server as shipped, interleaved, 128 clients twice over
 # the 4096 files each time, 2 rounds; 32 clients and 8 and 1 (512 files) on both in round 1; the CLI before and
 # after. Issue 29. One lent H100, from the repo root with .whl carried:  bash bench/2026-11-server/run40.sh
@@ -17,5 +17,6 @@ serve shipped-2 bfloat16; loaded shipped-2; stop shipped-2
 serve shallow-2 bfloat16 PYTHONPATH=/tmp/site:/tmp/shallow; loaded shallow-2; stop shallow-2
 step "cli bfloat16 4096 again" 60 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 1 --out /tmp/cli-b \
     --variant "txt: --dtype bfloat16"
+cp /tmp/cli-b/grid.md "$OUT/cli-b.md"
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)
 exit 0

@@ -357,7 +357,24 @@ def transcribe_command(
         summary += f" (RTFx {tally.audio / elapsed:.1f})"
     if total > 1 or tally.failed:
         err_console.print(escape(summary))
+        for line in _device_lines(loaded):
+            err_console.print(escape(line))
     raise typer.Exit(1 if tally.failed else 0)
+
+
+def _device_lines(loaded) -> list[str]:
+    """Under the summary of a run on several devices, a line per device: how its share went and when, in seconds
+    from the start of the run, it was ready and done. A device ready late or done early was idle on the clock."""
+    lines = []
+    for stats in getattr(loaded, "device_stats", None) or []:
+        line = f"  {stats.device}: {stats.files} files, {stats.audio_seconds:.1f} s of audio, busy {stats.busy_seconds:.2f} s"
+        ready = (stats.phases or {}).get("warmed")
+        if ready is not None:
+            line += f", ready at {ready:.2f} s"
+        if stats.done_at is not None:
+            line += f", done at {stats.done_at:.2f} s"
+        lines.append(line + (f" ({stats.ended})" if stats.ended else ""))
+    return lines
 
 
 @dataclass
