@@ -3,6 +3,7 @@ results in a stable order whatever the batching, threads gone when the caller st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -215,6 +216,70 @@ def test_stage_clock_counts_every_stage_on_the_cpu(model):
     assert sum(seconds[stage] for stage in main_thread) <= elapsed
 
 
+class _DecodeStreamHere(pipeline._Streams):
+    """_Streams as on CUDA (a decode stream, so the next batch is queued from inside the decode) on the CPU."""
+
+    def __init__(self, device):
+        super().__init__(device)
+        self.decode = "here"
+
+    def decoding(self, job):
+        return contextlib.nullcontext()
+
+
+def test_the_next_batch_queued_inside_the_decode_leaves_every_result_nemos(model, monkeypatch):
+    """The next batch is queued after the first round of the decode's steps, before its first read: each input
+    once, in batch order, with NeMo's tokens; a bad input's error where it was."""
+    monkeypatch.setattr(pipeline, "_Streams", _DecodeStreamHere)
+    calls = []
+    decode = model.decoder.decode
+
+    def watched(encoded, lengths, queued=None):
+        calls.append(queued is not None)
+        return decode(encoded, lengths, queued)
+
+    monkeypatch.setattr(model.decoder, "decode", watched)
+    paths = [CLIPS / name for name in CLIP_NAMES]
+    got = list(model.transcribe_iter([*paths, CLIPS / "missing.wav"], batch_size=2, timings=False))
+    assert sorted(i for i, _ in got) == list(range(len(paths) + 1))
+    results = dict(got)
+    assert [results[i].token_ids for i in range(len(paths))] == [reference_clip(n)["token_ids"] for n in CLIP_NAMES]
+    assert "missing.wav" in results[len(paths)].error
+    assert calls == [True] * 3  # three batches of two, each decoding with the next one's launch inside
+
+
+class _Source:
+    """Batches of the oracle clips, then an error from the source itself (as a GPU's gather can raise)."""
+
+    def __init__(self, sample_rate: int, error: BaseException):
+        self.items = [str(CLIPS / name) for name in CLIP_NAMES[:2]]
+        self.audio = [load_audio(path, sample_rate) for path in self.items]
+        self.error = error
+
+    def __iter__(self):
+        yield pipeline.collate(
+            [(i, p, a) for i, (p, a) in enumerate(zip(self.items, self.audio))], pipeline.HostBuffers(1, False)
+        )
+        raise self.error
+
+    def recycle(self, batch):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA error: out of memory"), ValueError("the source broke")])
+def test_what_the_next_batch_raises_inside_the_decode_is_not_the_decoding_batchs(model, monkeypatch, error):
+    """An error raised while the next batch is queued from inside a decode (out of memory included) comes out of
+    transcribe_stream after that decode: it is not taken for the decoding batch's own failure, which would retry
+    that batch alone and drop the next one's inputs."""
+    monkeypatch.setattr(pipeline, "_Streams", _DecodeStreamHere)
+    stream = pipeline.transcribe_stream(model, _Source(model.sample_rate, error), timings=False)
+    with pytest.raises(type(error), match=str(error)):
+        list(stream)
+
+
 @pytest.mark.gpu
 def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
     """Pinned batches copied without waiting, batch k+1 queued before batch k is finished: NeMo's tokens."""
@@ -262,11 +327,11 @@ def test_rendered_results_of_one_at_a_time_batches(model, monkeypatch):
     """A batch that runs out of memory is redone one input at a time, rendered by the workers all the same."""
     real, calls = model.decode, []
 
-    def decode_or_out_of_memory(encoded, lengths):
+    def decode_or_out_of_memory(encoded, lengths, queued=None):
         calls.append(len(lengths))
         if len(lengths) > 1:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(encoded, lengths)
+        return real(encoded, lengths, queued)
 
     paths = [CLIPS / name for name in CLIP_NAMES]
     expected = {i: WRITERS["srt"](t) for i, t in model.transcribe_iter(paths, batch_size=3)}

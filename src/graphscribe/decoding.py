@@ -28,6 +28,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -403,8 +404,12 @@ class GreedyDecoder:
         return h.expand(-1, n, -1), c.expand(-1, n, -1), g.expand(n, -1)
 
     @torch.inference_mode()
-    def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
-        """encoded (B, T, D) encoder output, lengths (B,) valid frames -> one hypothesis per row."""
+    def decode(
+        self, encoded: torch.Tensor, lengths: torch.Tensor, queued: Callable[[], None] | None = None
+    ) -> list[Hypothesis]:
+        """encoded (B, T, D) encoder output, lengths (B,) valid frames -> one hypothesis per row. queued: called once,
+        when the first round of steps is queued and before the host first waits for the device (the pipeline
+        launches its next batch there, beside this one's steps)."""
         b, frames = encoded.shape[:2]
         device = encoded.device
         enc_projected = self.joint.project_encoder(encoded)  # (B, T, J), once for all frames
@@ -430,6 +435,9 @@ class GreedyDecoder:
                 run = self._runner(buf, step, restart, warm_up=False)
             for _ in range(steps // STEPS_PER_CHECK):
                 run()
+            if queued is not None:
+                queued()
+                queued = None
             done = Progress.read(buf, b)  # the one host read per round
             self.host_reads += 1
         return _collect(buf, done)

@@ -364,9 +364,12 @@ class Model:
         )
         return window
 
-    def decode(self, encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
+    def decode(
+        self, encoded: torch.Tensor, lengths: torch.Tensor, queued: Callable[[], None] | None = None
+    ) -> list[Hypothesis]:
+        """queued: called once the first round of steps is queued on the device (`Decoder.decode`)."""
         with self._float32_math():
-            return self.decoder.decode(encoded, lengths)
+            return self.decoder.decode(encoded, lengths, queued)
 
     def _float32_math(self):
         """float32 means float32 on CUDA: cuDNN would otherwise run the encoder's convolutions (and the prediction

@@ -7,10 +7,10 @@
     -> features, encoder (queued on the GPU) -> decoding (its own CUDA stream) -> transcripts
        [`transcribe_stream`]
 
-The main thread keeps the GPU fed: it queues batch k+1's copy, features and encoder, then decodes batch k on a
-second stream while they run (decoding reads a few numbers back to the host as it goes, so on one stream the
-GPU would wait for the host's launches of every next batch), then makes batch k's transcripts (and the caller
-writes them); the readers stay READ_AHEAD batches ahead, so host memory is bounded by the batch size, not by
+The main thread keeps the GPU fed: it queues batch k's first round of decode steps on a stream of its own, then
+batch k+1's copy, features and encoder, which run beside those steps, then waits for batch k's decode (which
+reads a few numbers back to the host as it goes: on one stream the GPU would wait for the host's launches of
+every next batch), then makes batch k's transcripts (and the caller writes them); the readers stay READ_AHEAD batches ahead, so host memory is bounded by the batch size, not by
 the number of inputs.
 Results come in batch order, each batch's unreadable inputs first; a batch that runs out of memory is
 retried one input at a time, and an input that alone does not fit gets an error.
@@ -448,9 +448,10 @@ def transcribe_stream(
     leaves out the token, word and segment times (text and token ids only: less host work a file), as does a
     batch's own `timings=False`.
 
-    reads: a ReadAhead, or any source of Batches with `items`, `recycle` and `close` (the server's). A batch is
-    decoded when the next one has been queued; an empty Batch (no rows) has the one before it finished at once,
-    so a source that is about to wait for inputs yields one first.
+    reads: a ReadAhead, or any source of Batches with `items`, `recycle` and `close` (the server's). The next
+    batch is taken, and queued up to its encoder, while one decodes (on CUDA once its first steps are queued);
+    an empty Batch (no rows) has the one before it finished at once, so a source that is about to wait for
+    inputs yields one first.
 
     With timings, a batch's transcripts are made on a thread of their own (`_Finisher`) while this one queues and
     decodes the next batches: this thread spends most of a batch waiting for the GPU. `render`, output formats
@@ -465,31 +466,45 @@ def transcribe_stream(
     own = renderer is None and bool(render) and timings  # what it makes, it closes
     renderer = RenderPool(model.finishing, render) if own else renderer
     finisher = _Finisher(model, clock, timings, renderer) if timings else None
+    source = iter(reads)
+
+    def queue_next() -> _Job | None:  # the next batch, queued up to its encoder; None at the end
+        batch = next(source, None)
+        return None if batch is None else _start(model, batch, clock)
+
+    def failed(job: _Job) -> list[tuple[int, Transcript]]:
+        return [(i, Transcript(source=_name(items[i]), error=error)) for i, error in job.batch.failed]
+
     try:
-        encoded: _Job | None = None  # queued up to its encoder, not decoded yet
-        for batch in reads:
-            job = _start(model, batch, clock)  # queued on the GPU: it runs while `encoded` is decoded
-            if encoded is not None:
-                decoded = _decode(model, encoded, clock, streams)
-                # here, in order: one at a time runs the GPU; a batch without times is text only (tens of microseconds
-                # a row), answered now rather than a batch later
-                if finisher is None or decoded.out_of_memory or not decoded.batch.timings:
-                    yield from finisher.drain() if finisher else ()
-                    yield from _finish(model, decoded, clock, streams, timings, renderer)
-                else:
-                    finisher.submit(decoded)
-                    yield from finisher.ready() if batch.indices else finisher.drain()  # empty: the source waits
-                reads.recycle(encoded.batch)  # decoded, so copied to the GPU long ago
-            failed = [(i, Transcript(source=_name(items[i]), error=error)) for i, error in batch.failed]
-            if finisher is None:
-                yield from failed
-            else:
-                finisher.add(failed)
-            encoded = job
+        encoded = queue_next()  # queued up to its encoder, not decoded yet
         if encoded is not None:
-            decoded = _decode(model, encoded, clock, streams)
-            yield from finisher.drain() if finisher else ()
-            yield from _finish(model, decoded, clock, streams, timings, renderer)
+            yield from failed(encoded)
+        while encoded is not None:
+            # the next batch is queued while this one decodes: on CUDA once the decode's first steps are on the GPU
+            # (its encoder runs beside them), so this one's answer waits for no launch of the next one's
+            upcoming: list[_Job | None] = []
+            decoded = _decode(model, encoded, clock, streams, then=lambda: upcoming.append(queue_next()))
+            if not upcoming:  # not called: nothing decoded on a GPU (no rows, out of memory, the CPU)
+                upcoming.append(queue_next())
+            following = upcoming[0]
+            last = following is None
+            # here, in order: one at a time runs the GPU; a batch without times is text only (tens of microseconds
+            # a row), answered now rather than a batch later
+            if finisher is None or decoded.out_of_memory or not decoded.batch.timings:
+                yield from finisher.drain() if finisher else ()
+                yield from _finish(model, decoded, clock, streams, timings, renderer)
+            else:
+                finisher.submit(decoded)
+                # the end, or an empty batch (the source is about to wait): everything answered now
+                yield from finisher.drain() if last or not following.batch.indices else finisher.ready()
+            if not last:
+                reads.recycle(encoded.batch)  # decoded, so copied to the GPU long ago
+                if finisher is None:
+                    yield from failed(following)
+                else:
+                    finisher.add(failed(following))
+            encoded = following
+        yield from finisher.drain() if finisher else ()
     finally:  # also when the caller stops early: reads not started are dropped
         if finisher is not None:
             finisher.close()
@@ -538,6 +553,7 @@ class _Streams:
 
     def __init__(self, device: torch.device):
         self.decode = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        self.encode: torch.cuda.Stream | None = None  # while decoding: the stream the caller was on
 
     @contextlib.contextmanager
     def decoding(self, job: _Job):
@@ -547,8 +563,16 @@ class _Streams:
         self.decode.wait_event(job.ready)
         job.encoded.record_stream(self.decode)  # made on the encoder's stream: not reused before decoding is done
         job.frames.record_stream(self.decode)
-        with torch.cuda.stream(self.decode):
-            yield
+        self.encode = torch.cuda.current_stream(self.decode.device)
+        try:
+            with torch.cuda.stream(self.decode):
+                yield
+        finally:
+            self.encode = None
+
+    def outside(self):
+        """Back on the caller's stream while decoding (the next batch's features and encoder)."""
+        return torch.cuda.stream(self.encode) if self.encode is not None else contextlib.nullcontext()
 
 
 def default_workers(device: torch.device) -> int:
@@ -580,18 +604,38 @@ def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
     return job
 
 
-def _decode(model: Model, job: _Job, clock: StageClock, streams: _Streams) -> _Job:
+def _decode(
+    model: Model, job: _Job, clock: StageClock, streams: _Streams, then: Callable[[], None] | None = None
+) -> _Job:
+    """Decode a job queued up to its encoder. then: on CUDA, called once the decode's first round of steps is
+    queued, before the host waits for it, on the stream the encoder runs on: the caller's next batch is launched
+    while this one decodes."""
     if job.encoded is None:
         return job
     start = time.perf_counter()
+    aside = 0.0  # host time in `then`, its own job's
+    raised: list[BaseException] = []  # by `then`: raised once this job is decoded, not taken for its failure
+
+    def meanwhile() -> None:
+        nonlocal aside
+        began = time.perf_counter()
+        try:
+            with streams.outside():
+                then()
+        except BaseException as err:  # noqa: BLE001 - re-raised below
+            raised.append(err)
+        aside += time.perf_counter() - began
+
     try:
         with streams.decoding(job), clock.gpu("decode"):
-            job.hyps = model.decode(job.encoded, job.frames)
+            job.hyps = model.decode(job.encoded, job.frames, meanwhile if then and streams.decode else None)
     except (torch.OutOfMemoryError, RuntimeError) as err:
         _out_of_memory_or_raise(model, err)
         job.out_of_memory = True
     job.encoded = job.frames = None  # the encoder output's memory is reused once decoding is done (record_stream)
-    job.seconds += time.perf_counter() - start
+    job.seconds += time.perf_counter() - start - aside
+    if raised:
+        raise raised[0]
     return job
 
 

@@ -8,7 +8,7 @@
       into a reused host buffer) -> pipeline.transcribe_stream: features and encoder of the
       next batch are queued while this one decodes (one captured graph per size class) -> done(transcript, queue s)
 
-The batching thread takes the next batch as soon as the GPU has one queued, without waiting for company: under
+The batching thread takes the next batch while the one before decodes, without waiting for company: under
 load requests pile up while a batch runs, so batches fill by themselves; it blocks on the scheduler only when
 nothing is waiting, and then first hands transcribe_stream an empty batch so the last one is finished and
 answered. An hour of audio (local attention) runs alone; a batch that runs out of memory is retried one request
@@ -275,9 +275,9 @@ def batch_cost(model: Model) -> tuple[float, float] | None:
 
 
 class _Batches:
-    """transcribe_stream's source of batches: the warm-up batches, then the scheduler's, taken as soon as the
-    one before is queued; an empty batch whenever nothing waits, so the one before is finished and answered before
-    the thread blocks."""
+    """transcribe_stream's source of batches: the warm-up batches, then the scheduler's, taken while the one
+    before decodes; an empty batch whenever nothing waits, so the one before is finished and answered before the
+    thread blocks."""
 
     def __init__(self, service: Service, warm_up: list[Batch]):
         self.service, self.warm_up = service, warm_up
