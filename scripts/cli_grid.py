@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 SUMMARY = re.compile(r"transcribed (\d+) of (\d+) files(?: \(([^)]*)\))?: ([\d.]+) s of audio in ([\d.]+) s")
+DEVICE_LINE = re.compile(r"  (cpu|cuda(:\d+)?): \d+ files")
 LOADED = re.compile(r"loaded in ([\d.]+) s(?: \(([\d.]+) s of it warming up\))?")
 
 
@@ -66,6 +67,9 @@ def run(folder: str, model: str, args: list[str], env: dict[str, str], timeout: 
         row["load_s"] = float(loaded.group(1))
         if loaded.group(2):
             row["warm_up_s"] = float(loaded.group(2))  # part of load_s
+    per_device = [line.strip() for line in done.stderr.splitlines() if DEVICE_LINE.match(line)]
+    if per_device:  # --devices: the lines under the summary, one a device
+        row["devices"] = per_device
     if done.returncode != 0 or not summary:
         row["stderr_tail"] = done.stderr[-2000:]
     return row

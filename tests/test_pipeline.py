@@ -248,6 +248,38 @@ def test_the_next_batch_queued_inside_the_decode_leaves_every_result_nemos(model
     assert calls == [True] * 3  # three batches of two, each decoding with the next one's launch inside
 
 
+class _Buf:
+    window, max_skip = 1, 4  # a step moves a row at most 1 + 4 + 1 = 6 frames
+
+
+def test_a_first_round_is_the_lower_bound_unless_an_earlier_rate_predicts_it():
+    """Before any step: the lower bound (300 frames, at most 6 a step: 50); with an earlier decode's rate, 0.7 of
+    what it predicts (1.5 frames a step: 0.7 * 300 / 1.5 = 140), within the lower bound and one step a frame."""
+    from graphscribe.decoding import round_steps
+
+    assert round_steps(_Buf, 300, 300, 0) == 50
+    assert round_steps(_Buf, 300, 300, 0, rate=1.5) == 140
+    assert round_steps(_Buf, 300, 300, 0, rate=0.1) == 300
+    assert round_steps(_Buf, 300, 300, 0, rate=100.0) == 50
+    assert round_steps(_Buf, 100, 300, 80, rate=100.0) == round_steps(_Buf, 100, 300, 80)  # later rounds: own rate
+
+
+def test_a_decode_with_the_next_batch_to_launch_queues_a_longer_first_round(model):
+    """With `queued` (the host launches the next batch before its first read) the first round is sized by the last
+    decode's rate: fewer host reads, the same hypotheses, `queued` called once."""
+    audio = load_audio(CLIPS / CLIP_NAMES[-1], model.sample_rate)
+    features, frames = model.padded_features(audio[None], torch.tensor([audio.numel()]))
+    encoded, lengths = model.encoder_output(features, frames, None, [audio.numel()])
+    decoder, calls = model.decoder, []
+    alone = model.decode(encoded, lengths)
+    reads_alone = decoder.host_reads
+    assert decoder.rate == encoded.shape[1] / decoder.queued_steps
+    beside = model.decode(encoded, lengths, lambda: calls.append(decoder.queued_steps))
+    assert beside == alone and len(calls) == 1
+    assert calls[0] >= 0.7 * encoded.shape[1] / decoder.rate - 4  # the first round queued by then (4 a replay)
+    assert decoder.host_reads < reads_alone
+
+
 class _Source:
     """Batches of the oracle clips, then an error from the source itself (as a GPU's gather can raise)."""
 

@@ -114,7 +114,7 @@ _ROUND_STEPS = decoding.round_steps
 _LAST_ROUND: dict = {}  # the "last" policy's previous round, between calls of a decode
 
 
-def _last_round_rate(buf, remaining, first, queued, _last=_LAST_ROUND):
+def _last_round_rate(buf, remaining, first, queued, rate=None, _last=_LAST_ROUND):
     """Round sizes from the rate of the last round alone (the "last" policy)."""
     lower = -(-remaining // (buf.window + buf.max_skip + 1))
     last = _last.get("at") if queued else None

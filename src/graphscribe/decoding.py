@@ -198,17 +198,20 @@ class Progress:
         return cls(max(max(x - y for x, y in zip(lengths, t)), 0), max(count), count, max(steps))
 
 
-def round_steps(buf: DecodeBuffers, remaining: int, first: int, queued: int) -> int:
+def round_steps(buf: DecodeBuffers, remaining: int, first: int, queued: int, rate: float | None = None) -> int:
     """Steps to queue before the next host read, for `remaining` frames still to go (`first` before the first
     step: the batch's frames, `queued` steps queued since).
 
     At least the lower bound (a step moves a row at most W + max_skip + 1 frames); after a first round, ROUND_SHARE
     of what the rate so far predicts, at most one a frame. A row's rate changes along a clip (a run of blanks goes
     fast, speech slowly); a step queued after the last row finishes still costs its launches (its kernels skip
-    their products), and a round costs a host read that leaves the GPU idle.
+    their products), and a round costs a host read that leaves the GPU idle. `rate`: frames a step to predict the
+    first round by (an earlier decode's), where the host has other work before its first read.
     """
     lower = -(-remaining // (buf.window + buf.max_skip + 1))
     if queued == 0 or first <= remaining:
+        if queued == 0 and rate:
+            return max(lower, min(remaining, math.ceil(ROUND_SHARE * remaining / rate)))
         return lower
     rate = (first - remaining) / queued  # frames a step so far, of the furthest-behind row
     return max(lower, min(remaining, math.ceil(ROUND_SHARE * remaining / rate)))
@@ -270,6 +273,7 @@ class GreedyDecoder:
         self.compile_seconds = 0.0  # spent preparing and compiling the fused step (first use; Triton caches on disk)
         self.host_reads = 0  # rounds of the last decode: each one host read (a wait for the GPU)
         self.queued_steps = 0  # steps the last decode ran (or replayed), finished rows' included
+        self.rate: float | None = None  # frames a queued step over the last decode: its first round's prediction
 
     def _step_fn(self, device: torch.device, dtype: torch.dtype):
         """The one step for this device: the fused kernels on CUDA, unless unavailable or not wanted."""
@@ -425,8 +429,11 @@ class GreedyDecoder:
         # Before any step no row has more than `frames` to go and none has a token: the first round needs no read.
         done = Progress(frames, 0, [0] * b, 0)
         self.host_reads = self.queued_steps = 0
+        # with other work for the host before its first read (`queued`), the first round is as long as the last
+        # decode's rate predicts, not the lower bound: the GPU decodes on while the host launches the next batch
+        rate = self.rate if queued is not None else None
         while done.remaining > 0:
-            steps = round_steps(buf, done.remaining, frames, self.queued_steps)
+            steps = round_steps(buf, done.remaining, frames, self.queued_steps, rate=rate)
             steps = math.ceil(steps / STEPS_PER_CHECK) * STEPS_PER_CHECK
             self.queued_steps += steps
             if done.emitted + steps >= buf.max_tokens:  # a row could fill its token slots in this round
@@ -440,6 +447,8 @@ class GreedyDecoder:
                 queued = None
             done = Progress.read(buf, b)  # the one host read per round
             self.host_reads += 1
+        if self.queued_steps:
+            self.rate = frames / self.queued_steps
         return _collect(buf, done)
 
 
