@@ -20,7 +20,7 @@ def swap(old: str, new: str) -> None:
 
 swap(
     "\nclass StageClock:",
-    '''
+    """
 import json as _json
 
 _TL: list = []
@@ -57,7 +57,7 @@ def _tl_dump() -> None:
         _json.dump(rows, f)
 
 
-class StageClock:''',
+class StageClock:""",
 )
 swap(
     """    start = time.perf_counter()

@@ -29,12 +29,14 @@ def summary(path: str) -> list[str]:
 
     cycles = [(b["dec_call"] - a["dec_call"]) * 1e3 for a, b in zip(rows, rows[1:])]
     return [
-        f"{path}: {len(rows)} batches, {sum(r['rows'] for r in rows)} rows ({statistics.mean(r['rows'] for r in rows):.1f} a batch)",
+        f"{path}: {len(rows)} batches, {sum(r['rows'] for r in rows)} rows "
+        f"({statistics.mean(r['rows'] for r in rows):.1f} a batch)",
         f"  cycle (one decode call to the next): {statistics.mean(cycles):.2f} ms, median {statistics.median(cycles):.2f}",
         f"  host: the next batch taken and launched inside the decode {ms('hook0', 'hook1')}",
         f"  host: decode call to return {ms('dec_call', 'dec_ret')}; return to answered {ms('dec_ret', 'answered')}",
         f"  GPU: decode call to the decode's start (its encoder finishing) {ms('dec_call', 'dec0')}",
-        f"  GPU: the decode, first kernel to last {ms('dec0', 'dec1')}; left after the launches {ms('hook1', 'dec1')}",
+        f"  GPU: the decode, first kernel to last {ms('dec0', 'dec1')}",
+        f"  GPU: the decode left after the host's launches {ms('hook1', 'dec1')}",
         f"  GPU: the encoder done after its launches {ms('launched', 'enc1')}",
     ]
 

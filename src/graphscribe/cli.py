@@ -367,7 +367,8 @@ def _device_lines(loaded) -> list[str]:
     from the start of the run, it was ready and done. A device ready late or done early was idle on the clock."""
     lines = []
     for stats in getattr(loaded, "device_stats", None) or []:
-        line = f"  {stats.device}: {stats.files} files, {stats.audio_seconds:.1f} s of audio, busy {stats.busy_seconds:.2f} s"
+        line = f"  {stats.device}: {stats.files} files, {stats.audio_seconds:.1f} s of audio"
+        line += f", busy {stats.busy_seconds:.2f} s"
         ready = (stats.phases or {}).get("warmed")
         if ready is not None:
             line += f", ready at {ready:.2f} s"

@@ -10,8 +10,8 @@
 The main thread keeps the GPU fed: it queues batch k's first round of decode steps on a stream of its own, then
 batch k+1's copy, features and encoder, which run beside those steps, then waits for batch k's decode (which
 reads a few numbers back to the host as it goes: on one stream the GPU would wait for the host's launches of
-every next batch), then makes batch k's transcripts (and the caller writes them); the readers stay READ_AHEAD batches ahead, so host memory is bounded by the batch size, not by
-the number of inputs.
+every next batch), then makes batch k's transcripts (and the caller writes them); the readers stay READ_AHEAD
+batches ahead, so host memory is bounded by the batch size, not by the number of inputs.
 Results come in batch order, each batch's unreadable inputs first; a batch that runs out of memory is
 retried one input at a time, and an input that alone does not fit gets an error.
 """
