@@ -56,3 +56,14 @@ low() {
     step "server $1 8 1" 40 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/f512 \
         --concurrency 8,1 --json "$OUT/serve-$1-8-1.json"
 }
+# `ab_servers AFTER BEFORE`: two builds' servers in bfloat16, interleaved as after, before, before, after, each under
+# 128 clients twice over the 4096 files (`loaded`), the first pair at 32, 8 and 1 clients too (`low`); AFTER and
+# BEFORE are a source folder for PYTHONPATH, or - for the tree's own src.
+ab_servers() {
+    local name path
+    for name in after-1 before-1 before-2 after-2; do
+        path=$1; [ "${name%-*}" = before ] && path=$2
+        if [ "$path" = - ]; then serve $name bfloat16; else serve $name bfloat16 PYTHONPATH=/tmp/site:$path; fi
+        loaded $name; [ "${name#*-}" = 1 ] && low $name; stop $name
+    done
+}

@@ -14,10 +14,7 @@ cp -r src /tmp/tl; python3 bench/2026-11-server/timeline_patch.py /tmp/tl | tee 
 step "cli bfloat16 4096" 150 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 3 --out /tmp/cli-bf16 \
     --variant "after: --dtype bfloat16" --variant "before: --dtype bfloat16 @PYTHONPATH=/tmp/site:/tmp/before"
 cp /tmp/cli-bf16/grid.md "$OUT/cli-bf16.md"
-serve after-1 bfloat16; loaded after-1; low after-1; stop after-1
-serve before-1 bfloat16 PYTHONPATH=/tmp/site:/tmp/before; loaded before-1; low before-1; stop before-1
-serve before-2 bfloat16 PYTHONPATH=/tmp/site:/tmp/before; loaded before-2; stop before-2
-serve after-2 bfloat16; loaded after-2; stop after-2
+ab_servers - /tmp/before
 serve timeline bfloat16 PYTHONPATH=/tmp/site:/tmp/tl GRAPHSCRIBE_TIMELINE=$OUT/tl-server.json; loaded timeline; stop timeline
 step "float32 outputs" 90 bash -c "rm -rf /tmp/o-after /tmp/o-before; $T /tmp/f512 -m $ckpt --dtype float32 -f json -o /tmp/o-after 2>&1 | tail -1;
     PYTHONPATH=/tmp/site:/tmp/before $T /tmp/f512 -m $ckpt --dtype float32 -f json -o /tmp/o-before 2>&1 | tail -1;

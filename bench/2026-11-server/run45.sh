@@ -16,9 +16,6 @@ step "gpu tests" 150 bash -c "cd /tmp/runs && GRAPHSCRIBE_TEST_V3=$ckpt PYTHONPA
 step "cli bfloat16 4096" 150 python3 scripts/cli_grid.py --folder /tmp/f4096 --model $ckpt --rounds 3 --out /tmp/cli-bf16 \
     --variant "after: --dtype bfloat16 @PYTHONPATH=/tmp/site:/tmp/runs/src" --variant "before: --dtype bfloat16"
 cp /tmp/cli-bf16/grid.md "$OUT/cli-bf16.md"
-serve after-1 bfloat16 PYTHONPATH=/tmp/site:/tmp/runs/src; loaded after-1; low after-1; stop after-1
-serve before-1 bfloat16; loaded before-1; low before-1; stop before-1
-serve before-2 bfloat16; loaded before-2; stop before-2
-serve after-2 bfloat16 PYTHONPATH=/tmp/site:/tmp/runs/src; loaded after-2; stop after-2
+ab_servers /tmp/runs/src -
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)
 exit 0
