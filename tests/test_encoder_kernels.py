@@ -141,3 +141,29 @@ def test_first_conv_matches_pytorch(dtype):
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
     assert not got[2].any() and not got[3].any() and not got[1, :, 15:].any()
+
+
+def test_first_conv_on_packed_rows_matches_pytorchs():
+    """Packed rows (`Subsampling._masked_stack`): the fused first convolution masks nothing (the features between
+    clips are zeros) and its output is masked by frame after it; PyTorch's layers masked by frame give the same."""
+    model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")
+    names = ["noise_3s.wav", "short_2s.wav", "silence_1s.wav", "quarter_second.wav"]  # short: the interpreter's pace
+    audios = [model.read(CLIPS / name) for name in names]
+    samples = [a.numel() for a in audios]
+    batch = torch.zeros(len(audios), max(samples))
+    for i, a in enumerate(audios):
+        batch[i, : a.numel()] = a
+    sub = model.module.encoder.pre_encode
+    with torch.inference_mode():
+        front = model.front_packing(samples, batch.shape[1], None)
+        features, _ = model.padded_features(batch, torch.tensor(samples), front)
+        x = features.transpose(1, 2).to(torch.bfloat16)[:, None]  # (R, 1, T, F)
+        conv = copy.deepcopy(sub.conv)
+        conv[0].bias.add_(4.0)  # the first convolution's output between clips, unmasked, would be far from zero
+        want = sub._masked_stack(x, list(conv), None, front.valid).float()
+        layers = _on_device(*conv)
+        got = sub._masked_stack(x.to(DEVICE), layers, kernels, [v.to(DEVICE) for v in front.valid]).cpu().float()
+    assert got.shape == want.shape and got.shape[0] == front.packing.rows
+    assert torch.allclose(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    outside = ~front.valid[-1][:, None, :, None].expand_as(got)
+    assert not got[outside].any()  # zeros between the clips, as past a clip's own row

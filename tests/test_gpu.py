@@ -125,6 +125,42 @@ def test_real_speech_graphs_equal_eager_v3(dtype):
         assert results[True][0] == results[True][1]  # batched == serial
 
 
+@pytest.mark.skipif(not V3, reason="set GRAPHSCRIBE_TEST_V3 to a 0.6b-v3-shaped .nemo")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_packed_front_end_stays_near_each_clip_alone_v3(dtype, monkeypatch):
+    """Clips of mixed lengths with their features and subsampling on packed rows (`Model.front_packing`; in 16 bits
+    the fused first convolution, then a mask by frame): each clip's encoder output against the clip alone, as near
+    as the same batch with its front end padded (float32: packing forced, to float32's rounding)."""
+    monkeypatch.setattr(gs.Model, "packs_rows", property(lambda self: True))
+    model = gs.load_model(V3, device="cuda", dtype=dtype)
+    clip = model.read(speech_path("librispeech_2086-149220-0033.wav"))
+    audio = [torch.cat([clip, clip])[: n * 16000] for n in (14, 3, 2, 5, 1)]
+    samples = [a.numel() for a in audio]
+    batch = torch.zeros(len(audio), max(samples))
+    for i, a in enumerate(audio):
+        batch[i, : a.numel()] = a
+    lengths = torch.tensor(samples)
+
+    def distances(encoded):
+        out = []
+        for i, a in enumerate(audio):
+            alone, frames = model.encode([a])
+            n = int(frames[0])
+            out.append(((encoded[i, :n] - alone[0, :n]).float().norm() / alone[0, :n].float().norm()).item())
+        return out
+
+    with torch.inference_mode():
+        front = model.front_packing(samples, batch.shape[1], None)
+        assert front is not None and front.packing.rows < len(audio)
+        packed, _ = model.encoder_output(*model.padded_features(batch, lengths, front), None, samples, front)
+        padded, _ = model.encoder_output(*model.padded_features(batch, lengths), None, samples)
+        packed_distances, padded_distances = distances(packed), distances(padded)
+    if dtype == "float32":
+        assert max(packed_distances) < 1e-4
+    else:
+        assert max(packed_distances) < max(0.02, 1.5 * max(padded_distances))
+
+
 def test_demo_cli_graphs_on_and_off_print_the_same_bytes():
     """The bundled demo model through the real CLI on the GPU: --graphs and --no-graphs, batched."""
     heldout = FIXTURES / "demo-heldout"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import CLIP_NAMES, NEMO_PATH, reference_clip
+from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
 import graphscribe as gs
 from graphscribe import encoder
@@ -105,3 +105,112 @@ def test_bfloat16_batches_pack_and_stay_near_nemo(reference_arrays, packs):
     unpacked_errors = _relative_errors(unpacked, reference_arrays)
     assert max(packed_errors) < 0.05  # bfloat16's own distance from float32 (test_encoder_kernels)
     assert max(packed_errors) < 1.5 * max(unpacked_errors)
+
+
+def test_front_layout_worked_by_hand():
+    """The plan of the first test, laid out for its samples (hop 2, factor 2: 4 samples an encoder frame): where
+    each clip lies among the samples, the STFT frames and after the stride-2 convolution, worked out by hand."""
+    plan = Packing.plan([10, 3, 3, 2], padded=10, gap=4, device=CPU)
+    samples = [40, 12, 12, 8]  # 20, 6, 6, 4 feature frames; 10, 3, 3, 2 encoder frames
+    front = plan.front(samples, hop=2, factor=2, device=CPU)
+    ids = torch.zeros(2, 64, dtype=torch.int32)  # 16 encoder frames x 4 samples a row
+    ids[0, 0:40], ids[0, 56:64], ids[1, 0:12], ids[1, 28:40] = 1, 4, 2, 3  # clip 3 at frame 14, clip 2 at 7
+    assert torch.equal(front.sample_ids, ids)
+    frames = torch.zeros(2, 33, dtype=torch.int32)  # 64 // 2 + 1 STFT frames (center=True)
+    frames[0, 0:20], frames[0, 28:32], frames[1, 0:6], frames[1, 14:20] = 1, 4, 2, 3
+    assert torch.equal(front.frame_ids, frames)
+    assert front.spans.tolist() == [[0, 1, 1, 0], [0, 0, 14, 28], [20, 6, 20, 32]]  # rows, first, end frames
+    before, after = front.valid  # the subsampling's masks: its input frames, and the 17 after its one stride (the
+    assert torch.equal(before, frames > 0)  # encoder's rows and one more, outside every clip)
+    assert torch.equal(after[:, :16], plan.segments >= 0) and not after[:, 16].any()
+    audio = torch.arange(1.0, 161.0).view(4, 40)  # sample i of clip b holds 40 b + i + 1
+    packed = plan.pack_samples(audio, front)
+    expected = torch.zeros(2, 64)
+    expected[0, :40], expected[0, 56:], expected[1, :12], expected[1, 28:40] = (
+        audio[0],
+        audio[3, :8],
+        audio[1, :12],
+        audio[2, :12],
+    )
+    assert torch.equal(packed, expected)
+
+
+@pytest.fixture
+def packing_model(monkeypatch):
+    """The tiny checkpoint in float32 (NeMo's reference is float32), packing as a 16-bit model does."""
+    monkeypatch.setattr(gs.Model, "packs_rows", property(lambda self: True))
+    return gs.load_model(NEMO_PATH, device="cpu", graphs=False)
+
+
+def _padded(audios):
+    samples = [a.numel() for a in audios]
+    batch = torch.zeros(len(audios), max(samples))
+    for i, a in enumerate(audios):
+        batch[i, : a.numel()] = a
+    return batch, torch.tensor(samples), samples
+
+
+def test_packed_front_end_gives_each_clip_nemos_features_and_output(packing_model, reference_arrays):
+    """The six clips' samples laid end to end (`Model.front_packing`): each clip's features are NeMo's for it alone,
+    normalised over its own frames, and so is its encoder output. The silent clip is left out: its features are
+    ill-conditioned, ours differ from NeMo's there whatever the batch (test_nemo_parity)."""
+    model = packing_model
+    batch, lengths, samples = _padded([model.read(CLIPS / name) for name in CLIP_NAMES])
+    with torch.inference_mode():
+        front = model.front_packing(samples, batch.shape[1], None)
+        assert front is not None and front.packing.rows < len(CLIP_NAMES)
+        features, frames = model.padded_features(batch, lengths, front)
+        encoded, out_lengths = model.encoder_output(features, frames, None, samples, front)
+    assert features.shape[0] == front.packing.rows
+    assert out_lengths.tolist() == [reference_clip(name)["encoder_frames"] for name in CLIP_NAMES]
+    rows, first, end = front.spans.tolist()
+    errors = _relative_errors(encoded, reference_arrays)
+    for i, name in enumerate(CLIP_NAMES):
+        if name == "silence_1s.wav":
+            continue
+        nemo = reference_arrays[f"clip{i}_features"]  # (n_mels, N)
+        ours = features[rows[i], :, first[i] : end[i]].numpy()
+        assert ours.shape == nemo.shape
+        assert np.abs(ours - nemo).max() < 1e-3, name  # as each clip alone (test_nemo_parity)
+        assert errors[i] < 1e-4, name
+        assert not encoded[i, out_lengths[i] :].any()  # padded frames are zeros
+    assert not features[front.frame_ids[:, None, :].expand_as(features) == 0].any()  # zeros between clips
+
+
+def test_bfloat16_front_end_packs_and_stays_near_nemo(reference_arrays):
+    """A 16-bit batch of mixed lengths packs its front end by itself (the pipeline's `_start` asks for it); each
+    clip is as near NeMo's float32 output as bfloat16 allows, and as near as with the front end padded."""
+    from graphscribe.pipeline import Batch, StageClock, _start
+
+    model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")
+    batch, lengths, samples = _padded([model.read(CLIPS / name) for name in CLIP_NAMES])
+    with torch.inference_mode():
+        assert model.front_packing(samples, batch.shape[1], None) is not None
+        assert model.front_packing(samples, batch.shape[1], (64, 64)) is None  # local attention: rows as they come
+        job = _start(model, Batch(list(range(6)), CLIP_NAMES, batch, lengths), StageClock(model.device, False))
+        features, frames = model.padded_features(batch, lengths)  # the front end padded, the layers packed
+        padded_front, _ = model.encoder_output(features, frames, None, samples)
+    packed_errors = _relative_errors(job.encoded, reference_arrays)
+    padded_errors = _relative_errors(padded_front, reference_arrays)
+    assert max(packed_errors) < 0.05  # bfloat16's own distance from float32 (test_encoder_kernels)
+    assert max(packed_errors) < 1.5 * max(padded_errors)
+
+
+def test_front_end_packs_only_what_pays(packing_model):
+    """Not one clip, not clips of like lengths (no two share a row), not float32 (its rows are the CLI's), not
+    clips past PACKED_FRONT_MAX_SECONDS (one pass of the subsampling a row)."""
+    from graphscribe.model import PACKED_FRONT_MAX_SECONDS
+
+    model = packing_model
+    rate = model.sample_rate
+    assert model.front_packing([rate * 7, rate * 3, rate * 3], rate * 7, None) is not None  # the 3 s clips share a row
+    assert model.front_packing([rate * 7], rate * 7, None) is None
+    assert model.front_packing([rate * 7, rate * 7 - 800], rate * 7, None) is None
+    longest = (PACKED_FRONT_MAX_SECONDS + 1) * rate
+    assert model.front_packing([longest, rate * 3, rate * 3], longest, None) is None
+
+
+def test_float32_keeps_its_front_end_padded():
+    model = gs.load_model(NEMO_PATH, device="cpu", graphs=False)
+    rate = model.sample_rate
+    assert model.front_packing([rate * 7, rate * 3, rate * 3], rate * 7, None) is None

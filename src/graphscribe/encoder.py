@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import EncoderConfig, ModelConfig
 from .features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
-from .packing import Packing
+from .packing import PackedFront, Packing
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +67,21 @@ class Subsampling(nn.Module):
         self.out = nn.Linear(channels * freq, cfg.d_model)
 
     def forward(
-        self, x: torch.Tensor, lengths: torch.Tensor, chunk_frames: int | None = None
+        self,
+        x: torch.Tensor,
+        lengths: torch.Tensor,
+        chunk_frames: int | None = None,
+        valid: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T, F) features -> (B, T', D) and (B,) lengths; `chunk_frames`: output frames per chunk (tests)."""
+        """(B, T, F) features -> (B, T', D) and (B,) lengths; `chunk_frames`: output frames per chunk (tests).
+
+        valid: for packed rows (`packing.Packing.front`), (R, T_k) masks of the frames that are a clip's, before
+        each stride-2 convolution and after the last: they stand in for the rows' lengths (one pass, no chunks);
+        `lengths` are then the clips' frames."""
         b, t, f = x.shape
         out_lengths = subsampled_lengths(lengths, self.factor)
+        if valid is not None:
+            return self._project(self._convs(x, lengths, valid)), out_lengths
         t_out = subsampled_lengths(t, self.factor)
         if chunk_frames is None:  # per row: a clip's chunks (so its float32 rounding) must not depend on its batch
             per_frame = _conv_bytes_per_frame(1, self.conv[0].out_channels, self.factor, f, x.element_size())
@@ -87,7 +97,7 @@ class Subsampling(nn.Module):
             y[:, start:end] = self._project(part[:, :, start - first : end - first])
         return y, out_lengths
 
-    def _convs(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def _convs(self, x: torch.Tensor, lengths: torch.Tensor, valid: list[torch.Tensor] | None = None) -> torch.Tensor:
         """(B, T, F) features -> (B, C, T', F'), padding masked before every layer.
 
         On CUDA through PyTorch's own kernels (im2col and a GEMM per row, a direct depthwise kernel), not
@@ -98,7 +108,7 @@ class Subsampling(nn.Module):
         each row is computed alone either way."""
         x = x.unsqueeze(1)  # (B, 1, T, F)
         if not x.is_cuda:
-            return self._conv_stack(x, lengths)
+            return self._conv_stack(x, lengths, valid)
         cudnn = torch.backends.cudnn
         per_row = self.conv[0].out_channels * ((x.shape[2] + 1) // 2) * ((x.shape[3] + 1) // 2)  # largest tensor
         rows = max(1, _INDEX_LIMIT // per_row)
@@ -106,18 +116,25 @@ class Subsampling(nn.Module):
             enabled=False, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic, allow_tf32=cudnn.allow_tf32
         ):
             if rows >= x.shape[0]:
-                return self._conv_stack(x, lengths)
-            return torch.cat(
-                [self._conv_stack(x[i : i + rows], lengths[i : i + rows]) for i in range(0, x.shape[0], rows)]
-            )
+                return self._conv_stack(x, lengths, valid)
+            groups = range(0, x.shape[0], rows)
+            if valid is not None:
+                return torch.cat(
+                    [self._conv_stack(x[i : i + rows], None, [v[i : i + rows] for v in valid]) for i in groups]
+                )
+            return torch.cat([self._conv_stack(x[i : i + rows], lengths[i : i + rows]) for i in groups])
 
-    def _conv_stack(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def _conv_stack(
+        self, x: torch.Tensor, lengths: torch.Tensor | None, valid: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """Padded frames are zero wherever a layer reads across frames: before the first convolution, and each
         ReLU (which every depthwise convolution follows) masks as it goes (`_relu_masked`), the last one the
         output. A pointwise convolution or a ReLU reads no other frame, so a mask before them would change no
         valid frame: the same numbers as masking before every layer, in fewer passes over the largest tensors."""
         layers = list(self.conv)
         kernels = _kernels_for(x)
+        if valid is not None:  # packed rows: masks by frame, one a stride
+            return self._masked_stack(x, layers, kernels, valid)
         if kernels is not None:  # 16-bit on CUDA: the first convolution, its ReLU and mask in one pass
             halved = _halved(lengths)
             x = kernels.first_conv(x, lengths, halved, layers[0])
@@ -132,6 +149,29 @@ class Subsampling(nn.Module):
             if layer.stride != (1, 1):
                 lengths = _halved(lengths)
         return x  # (B, C, T', F')
+
+    @staticmethod
+    def _masked_stack(x: torch.Tensor, layers: list[nn.Module], kernels, valid: list[torch.Tensor]) -> torch.Tensor:
+        """`_conv_stack` on packed rows: the frames between clips zero wherever a layer reads across frames, as past
+        the end of a clip's own row. The fused first convolution masks nothing (the features between clips are
+        zeros), then one pass masks its output."""
+        level = 0
+        if kernels is not None:
+            whole_in = torch.full((x.shape[0],), x.shape[2], device=x.device)
+            whole_out = torch.full((x.shape[0],), valid[1].shape[1], device=x.device)
+            x = kernels.first_conv(x, whole_in, whole_out, layers[0])
+            x = x * valid[1][:, None, :, None].to(x.dtype)
+            layers, level = layers[2:], 1
+        else:
+            x = x * valid[0][:, None, :, None].to(x.dtype)
+        for layer in layers:
+            if isinstance(layer, nn.ReLU):
+                x = torch.where(valid[level][:, None, :, None], x.clamp(min=0), 0.0)
+                continue
+            x = layer(x)
+            if layer.stride != (1, 1):
+                level += 1
+        return x  # (R, C, T', F')
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
         b, c, t, f = x.shape
@@ -506,6 +546,7 @@ class FastConformer(nn.Module):
         self.cfg = cfg
         self.pre_encode = Subsampling(cfg)
         self.layers = nn.ModuleList(ConformerLayer(cfg) for _ in range(cfg.n_layers))
+        self.gap = (cfg.conv_kernel - 1) // 2  # frames between packed clips: the conv module's reach
 
     def forward(
         self,
@@ -514,17 +555,24 @@ class FastConformer(nn.Module):
         window: tuple[int, int] | None = None,
         layers=None,
         frames: list[int] | None = None,
+        front: PackedFront | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`layers`: runs the layer stack in place of `run_layers` (`graphs.LayerGraphs`: replayed graphs).
         `frames`: the clips' lengths in encoder frames, known on the host (`encoder_frames`): with full attention
-        the layers then run on packed rows (`Packing`) when that saves enough of the padding."""
-        x, lengths = self.pre_encode(features.transpose(1, 2), lengths)  # (B, T', D)
+        the layers then run on packed rows (`Packing`) when that saves enough of the padding. `front`: the
+        features are packed rows already (`PackedFront`; `lengths` the clips' feature frames), and so is
+        everything after them."""
+        valid = None if front is None else front.valid
+        x, lengths = self.pre_encode(features.transpose(1, 2), lengths, valid=valid)  # (B or R, T', D)
         if self.cfg.xscaling:
             x = x * math.sqrt(self.cfg.d_model)
-        packing = None
-        if frames is not None and window is None:
-            packing = Packing.plan(frames, x.shape[1], (self.cfg.conv_kernel - 1) // 2, x.device)
-        if packing is not None:
+        packing = None if front is None else front.packing
+        if front is None and frames is not None and window is None:
+            packing = Packing.plan(frames, x.shape[1], self.gap, x.device)
+        if front is not None:
+            x = x[:, : packing.length]  # the frames after the last clip's
+            padding = Padding.of_segments(packing.segments, x.dtype)
+        elif packing is not None:
             x = packing.pack(x)  # (R, L, D)
             padding = Padding.of_segments(packing.segments, x.dtype)
         else:

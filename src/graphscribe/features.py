@@ -6,6 +6,8 @@ float32 rounding. Always float32, outside autocast.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,6 +28,15 @@ CHUNK_SAMPLES = 2**22  # samples of each row turned into features at once (about
 FIXED_FRAMES = 512
 MIN_FIXED_FRAMES = 64
 _NORM_CHUNK_FRAMES = 2**15  # frames normalised at once
+
+
+@dataclass
+class PackedClips:
+    """Clips laid end to end in the rows of a (R, L) signal (`packing.Packing.pack_samples`), zeros between them."""
+
+    samples: torch.Tensor  # (R, L) bool: a clip's sample
+    frames: torch.Tensor  # (R, T) int32: 1 + the clip of each STFT frame (T = L // hop + 1), 0 between clips
+    spans: torch.Tensor  # (3, B) int64: each clip's row, first frame and end frame (exclusive)
 
 
 class LogMel(nn.Module):
@@ -51,7 +62,10 @@ class LogMel(nn.Module):
         num_samples: torch.Tensor,
         chunk_frames: int | None = None,
         fixed_shapes: bool | None = None,
+        packed: PackedClips | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`packed`: the rows hold several clips each; each clip is normalised over its own frames and the frames
+        between clips are zeros, so each gets the features of its own row (up to the rounding of the sums)."""
         cfg = self.cfg
         audio = audio.float()  # (B, L)
         frames = feature_lengths(num_samples, cfg.hop_length)  # (B,)
@@ -65,11 +79,19 @@ class LogMel(nn.Module):
             size = end - start
             if fixed_shapes and size < chunk_frames:  # the last stretch: a power of two, cut
                 size = min(chunk_frames, max(MIN_FIXED_FRAMES, 1 << (size - 1).bit_length()))
-            features[:, :, start:end] = self._log_mel(audio, num_samples, start, start + size)[..., : end - start]
-        _normalize_per_feature(features, frames, cfg.std_guard)
+            valid = None if packed is None else packed.samples
+            features[:, :, start:end] = self._log_mel(audio, num_samples, start, start + size, valid)[
+                ..., : end - start
+            ]
+        if packed is None:
+            _normalize_per_feature(features, frames, cfg.std_guard)
+        else:
+            _normalize_clips(features, packed, cfg.std_guard)
         return features, frames
 
-    def _log_mel(self, audio: torch.Tensor, num_samples: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    def _log_mel(
+        self, audio: torch.Tensor, num_samples: torch.Tensor, start: int, end: int, valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Log-mel of STFT frames start ... end - 1: (B, n_mels, end - start)."""
         cfg = self.cfg
         half = cfg.n_fft // 2  # center=True: frame f covers samples f * hop - half ... f * hop + half - 1
@@ -81,8 +103,13 @@ class LogMel(nn.Module):
             x = x[:, 1:] - cfg.preemph * x[:, :-1]  # x[t] - 0.97 x[t - 1]; the first sample less 0.97 * 0
         else:
             x = x[:, 1:]
-        index = torch.arange(first + 1, stop, device=audio.device)
-        x = x.masked_fill((index[None, :] < 0) | (index[None, :] >= num_samples[:, None]), 0.0)
+        if valid is None:
+            index = torch.arange(first + 1, stop, device=audio.device)
+            x = x.masked_fill((index[None, :] < 0) | (index[None, :] >= num_samples[:, None]), 0.0)
+        else:  # the sample after a clip's end holds -0.97 x its last: zero, as past the end of a row of its own
+            low, high = max(first + 1, 0), min(stop, audio.shape[1])
+            inside = F.pad(valid[:, low:high].to(torch.uint8), (low - (first + 1), stop - high)).bool()
+            x = x.masked_fill(~inside, 0.0)
         spec = torch.stft(
             x,
             n_fft=cfg.n_fft,
@@ -119,3 +146,26 @@ def _normalize_per_feature(x: torch.Tensor, frames: torch.Tensor, std_guard: flo
         part = x[:, :, start:end]
         part.sub_(mean[:, :, None]).div_(std[:, :, None])
         part.masked_fill_(~mask, 0.0)
+
+
+def _normalize_clips(x: torch.Tensor, packed: PackedClips, std_guard: float) -> None:
+    """`_normalize_per_feature` for packed rows, in place: each clip over its own frames (a run of its row: sums
+    as differences of running sums in float64, the same on every run); the frames between clips to 0."""
+    rows, first, end = packed.spans  # (B,) each
+    count = (end - first)[:, None].to(x.dtype)  # (B, 1)
+
+    def clip_sums(v: torch.Tensor) -> torch.Tensor:  # (R, M, T) -> (B, M)
+        running = F.pad(v.double().cumsum(-1), (1, 0))  # (R, M, T + 1)
+        return (running[rows, :, end] - running[rows, :, first]).to(x.dtype)
+
+    def per_frame(stat: torch.Tensor) -> torch.Tensor:  # (B, M) -> (R, M, T): the frame's clip's, 0 between clips
+        table = torch.cat([stat.new_zeros(1, stat.shape[1]), stat])  # row 0: between clips
+        return table[packed.frames.long()].permute(0, 2, 1)
+
+    inside = (packed.frames > 0)[:, None, :]  # (R, 1, T)
+    mean = clip_sums(torch.where(inside, x, 0.0)) / count
+    x.sub_(per_frame(mean))
+    std = (clip_sums(torch.where(inside, x, 0.0).pow(2)) / (count - 1.0)).sqrt()
+    std = std.masked_fill(std.isnan(), 0.0) + std_guard  # one valid frame: N - 1 == 0
+    x.div_(torch.where(inside, per_frame(std), 1.0))
+    x.masked_fill_(~inside, 0.0)

@@ -23,11 +23,12 @@ from .audio import read_input
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import ModelConfig, RunOptions, model_config_from_nemo
 from .decoding import GreedyDecoder, Hypothesis
-from .encoder import FastConformer, encoder_frames, memory_estimate
-from .features import LogMel
+from .encoder import FastConformer, encoder_frames, memory_estimate, subsampled_lengths
+from .features import LogMel, PackedClips
 from .finishing import Finishing
 from .graphs import LayerGraphs
 from .heads import Joint, PredictionNet
+from .packing import PackedFront, Packing
 from .pipeline import StageClock, read_ahead, transcribe_stream
 from .timestamps import WordRules
 from .tokenizer import Tokenizer
@@ -48,6 +49,10 @@ _ATTENTION = ("auto", "full", "local")
 # single pass with full attention (parakeet-tdt-0.6b-v2/v3, the length its memory allows on an 80 GB card);
 # past it NeMo's users switch to local attention, and so does auto.
 FULL_ATTENTION_MAX_SECONDS = 24 * 60
+# The longest clip a batch's features and subsampling run packed with (`Model.front_packing`): a packed row is as
+# long as it, in one pass of the subsampling (whose first output, 256 channels at half the frame rate, then holds
+# about 130 kB an encoder frame in 16 bits: 200 MB a row of 2 minutes).
+PACKED_FRONT_MAX_SECONDS = 120
 _MEMORY_HEADROOM = 0.8  # auto: full attention only while its estimate is below this share of the free memory
 
 
@@ -265,12 +270,34 @@ class Model:
         return self.padded_features(batch, lengths)
 
     @torch.inference_mode()
-    def padded_features(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def padded_features(
+        self, audio: torch.Tensor, lengths: torch.Tensor, front: PackedFront | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, L) zero-padded audio and (B,) sample counts, anywhere (pinned: copied without waiting) ->
-        (B, n_mels, T) float32 features and (B,) feature frames on the model's device."""
+        (B, n_mels, T) float32 features and (B,) feature frames on the model's device. With `front`
+        (`front_packing`): (R, n_mels, T) features of the clips laid end to end, its masks set."""
         audio = self._copied(audio)
         lengths = lengths.to(self.device, non_blocking=True)
-        return self.module.preprocessor.featurizer(audio, lengths)
+        if front is None:
+            return self.module.preprocessor.featurizer(audio, lengths)
+        packed = front.packing.pack_samples(audio, front)
+        clips = PackedClips(front.sample_ids > 0, front.frame_ids, front.spans)
+        rows = torch.full((front.packing.rows,), packed.shape[1], device=self.device)
+        features, _ = self.module.preprocessor.featurizer(packed, rows, packed=clips)
+        return features, torch.div(lengths, self.cfg.features.hop_length, rounding_mode="floor")
+
+    def front_packing(self, samples: list[int], padded: int, window: tuple[int, int] | None) -> PackedFront | None:
+        """Whether a batch of clips of `samples` samples each (rows `padded` samples wide) runs its features and
+        subsampling on packed rows, as its layers would (`packs_rows`, full attention, `Packing.plan`), and in
+        one pass of the subsampling (no time chunks: a row of minutes goes the padded way)."""
+        if not self.packs_rows or window is not None or len(samples) < 2:
+            return None
+        hop, factor = self.cfg.features.hop_length, self.cfg.encoder.subsampling_factor
+        frames = encoder_frames(samples, hop, factor)
+        if max(samples) > PACKED_FRONT_MAX_SECONDS * self.sample_rate:
+            return None
+        plan = Packing.plan(frames, subsampled_lengths(padded // hop + 1, factor), self.module.encoder.gap, self.device)
+        return None if plan is None else plan.front(samples, hop, factor, self.device)
 
     def _copied(self, host: torch.Tensor) -> torch.Tensor:
         """A pinned host tensor on the device, copied on a stream of its own: the copy runs while the GPU works on
@@ -304,6 +331,7 @@ class Model:
         lengths: torch.Tensor,
         window: tuple[int, int] | None = None,
         samples: list[int] | None = None,
+        front: PackedFront | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, n_mels, T) features and (B,) frames -> (B, T', D) encoder output in the model dtype and (B,) lengths.
 
@@ -321,7 +349,7 @@ class Model:
         if samples is not None and self.packs_rows:
             frames = encoder_frames(samples, self.cfg.features.hop_length, self.cfg.encoder.subsampling_factor)
         with self._float32_math():
-            return self.module.encoder(features.to(self.dtype), lengths, window, layers, frames)
+            return self.module.encoder(features.to(self.dtype), lengths, window, layers, frames, front)
 
     @torch.inference_mode()
     def encode(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

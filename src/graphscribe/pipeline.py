@@ -590,10 +590,11 @@ def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
     samples = batch.lengths.tolist()
     window = model.attention_for(samples, batch.sources)  # full, or local for hours of audio
     try:
+        front = model.front_packing(samples, batch.audio.shape[1], window)  # the clips end to end, or None
         with clock.gpu("features"):
-            features, feature_frames = model.padded_features(batch.audio, batch.lengths)
+            features, feature_frames = model.padded_features(batch.audio, batch.lengths, front)
         with clock.gpu("encoder"):
-            job.encoded, job.frames = model.encoder_output(features, feature_frames, window, samples)
+            job.encoded, job.frames = model.encoder_output(features, feature_frames, window, samples, front)
         if model.device.type == "cuda":
             job.ready = torch.cuda.Event()
             job.ready.record()

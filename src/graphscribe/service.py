@@ -11,8 +11,11 @@
 The batching thread takes the next batch while the one before decodes, without waiting for company: under
 load requests pile up while a batch runs, so batches fill by themselves; it blocks on the scheduler only when
 nothing is waiting, and then first hands transcribe_stream an empty batch so the last one is finished and
-answered. An hour of audio (local attention) runs alone; a batch that runs out of memory is retried one request
-at a time (transcribe_stream), and the request that alone does not fit gets an error, not its neighbours.
+answered. A batch decodes as a batch, as long as its longest request: a decode step costs about the same for 3
+rows as for 60, so rows joining a running decode as others finished (continuous batching) ran more steps beside
+the encoder and served less (bench/2026-11-server/run46). An hour of audio (local attention) runs alone; a batch
+that runs out of memory is retried one request at a time (transcribe_stream), and the request that alone does
+not fit gets an error, not its neighbours.
 """
 
 from __future__ import annotations
