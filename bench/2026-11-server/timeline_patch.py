@@ -60,20 +60,14 @@ def _tl_dump() -> None:
 class StageClock:""",
 )
 swap(
-    """    start = time.perf_counter()
-    samples = batch.lengths.tolist()
-    window = model.attention_for(samples, batch.sources)  # full, or local for hours of audio
-    try:
-        with clock.gpu("features"):""",
-    """    start = time.perf_counter()
-    samples = batch.lengths.tolist()
-    window = model.attention_for(samples, batch.sources)  # full, or local for hours of audio
+    """    window = model.attention_for(samples, batch.sources)  # full, or local for hours of audio
+""",
+    """    window = model.attention_for(samples, batch.sources)  # full, or local for hours of audio
     cuda = model.device.type == "cuda"
     job.tl = {"rows": len(batch.indices), "samples": int(batch.audio.shape[-1]), "audio": sum(samples)}
     if cuda:
         job.tl["enc0"] = _tl_event()
-    try:
-        with clock.gpu("features"):""",
+""",
 )
 swap(
     """        if model.device.type == "cuda":
