@@ -292,10 +292,10 @@ class Model:
         one pass of the subsampling (no time chunks: a row of minutes goes the padded way)."""
         if not self.packs_rows or window is not None or len(samples) < 2:
             return None
-        hop, factor = self.cfg.features.hop_length, self.cfg.encoder.subsampling_factor
-        frames = encoder_frames(samples, hop, factor)
         if max(samples) > PACKED_FRONT_MAX_SECONDS * self.sample_rate:
             return None
+        hop, factor = self.cfg.features.hop_length, self.cfg.encoder.subsampling_factor
+        frames = encoder_frames(samples, hop, factor)
         plan = Packing.plan(frames, subsampled_lengths(padded // hop + 1, factor), self.module.encoder.gap, self.device)
         return None if plan is None else plan.front(samples, hop, factor, self.device)
 

@@ -2,9 +2,10 @@
 
 A server's batch holds requests of every length at once. Padded to the longest, the layers compute every padded
 frame; packed, the clips share rows, and `encoder.Padding.of_segments` keeps each clip's attention to its own
-frames. The plan is made on the host from lengths the caller knows, and is applied with two gathers. A plan can also lay
-out a batch's samples (`front`, `pack_samples`), so that the features and the subsampling run on the packed rows too: the
-front end then computes the clips' samples, not the padding (a server's 32 requests pad to 2.9 times their audio).
+frames. The plan is made on the host from lengths the caller knows, and is applied with two gathers. A plan can
+also lay out a batch's samples (`front`, `pack_samples`), so that the features and the subsampling run on the
+packed rows too: the front end then computes the clips' samples, not the padding (a server's 32 requests pad to
+2.9 times their audio).
 """
 
 from __future__ import annotations
