@@ -220,3 +220,33 @@ def test_float32_keeps_its_front_end_padded():
     model = gs.load_model(NEMO_PATH, device="cpu", graphs=False)
     rate = model.sample_rate
     assert model.front_packing([rate * 7, rate * 2, rate * 2, rate * 2], rate * 7, None) is None
+
+
+def test_a_servers_warm_up_packs_two_batches_of_mixed_lengths():
+    """On CUDA in 16 bits the server's warm-up (`service.warm_up_plans`) has a batch a decode size class, of like
+    lengths (no two clips share a row), and two of mixed lengths whose front end packs, so the packed paths' kernels
+    compile before the first request; float32 and the CPU have none of mixed lengths."""
+    from types import SimpleNamespace
+
+    from graphscribe.service import warm_up_plans
+
+    cuda = torch.device("cuda")
+    plans = warm_up_plans(SimpleNamespace(device=cuda, packs_rows=True), 64, 3200.0)
+    assert [len(p) for p in plans] == [1, 2, 4, 8, 16, 32, 64, 64, 32]
+    model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")  # packs as on CUDA
+    rate = model.sample_rate
+    packed = []
+    for plan in plans:
+        samples = [int(s * rate) for s in plan]
+        packed.append(model.front_packing(samples, max(samples), None) is not None)
+    assert packed == [False] * 7 + [True, True]
+    assert [len(p) for p in warm_up_plans(SimpleNamespace(device=cuda, packs_rows=False), 64, 3200.0)] == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+    ]
+    assert warm_up_plans(SimpleNamespace(device=torch.device("cpu"), packs_rows=True), 8, 120.0) == [[1.0]]

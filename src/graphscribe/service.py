@@ -219,34 +219,31 @@ class Service:
                 self._answer(n, Transcript(source=request.name, error=message))
 
     def _warm_up_batches(self) -> list[Batch]:
-        """One batch per decode size class up to max_batch on CUDA (the classes the scheduler's batches fall in), of
-        real speech, made as `_Batches` makes them: graphs are captured and kernels compiled before the first
-        request."""
+        """The batches of `warm_up_plans`, of real speech, made as `_Batches` makes them: graphs are captured and
+        kernels compiled before the first request."""
         from .bench import speech_path
 
         start = time.perf_counter()
         rate = self.model.sample_rate
         clip = read_input(speech_path(WARM_UP_CLIP), rate)
-        sizes = [1]
-        if self.model.device.type == "cuda":
-            sizes = sorted({min(1 << k, self.max_batch) for k in range(size_class(self.max_batch).bit_length())})
-        left = len(sizes)
+        plans = warm_up_plans(self.model, self.max_batch, self.batch_seconds)
+        left = len(plans)
 
         def warmed(_: Transcript, __: float) -> None:
             nonlocal left
             left -= 1
-            if left == 0:  # the largest batch comes last: every class is warm
+            if left == 0:  # every batch answered: every class and path warm
                 self.warm_up_seconds = time.perf_counter() - start
                 self.ready = True
                 self._settled.set()
 
         batches = []
-        for rows in sizes:
-            seconds = min(WARM_UP_SECONDS[self.model.device.type], self.batch_seconds / rows)
-            audio = clip.repeat(int(seconds * rate) // clip.numel() + 1)[: max(1, int(seconds * rate))]
+        tiled = clip.repeat(int(max(map(max, plans)) * rate) // clip.numel() + 1)
+        for plan in plans:
             numbers = []
-            for _ in range(rows):
+            for seconds in plan:
                 n = next(self._numbers)
+                audio = tiled[: max(1, int(seconds * rate))]
                 self.requests[n] = Request(audio, seconds, True, lambda *_: None, "<warm-up>", time.monotonic())
                 numbers.append(n)
             self.requests[numbers[-1]].done = warmed  # one answer a batch
@@ -268,6 +265,23 @@ class Service:
         if counted and self._on_batch is not None:
             self._on_batch(len(numbers), batch.audio.numel() / self.model.sample_rate)
         return batch
+
+
+def warm_up_plans(model: Model, max_batch: int, batch_seconds: float) -> list[list[float]]:
+    """The warm-up's batches, each a list of its inputs' seconds: on CUDA one batch per decode size class up to
+    max_batch (the classes the scheduler's batches fall in), and in 16 bits two of mixed lengths, whose clips share
+    rows from the samples on (`Model.front_packing`): the kernels of those paths compile at the warm-up, not under
+    the first requests (with Triton's cache empty, as on a fresh machine, a server's first pass stalled 2 s, p99
+    2.0-2.4 s; 0.4 s with these, bench/2026-11-server/run55). On the CPU one input of a second."""
+    longest = WARM_UP_SECONDS[model.device.type]
+    if model.device.type != "cuda":
+        return [[min(longest, batch_seconds)]]
+    sizes = sorted({min(1 << k, max_batch) for k in range(size_class(max_batch).bit_length())})
+    plans = [[min(longest, batch_seconds / rows)] * rows for rows in sizes]
+    if model.packs_rows:
+        for rows, top in ((max_batch, longest), (max(2, max_batch // 2), longest / 2)):
+            plans.append([min(top * (i + 1) / rows, batch_seconds / rows) for i in range(rows)])
+    return plans
 
 
 def batch_cost(model: Model) -> tuple[float, float] | None:
