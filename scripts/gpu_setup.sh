@@ -70,3 +70,15 @@ ab_servers() {
         loaded $name; [ "${name#*-}" = 1 ] && low $name; stop $name
     done
 }
+# `f32_bars [ENV=VALUE ...]`: issue 29's float32 bars on a server started with that environment: an idle server's
+# 7.4 s clip and 8 at once (64 requests a level, twice), and its text per file against the CLI's on the 512 files.
+f32_bars() {
+    mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
+    serve f32 float32 "$@"
+    step "server float32 7.4 s clip" 50 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/clip74 \
+        --concurrency 1,8,1,8
+    step "cli float32 512 json" 50 python3 -m graphscribe.cli /tmp/f512 -m $ckpt --dtype float32 -f json -o /tmp/cli-f32
+    step "server float32 texts" 60 python3 scripts/compare_server.py --url http://127.0.0.1:8000 --folder /tmp/f512 \
+        --cli-out /tmp/cli-f32 --clients 16
+    stop f32
+}

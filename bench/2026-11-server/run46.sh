@@ -9,7 +9,6 @@
 set -uo pipefail
 source scripts/gpu_setup.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-T="python3 -m graphscribe.cli"
 rm -rf /tmp/after /tmp/slots64; cp -r src /tmp/after; patch -d /tmp/after -p2 < bench/2026-11-server/continuous_patch.diff
 cp -r /tmp/after /tmp/slots64; sed -i 's/^SLOTS_PER_BATCH_ROW = 2$/SLOTS_PER_BATCH_ROW = 1/' /tmp/slots64/graphscribe/service.py
 grep -c "SLOTS_PER_BATCH_ROW = 1" /tmp/slots64/graphscribe/service.py | tee -a "$log"
@@ -18,12 +17,7 @@ step "cli bfloat16 4096" 150 python3 scripts/cli_grid.py --folder /tmp/f4096 --m
 cp /tmp/cli-bf16/grid.md "$OUT/cli-bf16.md"
 ab_servers /tmp/after -
 serve slots64 bfloat16 PYTHONPATH=/tmp/site:/tmp/slots64; loaded slots64; stop slots64
-mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
-serve f32 float32 PYTHONPATH=/tmp/site:/tmp/after
-step "server float32 7.4 s clip" 50 $T bench --serve http://127.0.0.1:8000 --folder /tmp/clip74 --concurrency 1,8,1,8
-step "cli float32 512 json" 50 $T /tmp/f512 -m $ckpt --dtype float32 -f json -o /tmp/cli-f32
-step "server float32 texts" 60 python3 scripts/compare_server.py --url http://127.0.0.1:8000 --folder /tmp/f512 --cli-out /tmp/cli-f32 --clients 16
-stop f32
+f32_bars PYTHONPATH=/tmp/site:/tmp/after
 step "gpu tests" 200 env PYTHONPATH=/tmp/site:/tmp/after GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests/
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)
 exit 0

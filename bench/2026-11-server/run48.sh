@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# run47.sh again, the host no longer waiting for the GPU where the front end's layout goes to it (one copy from
-# pinned memory, not several from pageable memory, which wait for the stream's queued work). The features and the
-# subsampling on packed rows too (`Model.front_packing`: a 16-bit batch whose layers pack lays
+# The features and the subsampling on packed rows too (`Model.front_packing`: a 16-bit batch whose layers pack lays
 # its clips' samples end to end, `Packing.pack_samples`; the features normalise each clip over its own frames, the
-# subsampling masks the frames between clips), against the code before it (the tree with run48/front.diff reversed), interleaved: mixed and like
-# batches back to back in-process (experiments/mixed_batches.py, stage times); the server, 128 clients twice over
-# the 4096 files, 2 pairs, 32, 8 and 1 clients in the first; the CLI in bfloat16 (5 rounds, both); the GPU-marked
-# tests. Issue 29. One lent H100, from the repo root with .whl carried:  bash bench/2026-11-server/run48.sh
+# subsampling masks the frames between clips), against the code before it (the tree with $FRONT/front.diff
+# reversed), interleaved: mixed and like batches back to back in-process (experiments/mixed_batches.py, stage
+# times); the server, 128 clients twice over the 4096 files, 2 pairs, 32, 8 and 1 clients in the first; the CLI
+# in bfloat16 (5 rounds, both); the GPU-marked tests. Issue 29. run48: the front end's layout in one copy from
+# pinned memory; run47 (run47.sh) ran this on its first version. One lent H100, from the repo root with .whl
+# carried:  bash bench/2026-11-server/run48.sh
 set -uo pipefail
 source scripts/gpu_setup.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-rm -rf /tmp/before; cp -r src /tmp/before; patch -R -d /tmp/before -p2 < bench/2026-11-server/run48/front.diff | tee -a "$log"
+rm -rf /tmp/before; cp -r src /tmp/before; patch -R -d /tmp/before -p2 < bench/2026-11-server/${FRONT:-run48}/front.diff | tee -a "$log"
 for who in after before; do
     path=$PWD/src; [ $who = before ] && path=/tmp/before
     step "mixed batches $who" 150 env PYTHONPATH=/tmp/site:$path python3 scripts/experiments/mixed_batches.py -m $ckpt \

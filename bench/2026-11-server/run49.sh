@@ -7,7 +7,6 @@
 set -uo pipefail
 source scripts/gpu_setup.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-T="python3 -m graphscribe.cli"
 rm -rf /tmp/prio0; cp -r src /tmp/prio0
 sed -i 's/torch.cuda.Stream(device, priority=-1)/torch.cuda.Stream(device, priority=0)/' /tmp/prio0/graphscribe/pipeline.py
 grep -c "priority=0" /tmp/prio0/graphscribe/pipeline.py | tee -a "$log"
@@ -17,12 +16,7 @@ cp /tmp/cli-bf16/grid.md "$OUT/cli-bf16.md"
 serve shipped-1 bfloat16; loaded shipped-1; low shipped-1; stop shipped-1
 serve prio0 bfloat16 PYTHONPATH=/tmp/site:/tmp/prio0; loaded prio0; stop prio0
 serve shipped-2 bfloat16; loaded shipped-2; stop shipped-2
-mkdir -p /tmp/clip74; for k in $(seq -w 1 64); do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
-serve f32 float32
-step "server float32 7.4 s clip" 50 $T bench --serve http://127.0.0.1:8000 --folder /tmp/clip74 --concurrency 1,8,1,8
-step "cli float32 512 json" 50 $T /tmp/f512 -m $ckpt --dtype float32 -f json -o /tmp/cli-f32
-step "server float32 texts" 60 python3 scripts/compare_server.py --url http://127.0.0.1:8000 --folder /tmp/f512 --cli-out /tmp/cli-f32 --clients 16
-stop f32
+f32_bars
 step "gpu tests" 200 env GRAPHSCRIBE_TEST_V3=$ckpt python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests/
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)
 exit 0

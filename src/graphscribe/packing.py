@@ -156,7 +156,7 @@ class Packing:
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """A host array on `device` without the host waiting for the device's queued work: a copy from pageable memory
-    waits for the stream (it held up the next batch's launches), one from pinned memory is queued."""
+    waits for the stream (and so holds up the next batch's launches), one from pinned memory is queued."""
     host = torch.from_numpy(array)
     if device.type != "cuda":
         return host

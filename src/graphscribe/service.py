@@ -12,8 +12,8 @@ The batching thread takes the next batch while the one before decodes, without w
 load requests pile up while a batch runs, so batches fill by themselves; it blocks on the scheduler only when
 nothing is waiting, and then first hands transcribe_stream an empty batch so the last one is finished and
 answered. A batch decodes as a batch, as long as its longest request: a decode step costs about the same for 3
-rows as for 60, so rows joining a running decode as others finished (continuous batching) ran more steps beside
-the encoder and served less (bench/2026-11-server/run46). An hour of audio (local attention) runs alone; a batch
+rows as for 60, so rows joining a running decode as others finish (continuous batching) would run more steps
+beside the encoder and serve less (bench/2026-11-server/run46). An hour of audio (local attention) runs alone; a batch
 that runs out of memory is retried one request at a time (transcribe_stream), and the request that alone does
 not fit gets an error, not its neighbours.
 """
@@ -271,8 +271,8 @@ def warm_up_plans(model: Model, max_batch: int, batch_seconds: float) -> list[li
     """The warm-up's batches, each a list of its inputs' seconds: on CUDA one batch per decode size class up to
     max_batch (the classes the scheduler's batches fall in), and in 16 bits two of mixed lengths, whose clips share
     rows from the samples on (`Model.front_packing`): the kernels of those paths compile at the warm-up, not under
-    the first requests (with Triton's cache empty, as on a fresh machine, a server's first pass stalled 2 s, p99
-    2.0-2.4 s; 0.4 s with these, bench/2026-11-server/run55). On the CPU one input of a second."""
+    the first requests, which with Triton's cache empty (a fresh machine) would wait about 2 s for them
+    (bench/2026-11-server/run55). On the CPU one input of a second."""
     longest = WARM_UP_SECONDS[model.device.type]
     if model.device.type != "cuda":
         return [[min(longest, batch_seconds)]]
