@@ -58,7 +58,7 @@ def test_layer_graphs_give_the_eager_loops_bits(model, monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(graphs, "capture", lambda graph, record, pool: setattr(graph, "record", record))
     monkeypatch.setattr(graphs.LayerGraphs, "applies", lambda self, x, window: self.enabled and window is None)
-    monkeypatch.setattr(graphs.LayerGraphs, "KEEP_BYTES", 1)  # the newest shape alone is kept
+    monkeypatch.setattr(graphs.LayerGraphs, "KEEP_SHAPES", 1)  # the newest shape alone is kept
     layers = nn.ModuleList(copy.deepcopy(model.module.encoder.layers[i % 2]) for i in range(5))
     with torch.no_grad():
         for i, layer in enumerate(layers):  # five different layers
@@ -73,6 +73,41 @@ def test_layer_graphs_give_the_eager_loops_bits(model, monkeypatch):
             got = runner(x, pos, padding, None)
         assert torch.equal(got, expected), (lengths, frames)
     assert list(runner._graphs) == [((2, 12, x.shape[2]), x.dtype)]  # the last shape, made again after others
+
+
+def test_layer_graphs_share_their_static_buffers(model, monkeypatch):
+    """Every shape's input and masks are views of one buffer a name (a larger shape gets a new one), and the
+    positions one a length: shapes replayed in turn each give the eager loop's bits, so a replay refreshes what
+    the shape before it left in the shared memory."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Replayed)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(graphs, "capture", lambda graph, record, pool: setattr(graph, "record", record))
+    monkeypatch.setattr(graphs.LayerGraphs, "applies", lambda self, x, window: self.enabled and window is None)
+    layers = nn.ModuleList(copy.deepcopy(model.module.encoder.layers[i % 2]) for i in range(3))
+    runner = graphs.LayerGraphs(layers)
+    shapes = [([12, 5, 12], 12), ([9, 4], 9), ([7], 12), ([12, 5, 12], 12), ([9, 9], 9), ([6], 12), ([12, 12, 3], 12)]
+    for lengths, frames in shapes:
+        x, pos, padding = _batch(model, lengths, frames)
+        with torch.inference_mode():
+            expected = run_layers(layers, x, pos, Padding(padding.valid, x.dtype), None)
+            got = runner(x, pos, padding, None)
+        assert torch.equal(got, expected), (lengths, frames)
+    kept = {key[0]: graph for key, graph in runner._graphs.items()}
+    d = x.shape[2]
+    assert set(kept) == {(3, 12, d), (2, 9, d), (1, 12, d)}
+    starts = {g.x.data_ptr() for g in kept.values()} | {g.padding.pairs.data_ptr() for g in kept.values()}
+    assert len(starts) == 2  # the largest shape came first: one buffer for the inputs, one for the pair masks
+    assert kept[(3, 12, d)].pos_emb is kept[(1, 12, d)].pos_emb
+    assert kept[(2, 9, d)].pos_emb.shape[0] == 2 * 9 - 1
+
+
+def test_static_buffers_grow_for_a_larger_shape():
+    statics = graphs._Statics()
+    small = statics.like("x", torch.zeros(2, 3))
+    assert statics.like("x", torch.zeros(3, 2)).data_ptr() == small.data_ptr()  # fits: the same memory
+    large = statics.like("x", torch.zeros(7))
+    assert large.data_ptr() != small.data_ptr() and statics._flat[("x", torch.float32)].numel() == 12  # twice 6
+    assert statics.like("x", torch.zeros(2, dtype=torch.bool)).dtype == torch.bool  # a buffer a dtype
 
 
 def test_layer_graphs_refresh_packed_rows(model, monkeypatch):

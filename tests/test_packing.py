@@ -250,3 +250,32 @@ def test_a_servers_warm_up_packs_two_batches_of_mixed_lengths():
         64,
     ]
     assert warm_up_plans(SimpleNamespace(device=torch.device("cpu"), packs_rows=True), 8, 120.0) == [[1.0]]
+
+
+def test_a_servers_warm_up_meets_every_packed_shape():
+    """`service.packed_shape_plans`: on CUDA in 16 bits one batch for each (rows, length) of packed rows, rows up
+    to half the batch and lengths in steps of `Packing.ALIGN` up to 35.84 s (448 frames of 80 ms), largest first;
+    each batch, made as the server makes it (padded to `PAD_SECONDS`), packs to exactly its shape with the real
+    packing decision. None in float32 or on the CPU."""
+    from types import SimpleNamespace
+
+    from graphscribe.pipeline import PAD_SECONDS
+    from graphscribe.service import packed_shape_plans
+
+    model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")  # packs as on CUDA
+    rate = model.sample_rate
+    cuda = SimpleNamespace(device=torch.device("cuda"), packs_rows=True, cfg=model.cfg, sample_rate=rate)
+    plans = packed_shape_plans(cuda, 64, 3200.0)
+    pad = round(PAD_SECONDS * rate)
+    shapes = []
+    for plan in plans:
+        samples = [int(s * rate) for s in plan]
+        front = model.front_packing(samples, -(-max(samples) // pad) * pad, None)
+        shapes.append((front.packing.rows, front.packing.length))
+    grid = {(rows, length) for rows in range(1, 33) for length in range(64, 449, 64)}
+    assert len(shapes) == len(grid) and set(shapes) == grid
+    assert [r * length for r, length in shapes] == sorted((r * length for r, length in grid), reverse=True)
+    assert all(len(plan) == 2 * rows for plan, (rows, _) in zip(plans, shapes))
+    assert len(packed_shape_plans(cuda, 64, 40.0)) < len(grid)  # within the padded-seconds cap
+    assert packed_shape_plans(SimpleNamespace(device=torch.device("cuda"), packs_rows=False), 64, 3200.0) == []
+    assert packed_shape_plans(SimpleNamespace(device=torch.device("cpu"), packs_rows=True), 64, 3200.0) == []

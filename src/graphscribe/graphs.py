@@ -108,17 +108,16 @@ class LayerGraphs:
     bits on every batch: the encoder alone at B=32 x 20 s lost 2% (55.0 -> 56.2 ms), but a whole run's host, which
     launches the next batch's work while the GPU runs this one, is the tighter limit (the CLI on 4096 files in
     bfloat16 on an H200: 9428 -> 10143 RTFx, bench/2026-11-server/run17). The graphs kept share one memory pool;
-    replays run in stream order, and what one layer hands the next lives in each graph's own static input, outside
-    the pool.
+    replays run in stream order, and what one layer hands the next lives in the static input, outside the pool.
     """
 
     # batch x encoder frames at most, by bytes per element (None: any); 16-bit products are ~4x faster
     MAX_FRAMES = {4: 768, 2: None}
-    # Captured shapes are kept, most recently used, while their static buffers (a batch's input, positions and masks)
-    # fit in KEEP_BYTES: a server's batches come in many shapes (rows x padded length), and a shape dropped is
-    # captured again when it comes back (bench/2026-11-server/run17). A server's batch holds ~6 MB (18 rows of 12 s):
-    # a GiB keeps ~170 such shapes, the CLI's widest (64 rows of 35 s, ~70 MB) ~15.
-    KEEP_BYTES = 1 << 30
+    # Captured shapes are kept, most recently used, up to KEEP_SHAPES: a server's batches come in many shapes (rows
+    # x padded length; its warm-up captures every packed shape of up to 36 s, ~220), and a shape dropped is captured
+    # again when it comes back (bench/2026-11-server/run17). Their static buffers are views of one set (`_Statics`),
+    # so a shape kept costs its graph, not its own copy of a batch's input and masks (~2 GB for those ~220).
+    KEEP_SHAPES = 512
 
     def __init__(self, layers: nn.ModuleList):
         self.layers = layers
@@ -127,7 +126,8 @@ class LayerGraphs:
         self.slot: nn.Module | None = None
         self._slot_weights: torch.Tensor | None = None
         self._graphs: OrderedDict[tuple, _LayerGraph] = OrderedDict()
-        self._kept_bytes = 0  # of the graphs' static buffers
+        self._statics = _Statics()
+        self._positions: dict[tuple, torch.Tensor] = {}  # (T, dtype) -> (2T - 1, D): a length's, for its shapes
         self._pool = None
         self.enabled = True
         self.capture_seconds = 0.0  # summed over the captures so far
@@ -181,7 +181,8 @@ class LayerGraphs:
     def release(self) -> None:
         """Drop the captured graphs and their memory (out of memory elsewhere)."""
         self._graphs.clear()
-        self._kept_bytes = 0
+        self._statics = _Statics()
+        self._positions.clear()
         self._pool = None
 
     def _kept(self, x: torch.Tensor) -> "_LayerGraph | None":
@@ -198,28 +199,51 @@ class LayerGraphs:
         start = time.perf_counter()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = _LayerGraph(self.slot, x, pos_emb, padding, self._pool)
+        positions = self._positions.get((x.shape[1], x.dtype))
+        if positions is None:
+            positions = self._positions[(x.shape[1], x.dtype)] = pos_emb.clone()
+        graph = _LayerGraph(self.slot, x, positions, padding, self._statics, self._pool)
         self.capture_seconds += time.perf_counter() - start
         self._graphs[key] = graph
-        self._kept_bytes += graph.nbytes
-        while self._kept_bytes > self.KEEP_BYTES and len(self._graphs) > 1:  # the newest stays, whatever its size
-            self._kept_bytes -= self._graphs.popitem(last=False)[1].nbytes
+        while len(self._graphs) > self.KEEP_SHAPES:
+            self._graphs.popitem(last=False)
         return graph
 
 
-class _LayerGraph:
-    """One layer captured for one batch shape: static input/output `x`, positions and padding masks."""
+class _Statics:
+    """The static buffers of every captured shape: by name, views of one buffer from its start. Replays run one
+    after another in stream order, each after its own input and masks are copied in (`_LayerGraph.refresh`), so
+    the shapes can share the memory. A larger shape gets a new buffer, at least twice the old one (the graphs
+    captured on the old one keep theirs): a server's warm-up captures its largest shapes first."""
 
-    def __init__(self, slot: nn.Module, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding, pool):
-        self.x = torch.empty_like(x)  # (B, T, D): the layer's input, overwritten with its output
-        self.pos_emb = pos_emb.clone()
-        self.padding = Padding(padding.valid.clone(), padding.dtype)
+    def __init__(self):
+        self._flat: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def like(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """An uninitialised view shaped as t, in the buffer `name` of t's dtype."""
+        key = (name, t.dtype)
+        flat = self._flat.get(key)
+        if flat is None or flat.numel() < t.numel():
+            size = t.numel() if flat is None else max(t.numel(), 2 * flat.numel())
+            flat = self._flat[key] = torch.empty(size, dtype=t.dtype, device=t.device)
+        return flat[: t.numel()].view(t.shape)
+
+
+class _LayerGraph:
+    """One layer captured for one batch shape: static input/output `x` and padding masks (views of `_Statics`),
+    and the positions of its length (`LayerGraphs._positions`)."""
+
+    def __init__(
+        self, slot: nn.Module, x: torch.Tensor, positions: torch.Tensor, padding: Padding, statics: _Statics, pool
+    ):
+        self.x = statics.like("x", x)  # (B, T, D): the layer's input, overwritten with its output
+        self.pos_emb = positions
+        self.padding = Padding(statics.like("valid", padding.valid), padding.dtype)
         for name, mask in _masks(padding).items():  # made by the eager layer: every mask the layer reads
-            self.padding.__dict__[name] = mask.clone()
+            self.padding.__dict__[name] = statics.like(name, mask)
+        self.refresh(padding)
         self.graph = torch.cuda.CUDAGraph()
         capture(self.graph, lambda: self.x.copy_(slot(self.x, self.pos_emb, self.padding, None)), pool)
-        statics = [self.x, self.pos_emb, self.padding.valid, *_masks(self.padding).values()]
-        self.nbytes = sum(t.numel() * t.element_size() for t in statics)
 
     def refresh(self, padding: Padding) -> None:
         self.padding.valid.copy_(padding.valid)

@@ -32,6 +32,7 @@ import torch
 from .audio import read_input
 from .decoding import size_class
 from .model import FULL_ATTENTION_MAX_SECONDS
+from .packing import Packing
 from .pipeline import (
     READ_AHEAD,
     WARM_UP_CLIP,  # real speech (shipped in the package), tiled to length
@@ -42,6 +43,7 @@ from .pipeline import (
     gather,
     pad_samples,
     transcribe_stream,
+    warm_up_encoder,
 )
 from .scheduler import Scheduler
 from .transcript import Transcript
@@ -68,6 +70,10 @@ WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 # OVERDUE_SECONDS heads the next batch, whatever its length. The CPU's: the demo model on a 2-core machine
 # (bench/2026-11-server/cpu-cost).
 BATCH_COST = {"cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
+# The packed-row shapes the warm-up runs (`packed_shape_plans`): rows up to 448 encoder frames, as long as
+# LibriSpeech's longest utterances; a batch whose longest request is longer meets its shape when it comes.
+PACKED_WARM_UP_SECONDS = 35.84
+SHORT_FRAMES = 8  # encoder frames: the clip beside each long one in those batches
 OVERDUE_SECONDS = 0.2
 # Beside a GPU, a request of up to this many seconds is received into pinned memory (`samples_buffer`), which its
 # batch copies to the GPU from (`pipeline.gather`). PyTorch's pinned-memory cache keeps such blocks by power-of-two
@@ -194,7 +200,7 @@ class Service:
         while True:
             try:
                 if warm_up is None:
-                    warm_up = self._warm_up_batches()
+                    warm_up = self._warm_up()
                 for n, transcript in transcribe_stream(self.model, _Batches(self, warm_up)):
                     self._answer(n, transcript)
                 return  # closed, and everything answered
@@ -218,15 +224,35 @@ class Service:
             if request.taken_at:
                 self._answer(n, Transcript(source=request.name, error=message))
 
-    def _warm_up_batches(self) -> list[Batch]:
-        """The batches of `warm_up_plans`, of real speech, made as `_Batches` makes them: graphs are captured and
-        kernels compiled before the first request."""
+    def _warm_up(self) -> list[Batch]:
+        """Warm up before the first request: the encoder of a batch of each packed shape (`packed_shape_plans`;
+        `pipeline.warm_up_encoder`), then the batches of `warm_up_plans`, of real speech, made as `_Batches` makes
+        them, which transcribe_stream runs ahead of the requests: graphs are captured and kernels compiled."""
         from .bench import speech_path
 
         start = time.perf_counter()
-        rate = self.model.sample_rate
+        model, rate = self.model, self.model.sample_rate
         clip = read_input(speech_path(WARM_UP_CLIP), rate)
-        plans = warm_up_plans(self.model, self.max_batch, self.batch_seconds)
+        shapes = packed_shape_plans(model, self.max_batch, self.batch_seconds)
+        plans = warm_up_plans(model, self.max_batch, self.batch_seconds)
+        longest = max(max(plan) for plan in shapes + plans)
+        tiled = clip.repeat(int(longest * rate) // clip.numel() + 1)
+
+        def speech(seconds: float) -> torch.Tensor:
+            return tiled[: max(1, int(seconds * rate))]
+
+        warm_up_encoder(
+            model,
+            (
+                gather(
+                    [(i, "<warm-up>", speech(s)) for i, s in enumerate(plan)],
+                    model.device,
+                    model.copy_stream,
+                    self.pad_to,
+                )
+                for plan in shapes
+            ),
+        )
         left = len(plans)
 
         def warmed(_: Transcript, __: float) -> None:
@@ -238,13 +264,13 @@ class Service:
                 self._settled.set()
 
         batches = []
-        tiled = clip.repeat(int(max(map(max, plans)) * rate) // clip.numel() + 1)
         for plan in plans:
             numbers = []
             for seconds in plan:
                 n = next(self._numbers)
-                audio = tiled[: max(1, int(seconds * rate))]
-                self.requests[n] = Request(audio, seconds, True, lambda *_: None, "<warm-up>", time.monotonic())
+                self.requests[n] = Request(
+                    speech(seconds), seconds, True, lambda *_: None, "<warm-up>", time.monotonic()
+                )
                 numbers.append(n)
             self.requests[numbers[-1]].done = warmed  # one answer a batch
             batches.append(self._take(numbers, counted=False))
@@ -282,6 +308,33 @@ def warm_up_plans(model: Model, max_batch: int, batch_seconds: float) -> list[li
         for rows, top in ((max_batch, longest), (max(2, max_batch // 2), longest / 2)):
             plans.append([min(top * (i + 1) / rows, batch_seconds / rows) for i in range(rows)])
     return plans
+
+
+def packed_shape_plans(model: Model, max_batch: int, batch_seconds: float) -> list[list[float]]:
+    """In 16 bits on CUDA, a batch (its inputs' seconds) for each shape of packed rows that a server's batch of
+    requests of up to PACKED_WARM_UP_SECONDS can take (`Packing`: R rows of L frames, L a multiple of
+    `Packing.ALIGN`, R up to half of max_batch), largest first; none elsewhere. Each has 2R clips: R of nearly L
+    frames, each alone in a row with one of SHORT_FRAMES beside it. A shape met for the first time costs its layer
+    graph's capture and the first uses of its products (~15-20 ms on the H100): a server's first pass over a folder
+    met a new shape in about 30 of 100 batches and ran at 83% of its second (bench/2026-11-server/run54)."""
+    if model.device.type != "cuda" or not model.packs_rows:
+        return []
+    cfg = model.cfg
+    per_frame = cfg.features.hop_length * cfg.encoder.subsampling_factor  # samples an encoder frame
+    gap = (cfg.encoder.conv_kernel - 1) // 2  # as the encoder's packing leaves between clips
+
+    def seconds(frames: int) -> float:  # a clip of exactly `frames` encoder frames, half a hop to spare
+        return (frames * per_frame - cfg.features.hop_length // 2) / model.sample_rate
+
+    top = int(PACKED_WARM_UP_SECONDS * model.sample_rate) // per_frame
+    shapes = [
+        (rows, length)
+        for length in range(Packing.ALIGN, top + 1, Packing.ALIGN)
+        for rows in range(1, max_batch // 2 + 1)
+        if 2 * rows * seconds(length) <= batch_seconds
+    ]
+    shapes.sort(key=lambda shape: -shape[0] * shape[1])  # the static buffers are made once, for the largest
+    return [[seconds(length - gap - SHORT_FRAMES)] * rows + [seconds(SHORT_FRAMES)] * rows for rows, length in shapes]
 
 
 def batch_cost(model: Model) -> tuple[float, float] | None:
