@@ -3,8 +3,9 @@
 # .whl-nemo), the calibrated parakeet-tdt-0.6b-v3-shaped checkpoint (random weights, NOT NVIDIA's) and folders of
 # LibriSpeech-like FLAC files, each made once per machine; `step NAME SECONDS COMMAND...` runs and logs a command.
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; log=$OUT/run.log
-# (or the same wheels unpacked into .whl.tar.xz, 7 MB against 10, where the tree leaves too little of what a call
-# may carry: tar c -C DIR . | xz -9e > .whl.tar.xz, DIR holding each wheel unzipped)
+# (or the same wheels unpacked into .whl.tar.xz, 2.6 MB against 10, where the tree leaves too little of what a call
+# may carry: DIR holding each wheel unzipped, find DIR -name '*.so' -exec strip --strip-unneeded {} +, then
+# tar c -C DIR . | xz -9e > .whl.tar.xz)
 if [ ! -d /tmp/site ] && [ -f .whl.tar.xz ]; then mkdir -p /tmp/site && tar xJf .whl.tar.xz -C /tmp/site; fi
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 if [ -d .whl-nemo ] && [ ! -f /tmp/nemo-site/.done ]; then
