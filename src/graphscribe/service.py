@@ -53,11 +53,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The longest requests the warm-up readies a server for: the packed-row shapes of batches of them
+# (`packed_shape_plans`: rows up to 448 encoder frames) and the decode buffers of every size class (512 frames), as
+# long as LibriSpeech's longest utterances. A longer request meets what it needs when it comes.
+PACKED_WARM_UP_SECONDS = 35.84
 # Warm-up on CUDA: one batch per decode size class up to --max-batch, each row this long (cut to the batch's
-# padded-seconds cap): long enough that the decode buffers of the class hold a LibriSpeech-length input without
-# growing (a 20 s row makes room for 20.48 s) and that its token records have grown. On the CPU nothing is
-# captured: one row of a second loads the kernels.
-WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
+# padded-seconds cap): the decode buffers of the class then hold any input up to PACKED_WARM_UP_SECONDS without
+# growing (and capturing the class's graph again under the first requests), and its token records have grown. On
+# the CPU nothing is captured: one row of a second loads the kernels.
+WARM_UP_SECONDS = {"cuda": PACKED_WARM_UP_SECONDS, "cpu": 1.0}
 # Requests come in every length at once. In 16 bits the encoder packs a batch's clips end to end in fewer rows
 # (packing.Packing), so a batch costs about its audio plus fixed costs: batches are whole, the longest requests
 # waiting first (bench/2026-11-server/run22). In float32 each clip keeps a row (its numbers are the CLI's), and a
@@ -70,9 +74,6 @@ WARM_UP_SECONDS = {"cuda": 20.0, "cpu": 1.0}
 # OVERDUE_SECONDS heads the next batch, whatever its length. The CPU's: the demo model on a 2-core machine
 # (bench/2026-11-server/cpu-cost).
 BATCH_COST = {"cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
-# The packed-row shapes the warm-up runs (`packed_shape_plans`): rows up to 448 encoder frames, as long as
-# LibriSpeech's longest utterances; a batch whose longest request is longer meets its shape when it comes.
-PACKED_WARM_UP_SECONDS = 35.84
 SHORT_FRAMES = 8  # encoder frames: the clip beside each long one in those batches
 OVERDUE_SECONDS = 0.2
 # Beside a GPU, a request of up to this many seconds is received into pinned memory (`samples_buffer`), which its
