@@ -24,6 +24,12 @@ def main() -> None:
     parser.add_argument("--folder", required=True)
     parser.add_argument("--clip", required=True, help="a file name in the folder")
     parser.add_argument("--graphs", action="store_true", help="with the layer graphs (default: eager)")
+    parser.add_argument(
+        "--inject",
+        action="store_true",
+        help="also each stage alone: the clip's own features (computed alone) in every batch's encoder, and its own "
+        "encoder output in every batch's decode",
+    )
     args = parser.parse_args()
     model = load_model(args.model, dtype="float32", graphs=args.graphs)
     rate = model.sample_rate
@@ -85,6 +91,8 @@ def main() -> None:
             "modules": dict(seen),
             "t": int(enc_lengths[0]),
         }
+    if args.inject:
+        inject(model, configs, watched, names, seen)
     for h in handles:
         h.remove()
     base = results["alone"]
@@ -105,6 +113,47 @@ def main() -> None:
         enc_diff = (r["encoded"] - base["encoded"]).abs().max().item()
         line.append(f"encoder max diff {enc_diff:.3g}; ids {'=' if r['ids'] == base['ids'] else 'DIFFER'}")
         print("; ".join(line), flush=True)
+
+
+def inject(model, configs, watched, names, seen) -> None:
+    """The encoder given the clip's features computed alone, in every batch (the other rows their own, alone), and
+    the decode given the clip's encoder output computed alone: where each stage's numbers move by themselves."""
+
+    def alone(audio):
+        features, frames = model.padded_features(audio[None], torch.tensor([audio.numel()]))
+        return features[0, :, : int(frames[0])], int(frames[0])
+
+    def encoded_alone(audio):
+        features, frames = model.padded_features(audio[None], torch.tensor([audio.numel()]))
+        encoded, lengths = model.encoder_output(features, frames, None, [audio.numel()])
+        return encoded[0, : int(lengths[0])], int(lengths[0])
+
+    own = {}
+    print("-- the encoder on features computed alone; the decode on encoder output computed alone", flush=True)
+    for label, (audios, width) in configs.items():
+        feats = [alone(a) for a in audios]
+        t_pad = max(width // model.cfg.features.hop_length + 1, max(f for _, f in feats))
+        batch = torch.zeros(len(audios), model.cfg.features.n_mels, t_pad, device=model.device)
+        for i, (f, n) in enumerate(feats):
+            batch[i, :, :n] = f
+        frames = torch.tensor([n for _, n in feats], device=model.device)
+        seen.clear()
+        encoded, lengths = model.encoder_output(batch, frames, None, [a.numel() for a in audios])
+        t = int(lengths[0])
+        modules = {name: seen[name][:t] for name in names if name in seen}
+        outs = [encoded_alone(a) for a in audios]
+        t_enc = max(n for _, n in outs)
+        enc = torch.zeros(len(audios), t_enc, encoded.shape[2], device=model.device, dtype=encoded.dtype)
+        for i, (e, n) in enumerate(outs):
+            enc[i, :n] = e
+        hyps = model.decode(enc, torch.tensor([n for _, n in outs], device=model.device))
+        own[label] = (modules, encoded[0, :t].float().cpu(), hyps[0].token_ids)
+    base_modules, base_encoded, base_ids = own["alone"]
+    for label, (modules, encoded, ids) in own.items():
+        first = next((n for n in names if n in modules and not torch.equal(modules[n], base_modules[n])), None)
+        where = "all modules =" if first is None else f"first diff at {first}"
+        diff = (encoded - base_encoded).abs().max().item()
+        print(f"{label:>16}: encoder {where} (max {diff:.3g}); decode ids {'=' if ids == base_ids else 'DIFFER'}")
 
 
 if __name__ == "__main__":
