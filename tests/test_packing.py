@@ -264,7 +264,9 @@ def test_a_servers_warm_up_meets_every_packed_shape():
 
     model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")  # packs as on CUDA
     rate = model.sample_rate
-    cuda = SimpleNamespace(device=torch.device("cuda"), packs_rows=True, cfg=model.cfg, sample_rate=rate)
+    cuda = SimpleNamespace(
+        device=torch.device("cuda"), packs_rows=True, cfg=model.cfg, module=model.module, sample_rate=rate
+    )
     plans = packed_shape_plans(cuda, 64, 3200.0)
     pad = round(PAD_SECONDS * rate)
     shapes = []

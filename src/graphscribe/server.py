@@ -328,6 +328,9 @@ def run(
         coming=lambda: engine.admitted_count - service.in_flight,
     )
     max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
+    device = f"{model.device} {str(model.dtype).removeprefix('torch.')}"
+    # on a GPU this lasts seconds (a fresh machine's Triton compiles: half a minute): say what the wait is
+    sys.stderr.write(f"warming up {model_name} on {device}: its batch shapes' graphs and kernels\n")
     service.start()
     failed, announced = None, False
     while not stop.event.wait(0.05):
@@ -343,7 +346,6 @@ def run(
             engine.serve(service, model_name, max_queue)
         if engine.all_up:
             host, port = engine.listening.getsockname()[:2]
-            device = f"{model.device} {str(model.dtype).removeprefix('torch.')}"
             workers = f"{engine.count} HTTP worker{'s' if engine.count > 1 else ''}"
             sys.stderr.write(
                 f"serving {model_name} on http://{_host(host)}:{port} ({device}, batches of up to {service.max_batch}, "

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 # (`packed_shape_plans`: rows up to 448 encoder frames) and the decode buffers of every size class (512 frames), as
 # long as LibriSpeech's longest utterances. A longer request meets what it needs when it comes.
 PACKED_WARM_UP_SECONDS = 35.84
+SHORT_FRAMES = 8  # encoder frames: the clip beside each long one in the batches of `packed_shape_plans`
 # Warm-up on CUDA: one batch per decode size class up to --max-batch, each row this long (cut to the batch's
 # padded-seconds cap): the decode buffers of the class then hold any input up to PACKED_WARM_UP_SECONDS without
 # growing (and capturing the class's graph again under the first requests), and its token records have grown. On
@@ -74,7 +75,6 @@ WARM_UP_SECONDS = {"cuda": PACKED_WARM_UP_SECONDS, "cpu": 1.0}
 # OVERDUE_SECONDS heads the next batch, whatever its length. The CPU's: the demo model on a 2-core machine
 # (bench/2026-11-server/cpu-cost).
 BATCH_COST = {"cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
-SHORT_FRAMES = 8  # encoder frames: the clip beside each long one in those batches
 OVERDUE_SECONDS = 0.2
 # Beside a GPU, a request of up to this many seconds is received into pinned memory (`samples_buffer`), which its
 # batch copies to the GPU from (`pipeline.gather`). PyTorch's pinned-memory cache keeps such blocks by power-of-two
@@ -322,7 +322,7 @@ def packed_shape_plans(model: Model, max_batch: int, batch_seconds: float) -> li
         return []
     cfg = model.cfg
     per_frame = cfg.features.hop_length * cfg.encoder.subsampling_factor  # samples an encoder frame
-    gap = (cfg.encoder.conv_kernel - 1) // 2  # as the encoder's packing leaves between clips
+    gap = model.module.encoder.gap  # frames the encoder's packing leaves between clips
 
     def seconds(frames: int) -> float:  # a clip of exactly `frames` encoder frames, half a hop to spare
         return (frames * per_frame - cfg.features.hop_length // 2) / model.sample_rate
