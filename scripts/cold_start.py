@@ -97,7 +97,7 @@ def stages(model, clip: Path) -> dict:
 
     audio = model.read(clip)
     lap("read")
-    features, frames = model.padded_features(audio[None], torch.tensor([audio.numel()]))
+    features, frames = model.batch_features(audio[None], torch.tensor([audio.numel()]))
     lap("features")
     encoded, lengths = model.encoder_output(features, frames)
     lap("encoder")

@@ -159,7 +159,7 @@ def test_first_conv_on_packed_rows_matches_pytorchs(monkeypatch):
     sub = model.module.encoder.pre_encode
     with torch.inference_mode():
         front = model.front_packing(samples, batch.shape[1], None)
-        features, _ = model.padded_features(batch, torch.tensor(samples), front)
+        features, _ = model.batch_features(batch, torch.tensor(samples), front)
         x = features.transpose(1, 2).to(torch.bfloat16)[:, None]  # (R, 1, T, F)
         conv = copy.deepcopy(sub.conv)
         conv[0].bias.add_(4.0)  # the first convolution's output between clips, unmasked, would be far from zero

@@ -152,8 +152,8 @@ def test_packed_front_end_stays_near_each_clip_alone_v3(dtype, monkeypatch):
     with torch.inference_mode():
         front = model.front_packing(samples, batch.shape[1], None)
         assert front is not None and front.packing.rows < len(audio)
-        packed, _ = model.encoder_output(*model.padded_features(batch, lengths, front), None, samples, front)
-        padded, _ = model.encoder_output(*model.padded_features(batch, lengths), None, samples)
+        packed, _ = model.encoder_output(*model.batch_features(batch, lengths, front), None, samples, front)
+        padded, _ = model.encoder_output(*model.batch_features(batch, lengths), None, samples)
         packed_distances, padded_distances = distances(packed), distances(padded)
     if dtype == "float32":
         assert max(packed_distances) < 1e-4

@@ -165,7 +165,7 @@ def test_packed_front_end_gives_each_clip_nemos_features_and_output(packing_mode
     with torch.inference_mode():
         front = model.front_packing(samples, batch.shape[1], None)
         assert front is not None and front.packing.rows < len(CLIP_NAMES)
-        features, frames = model.padded_features(batch, lengths, front)
+        features, frames = model.batch_features(batch, lengths, front)
         encoded, out_lengths = model.encoder_output(features, frames, None, samples, front)
     assert features.shape[0] == front.packing.rows
     assert out_lengths.tolist() == [reference_clip(name)["encoder_frames"] for name in CLIP_NAMES]
@@ -194,7 +194,7 @@ def test_bfloat16_front_end_packs_and_stays_near_nemo(reference_arrays):
         assert model.front_packing(samples, batch.shape[1], None) is not None
         assert model.front_packing(samples, batch.shape[1], (64, 64)) is None  # local attention: rows as they come
         job = _start(model, Batch(list(range(6)), CLIP_NAMES, batch, lengths), StageClock(model.device, False))
-        features, frames = model.padded_features(batch, lengths)  # the front end padded, the layers packed
+        features, frames = model.batch_features(batch, lengths)  # the front end padded, the layers packed
         padded_front, _ = model.encoder_output(features, frames, None, samples)
     packed_errors = _relative_errors(job.encoded, reference_arrays)
     padded_errors = _relative_errors(padded_front, reference_arrays)

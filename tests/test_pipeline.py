@@ -268,7 +268,7 @@ def test_a_decode_with_the_next_batch_to_launch_queues_a_longer_first_round(mode
     """With `queued` (the host launches the next batch before its first read) the first round is sized by the last
     decode's rate: fewer host reads, the same hypotheses, `queued` called once."""
     audio = load_audio(CLIPS / CLIP_NAMES[-1], model.sample_rate)
-    features, frames = model.padded_features(audio[None], torch.tensor([audio.numel()]))
+    features, frames = model.batch_features(audio[None], torch.tensor([audio.numel()]))
     encoded, lengths = model.encoder_output(features, frames, None, [audio.numel()])
     decoder, calls = model.decoder, []
     alone = model.decode(encoded, lengths)

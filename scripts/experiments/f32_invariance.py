@@ -80,7 +80,7 @@ def main() -> None:
             batch[i, : a.numel()] = a
         lengths = torch.tensor([a.numel() for a in audios])
         seen.clear()
-        features, frames = model.padded_features(batch, lengths)
+        features, frames = model.batch_features(batch, lengths)
         encoded, enc_lengths = model.encoder_output(features, frames, None, [a.numel() for a in audios])
         hyps = model.decode(encoded, enc_lengths)
         f = int(frames[0])
@@ -120,11 +120,11 @@ def inject(model, configs, watched, names, seen) -> None:
     the decode given the clip's encoder output computed alone: where each stage's numbers move by themselves."""
 
     def alone(audio):
-        features, frames = model.padded_features(audio[None], torch.tensor([audio.numel()]))
+        features, frames = model.batch_features(audio[None], torch.tensor([audio.numel()]))
         return features[0, :, : int(frames[0])], int(frames[0])
 
     def encoded_alone(audio):
-        features, frames = model.padded_features(audio[None], torch.tensor([audio.numel()]))
+        features, frames = model.batch_features(audio[None], torch.tensor([audio.numel()]))
         encoded, lengths = model.encoder_output(features, frames, None, [audio.numel()])
         return encoded[0, : int(lengths[0])], int(lengths[0])
 

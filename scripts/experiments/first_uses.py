@@ -34,7 +34,7 @@ from graphscribe.audio import find_audio_files
 from graphscribe.pipeline import StageClock
 from graphscribe.priming import prime
 
-STAGES = ("padded_features", "encoder_output", "decode")
+STAGES = ("batch_features", "encoder_output", "decode")
 
 
 def counters(model) -> dict[str, float]:

@@ -263,14 +263,14 @@ class Model:
         """Padded batch of audio -> (B, n_mels, T) float32 features and (B,) lengths."""
         lengths = torch.tensor([a.numel() for a in audios])
         if len(audios) == 1:  # no padded copy of a long recording
-            return self.padded_features(audios[0][None], lengths)
+            return self.batch_features(audios[0][None], lengths)
         batch = torch.zeros(len(audios), int(lengths.max()))
         for i, a in enumerate(audios):
             batch[i, : a.numel()] = a
-        return self.padded_features(batch, lengths)
+        return self.batch_features(batch, lengths)
 
     @torch.inference_mode()
-    def padded_features(
+    def batch_features(
         self, audio: torch.Tensor, lengths: torch.Tensor, front: PackedFront | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, L) zero-padded audio and (B,) sample counts, anywhere (pinned: copied without waiting) ->

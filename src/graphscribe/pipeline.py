@@ -607,7 +607,7 @@ def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
     try:
         front = model.front_packing(samples, batch.audio.shape[1], window)  # the clips end to end, or None
         with clock.gpu("features"):
-            features, feature_frames = model.padded_features(batch.audio, batch.lengths, front)
+            features, feature_frames = model.batch_features(batch.audio, batch.lengths, front)
         with clock.gpu("encoder"):
             job.encoded, job.frames = model.encoder_output(features, feature_frames, window, samples, front)
         if model.device.type == "cuda":
