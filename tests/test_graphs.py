@@ -53,11 +53,16 @@ class _Replayed:
         self.record()
 
 
-def test_layer_graphs_give_the_eager_loops_bits(model, monkeypatch):
+def _replay_on_the_cpu(monkeypatch) -> None:
+    """LayerGraphs on the CPU: `_Replayed` for the CUDA graph, and every batch of full attention applies."""
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Replayed)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(graphs, "capture", lambda graph, record, pool: setattr(graph, "record", record))
     monkeypatch.setattr(graphs.LayerGraphs, "applies", lambda self, x, window: self.enabled and window is None)
+
+
+def test_layer_graphs_give_the_eager_loops_bits(model, monkeypatch):
+    _replay_on_the_cpu(monkeypatch)
     monkeypatch.setattr(graphs.LayerGraphs, "KEEP_SHAPES", 1)  # the newest shape alone is kept
     layers = nn.ModuleList(copy.deepcopy(model.module.encoder.layers[i % 2]) for i in range(5))
     with torch.no_grad():
@@ -79,10 +84,7 @@ def test_layer_graphs_share_their_static_buffers(model, monkeypatch):
     """Every shape's input and masks are views of one buffer a name (a larger shape gets a new one), and the
     positions one a length: shapes replayed in turn each give the eager loop's bits, so a replay refreshes what
     the shape before it left in the shared memory."""
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Replayed)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    monkeypatch.setattr(graphs, "capture", lambda graph, record, pool: setattr(graph, "record", record))
-    monkeypatch.setattr(graphs.LayerGraphs, "applies", lambda self, x, window: self.enabled and window is None)
+    _replay_on_the_cpu(monkeypatch)
     layers = nn.ModuleList(copy.deepcopy(model.module.encoder.layers[i % 2]) for i in range(3))
     runner = graphs.LayerGraphs(layers)
     shapes = [([12, 5, 12], 12), ([9, 4], 9), ([7], 12), ([12, 5, 12], 12), ([9, 9], 9), ([6], 12), ([12, 12, 3], 12)]
@@ -113,10 +115,7 @@ def test_static_buffers_grow_for_a_larger_shape():
 def test_layer_graphs_refresh_packed_rows(model, monkeypatch):
     """A packed batch (`Padding.of_segments`) and an unpacked one of the same shape share a graph: each gets the
     eager loop's bits, so the clips' segments are part of what a replay refreshes."""
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Replayed)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    monkeypatch.setattr(graphs, "capture", lambda graph, record, pool: setattr(graph, "record", record))
-    monkeypatch.setattr(graphs.LayerGraphs, "applies", lambda self, x, window: self.enabled and window is None)
+    _replay_on_the_cpu(monkeypatch)
     layers = nn.ModuleList(copy.deepcopy(model.module.encoder.layers[i % 2]) for i in range(3))
     runner = graphs.LayerGraphs(layers)
     segments = torch.tensor([[0, 0, 0, 0, 0, -1, -1, -1, -1, 2, 2, 2], [1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1]])

@@ -74,12 +74,12 @@ class LogMel(nn.Module):
         # per row, not per batch: a clip's chunks (so its float32 rounding) must not depend on its batch
         chunk_frames = chunk_frames or (FIXED_FRAMES if fixed_shapes else max(1, CHUNK_SAMPLES // cfg.hop_length))
         features = audio.new_empty(audio.shape[0], cfg.n_mels, total)
+        valid = None if packed is None else packed.samples  # (B, L) a clip's samples, on packed rows
         for start in range(0, total, chunk_frames):
             end = min(total, start + chunk_frames)
             size = end - start
             if fixed_shapes and size < chunk_frames:  # the last stretch: a power of two, cut
                 size = min(chunk_frames, max(MIN_FIXED_FRAMES, 1 << (size - 1).bit_length()))
-            valid = None if packed is None else packed.samples
             features[:, :, start:end] = self._log_mel(audio, num_samples, start, start + size, valid)[
                 ..., : end - start
             ]

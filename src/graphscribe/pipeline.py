@@ -129,19 +129,16 @@ def warm_up(model: Model, rows: int, batch_seconds: float | None = None) -> floa
     return time.perf_counter() - start
 
 
-def warm_up_encoder(model: Model, batches: Iterable[Batch]) -> int:
+def warm_up_encoder(model: Model, batches: Iterable[Batch]) -> None:
     """Queue each batch's features and encoder as `transcribe_stream` does, and nothing after (no decode), for what
-    that leaves behind: its shape's layer graph and the first uses of its products; then wait for them -> batches
-    run. Stops at the first that runs out of memory (its shape is then made when a batch of it comes)."""
+    that leaves behind: its shape's layer graph and the first uses of its products; then wait for them. Stops at
+    the first that runs out of memory (its shape is then made when a batch of it comes)."""
     clock = StageClock(model.device, enabled=False)
-    done = 0
     for batch in batches:
         if _start(model, batch, clock).out_of_memory:
             break
-        done += 1
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
-    return done
 
 
 @dataclass
