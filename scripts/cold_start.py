@@ -136,7 +136,9 @@ def run_child(args, script: Path, stages: bool = False) -> dict:
 
 
 # The CLI with its priming thread (graphscribe/priming.py) switched off, for the A/B.
-UNPRIMED = "import graphscribe.priming as p; p.prime = lambda *a: None; from graphscribe.cli import entry; entry()"
+UNPRIMED = (
+    "import graphscribe.runtime.priming as p; p.prime = lambda *a: None; from graphscribe.cli import entry; entry()"
+)
 
 
 def run_cli(args, env=None, primed: bool = True) -> dict:

@@ -216,7 +216,7 @@ def part_api(args, files: list[str], seconds: dict[str, float], results: Results
 
 
 def read_arrays(files: list[str], sample_rate: int, results: Results) -> tuple[list[str], list]:
-    from graphscribe.audio import AudioError, load_audio
+    from graphscribe.io.audio import AudioError, load_audio
 
     names, arrays = [], []
     for f in files:
@@ -407,7 +407,7 @@ def main() -> int:
     parts = {p.strip() for p in args.parts.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from graphscribe.audio import find_audio_files
+    from graphscribe.io.audio import find_audio_files
 
     folder = args.folder.resolve()
     files = [str(p) for p in find_audio_files(folder)]

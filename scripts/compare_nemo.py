@@ -24,8 +24,8 @@ from pathlib import Path
 import soundfile as sf
 
 import graphscribe as gs
-from graphscribe import decoding
 from graphscribe.bench import run_bench, tier_clips
+from graphscribe.model import decoding
 
 
 def main() -> None:

@@ -40,8 +40,8 @@ import soundfile as sf
 import torch
 
 import graphscribe
-from graphscribe import encoder as encoder_module
-from graphscribe.model import load_model
+from graphscribe.api import load_model
+from graphscribe.model import encoder as encoder_module
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEECH = [

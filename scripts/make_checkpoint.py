@@ -38,9 +38,10 @@ import numpy as np
 import torch
 import yaml
 
-from graphscribe.config import RunOptions, model_config_from_nemo
-from graphscribe.model import Model, Transducer, load_model
-from graphscribe.tokenizer import Tokenizer
+from graphscribe.api import Model, load_model
+from graphscribe.io.config import RunOptions, model_config_from_nemo
+from graphscribe.io.tokenizer import Tokenizer
+from graphscribe.model.transducer import Transducer
 
 SAMPLE_RATE = 16000  # Hz
 N_FFT = 512  # samples

@@ -43,9 +43,10 @@ import torch.nn.functional as F
 import torchaudio.functional as AF
 from torch.nn.utils.rnn import pad_sequence
 
-from graphscribe.checkpoint import read_checkpoint
-from graphscribe.config import model_config_from_nemo
-from graphscribe.model import Transducer, load_model, load_state
+from graphscribe.api import load_model
+from graphscribe.io.checkpoint import read_checkpoint
+from graphscribe.io.config import model_config_from_nemo
+from graphscribe.model.transducer import Transducer, load_state
 
 PRESET = "graphscribe-demo"
 VOCAB = 1024

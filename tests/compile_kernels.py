@@ -9,8 +9,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from graphscribe import encoder_kernels as ek
-from graphscribe import fused_step as fs
+from graphscribe.model import encoder_kernels as ek
+from graphscribe.model import fused_step as fs
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
 

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
     # it has to be chosen before Triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from graphscribe.bench import speech_path  # noqa: E402  (after TRITON_INTERPRET)
+from graphscribe.io.audio import speech_path  # noqa: E402  (after TRITON_INTERPRET)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NEMO_DIR = FIXTURES / "nemo-tdt-tiny"
@@ -61,7 +61,7 @@ def reference_arrays() -> dict[str, np.ndarray]:
 @pytest.fixture(scope="session")
 def model():
     """The tiny NeMo checkpoint loaded once, on the CPU, decoding eagerly."""
-    from graphscribe.model import load_model
+    from graphscribe.api import load_model
 
     return load_model(NEMO_PATH, device="cpu", graphs=False)
 

@@ -21,8 +21,8 @@ import torchaudio.functional as AF
 from av_media import write_media
 from conftest import CLIP_NAMES, CLIPS, JFK_FLAC, NEMO_PATH, SPEECH_CLIP, reference_clip
 
-from graphscribe import audio
-from graphscribe.audio import AudioError, audio_seconds, find_audio_files, load_audio, prepare_audio
+from graphscribe.io import audio
+from graphscribe.io.audio import AudioError, audio_seconds, find_audio_files, load_audio, prepare_audio
 
 RATE = 16000  # Hz, the model's
 SECONDS = reference_clip(SPEECH_CLIP.name)["samples"] / RATE  # 7.435 s
@@ -276,7 +276,7 @@ def test_load_audio_raises_audio_error(tmp_path):
 
 def test_out_of_memory_splits_the_batch_and_names_the_file(monkeypatch):
     """A batch that does not fit is retried one file at a time; a file that alone does not fit gets one line."""
-    from graphscribe.model import load_model
+    from graphscribe.api import load_model
 
     model = load_model(NEMO_PATH, device="cpu", graphs=False)
     encoder_output = model.encoder_output

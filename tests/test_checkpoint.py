@@ -16,9 +16,9 @@ import torch
 import yaml
 from conftest import NEMO_PATH, SPEECH_CLIP
 
-from graphscribe.checkpoint import CheckpointError, read_checkpoint
-from graphscribe.config import UnsupportedModelError
-from graphscribe.model import load_model
+from graphscribe.api import load_model
+from graphscribe.io.checkpoint import CheckpointError, read_checkpoint
+from graphscribe.io.config import UnsupportedModelError
 
 
 def _fixture_members() -> dict[str, bytes]:
@@ -246,7 +246,7 @@ def test_hugging_face_id_offline_says_to_pass_a_file(tmp_path):
     """Run in a fresh interpreter so HF_HUB_OFFLINE is read at import: no network access is tried."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1")
     code = (
-        "from graphscribe.checkpoint import CheckpointError, read_checkpoint\n"
+        "from graphscribe.io.checkpoint import CheckpointError, read_checkpoint\n"
         "try:\n    read_checkpoint('nvidia/parakeet-tdt-0.6b-v2')\n"
         "except CheckpointError as err:\n    print('CheckpointError:', err)\n"
     )

@@ -10,9 +10,9 @@ import torch
 import yaml
 from conftest import NEMO_PATH
 
-from graphscribe.config import UnsupportedModelError, model_config_from_nemo
-from graphscribe.features import LogMel
-from graphscribe.model import Transducer, load_state
+from graphscribe.io.config import UnsupportedModelError, model_config_from_nemo
+from graphscribe.model.features import LogMel
+from graphscribe.model.transducer import Transducer, load_state
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
 import graphscribe as gs
-import graphscribe.encoder as encoder
+import graphscribe.model.encoder as encoder
 
-kernels = pytest.importorskip("graphscribe.encoder_kernels")
+kernels = pytest.importorskip("graphscribe.model.encoder_kernels")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -146,7 +146,7 @@ def test_first_conv_matches_pytorch(dtype):
 def test_first_conv_on_packed_rows_matches_pytorchs(monkeypatch):
     """Packed rows (`Subsampling._masked_stack`): the fused first convolution masks nothing (the features between
     clips are zeros) and its output is masked by frame after it; PyTorch's layers masked by frame give the same."""
-    from graphscribe.packing import Packing
+    from graphscribe.model.packing import Packing
 
     monkeypatch.setattr(Packing, "ALIGN", 16)  # rows short enough for these short clips to share them
     model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")

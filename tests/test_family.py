@@ -14,7 +14,7 @@ import torch
 import yaml
 
 import graphscribe
-from graphscribe.config import model_config_from_nemo
+from graphscribe.io.config import model_config_from_nemo
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "nemo-tdt-tiny"

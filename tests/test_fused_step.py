@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import graphscribe as gs
-from graphscribe.decoding import GreedyDecoder, decode_step, size_class
+from graphscribe.model.decoding import GreedyDecoder, decode_step, size_class
 
 pytest.importorskip("triton")
 
@@ -106,9 +106,9 @@ def test_fused_state_follows_the_pytorch_step():
 
 def test_token_slots_grow_in_the_middle_of_a_decode(monkeypatch):
     """Buffers as small as the input (one token slot a frame): these clips emit more tokens than frames."""
-    import graphscribe.decoding
+    import graphscribe.model.decoding
 
-    monkeypatch.setattr(graphscribe.decoding, "frame_capacity", lambda frames: frames)
+    monkeypatch.setattr(graphscribe.model.decoding, "frame_capacity", lambda frames: frames)
     model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")
     names = ["silence_1s.wav", "quarter_second.wav"]  # 13 frames, 17 tokens; 4 frames, 12 tokens
     encoded, lengths = model.encode([model.read(CLIPS / f) for f in names])
@@ -120,7 +120,7 @@ def test_token_slots_grow_in_the_middle_of_a_decode(monkeypatch):
 
 def test_tensor_core_path_float16():
     """16-bit weights take the tl.dot path; on this decisive oracle the tokens stay NeMo's."""
-    from graphscribe.fused_step import FusedStep
+    from graphscribe.model.fused_step import FusedStep
 
     model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")
     encoded, lengths = model.encode([model.read(CLIPS / f) for f in SHORT])

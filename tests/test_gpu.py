@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import graphscribe as gs
-from graphscribe.bench import speech_path
+from graphscribe.io.audio import speech_path
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -80,9 +80,9 @@ def test_capture_failure_falls_back_to_eager(monkeypatch, caplog):
         def __init__(self, *args, **kwargs):
             raise RuntimeError("capture refused for the test")
 
-    import graphscribe.graphs
+    import graphscribe.model.graphs
 
-    monkeypatch.setattr(graphscribe.graphs, "CapturedSteps", Broken)
+    monkeypatch.setattr(graphscribe.model.graphs, "CapturedSteps", Broken)
     model = gs.load_model(FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype="float32", graphs=True)
     with caplog.at_level(logging.WARNING, logger="graphscribe"):
         # batch 1: the silent clip's features are ill-conditioned enough that cuFFT's rounding for another
@@ -193,10 +193,10 @@ def test_partial_batch_replays_the_graph_of_its_size_class():
 @pytest.mark.parametrize("fused", [True, False])
 def test_token_slots_grow_under_graphs(monkeypatch, fused):
     """Buffers with one token slot a frame, on clips that emit more: the graph is captured again mid-decode."""
-    import graphscribe.decoding
-    from graphscribe.decoding import GreedyDecoder
+    import graphscribe.model.decoding
+    from graphscribe.model.decoding import GreedyDecoder
 
-    monkeypatch.setattr(graphscribe.decoding, "frame_capacity", lambda frames: frames)
+    monkeypatch.setattr(graphscribe.model.decoding, "frame_capacity", lambda frames: frames)
     ref = {c["file"]: c for c in _reference("nemo-tdt-tiny")["clips"]}
     model = gs.load_model(FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype="float32")
     names = ["silence_1s.wav", "quarter_second.wav"]  # 13 frames, 17 tokens; 4 frames, 12 tokens
@@ -210,7 +210,7 @@ def test_token_slots_grow_under_graphs(monkeypatch, fused):
 @pytest.mark.skipif(not V3, reason="set GRAPHSCRIBE_TEST_V3 to a 0.6b-v3-shaped .nemo")
 def test_fused_step_gives_the_pytorch_steps_tokens_v3():
     """float32 on the 0.6b-v3 shape: the Triton step and the PyTorch step (cuBLAS, cuDNN) agree on real speech."""
-    from graphscribe.decoding import GreedyDecoder
+    from graphscribe.model.decoding import GreedyDecoder
 
     model = gs.load_model(V3, device="cuda", dtype="float32")
     audio = [
@@ -230,7 +230,7 @@ def test_fused_step_gives_the_pytorch_steps_tokens_v3():
 def test_encoder_layer_graphs_equal_eager(dtype, monkeypatch):
     """A small batch's layers replayed from one captured layer: bit-equal to the eager loop, shape after shape,
     a shape seen again with other padding, and more shapes than the graphs kept."""
-    from graphscribe.graphs import LayerGraphs
+    from graphscribe.model.graphs import LayerGraphs
 
     monkeypatch.setattr(LayerGraphs, "KEEP_SHAPES", 3)  # 8 shapes below: some are dropped and made again
     model = gs.load_model(V3 or FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype=dtype)
@@ -250,7 +250,7 @@ def test_encoder_layer_graphs_equal_eager(dtype, monkeypatch):
 
 
 def test_encoder_capture_failure_runs_the_layers_eagerly(monkeypatch, caplog):
-    import graphscribe.graphs
+    import graphscribe.model.graphs
 
     class Broken:
         def __init__(self, *args, **kwargs):
@@ -259,7 +259,7 @@ def test_encoder_capture_failure_runs_the_layers_eagerly(monkeypatch, caplog):
     ref = _reference("nemo-tdt-tiny")
     paths = [CLIPS / c["file"] for c in ref["clips"]]
     model = gs.load_model(FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype="float32", graphs=True)
-    monkeypatch.setattr(graphscribe.graphs, "_LayerGraph", Broken)
+    monkeypatch.setattr(graphscribe.model.graphs, "_LayerGraph", Broken)
     with caplog.at_level(logging.WARNING, logger="graphscribe"):
         got = model.transcribe(paths, batch_size=1)
     assert [t.token_ids for t in got] == [c["token_ids"] for c in ref["clips"]]
@@ -272,7 +272,7 @@ def test_subsampling_without_cudnn_gives_cudnns_bits(monkeypatch, dtype):
     """The subsampling convolutions run through PyTorch's own kernels on CUDA (no per-shape cuDNN plans): in
     float32 the same bits as cuDNN's (what NeMo runs), on batches and lengths of several shapes; in groups of rows
     (forced small here) the same bits as in one call, in both dtypes."""
-    import graphscribe.encoder as encoder_module
+    import graphscribe.model.encoder as encoder_module
 
     model = gs.load_model(V3 or FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype=dtype)
     sub = model.module.encoder.pre_encode
@@ -299,8 +299,8 @@ def test_service_on_gpu_gives_nemos_tokens(name, checkpoint):
     from there straight to the GPU (`pipeline.gather`), NeMo's tokens back. One request at a time, so each batch is
     one clip unpadded, as NeMo's reference was made (a tiny random model's near ties move with a batch's padding);
     a request too long to pin comes from plain memory."""
-    from graphscribe.audio import read_input
-    from graphscribe.service import PIN_SECONDS, Service
+    from graphscribe.io.audio import read_input
+    from graphscribe.serve.service import PIN_SECONDS, Service
 
     ref = _reference(name)
     model = gs.load_model(FIXTURES / name / checkpoint, device="cuda", dtype="float32")
@@ -327,7 +327,7 @@ def test_gather_pads_rows_with_zeros_on_the_gpu(pad_to):
     row rounded up to pad_to, as torch's own pad_sequence lays them out; the memory it reuses held NaN."""
     from torch.nn.utils.rnn import pad_sequence
 
-    from graphscribe.pipeline import gather
+    from graphscribe.runtime.pipeline import gather
 
     device = torch.device("cuda")
     stream = torch.cuda.Stream(device)

@@ -12,8 +12,8 @@ from conftest import NEMO_PATH
 from torch import nn
 
 import graphscribe
-import graphscribe.graphs as graphs
-from graphscribe.encoder import Padding, relative_positions, run_layers
+import graphscribe.model.graphs as graphs
+from graphscribe.model.encoder import Padding, relative_positions, run_layers
 
 
 @pytest.fixture(scope="module")

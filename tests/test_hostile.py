@@ -17,8 +17,8 @@ import yaml
 from conftest import CLIPS
 from test_checkpoint import MEMBERS, WEIGHTS, _config, _pack, _with
 
-from graphscribe.checkpoint import MAX_CONFIG_BYTES, CheckpointError, read_checkpoint
-from graphscribe.config import UnsupportedModelError, model_config_from_nemo
+from graphscribe.io.checkpoint import MAX_CONFIG_BYTES, CheckpointError, read_checkpoint
+from graphscribe.io.config import UnsupportedModelError, model_config_from_nemo
 
 CLI_ADDRESS_SPACE = 5 << 30  # bytes: a normal CLI run on the fixture needs 3-4 GB of address space (torch's libraries)
 CLIP = CLIPS / "quarter_second.wav"

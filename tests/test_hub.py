@@ -45,7 +45,7 @@ def _resolve(source: str, env: dict, cwd=None) -> tuple[str, float]:
     """resolve_model_path(source) in a fresh interpreter: the path, or 'CheckpointError: ...'; and the seconds taken."""
     code = (
         "import sys\n"
-        "from graphscribe.checkpoint import CheckpointError, resolve_model_path\n"
+        "from graphscribe.io.checkpoint import CheckpointError, resolve_model_path\n"
         "try:\n    print(resolve_model_path(sys.argv[1]))\n"
         "except CheckpointError as err:\n    print('CheckpointError:', err)\n"
     )

@@ -18,7 +18,8 @@ import pytest
 import torch
 from conftest import NEMO_PATH, SPEECH_CLIP
 
-from graphscribe.checkpoint import (
+from graphscribe.api import load_model
+from graphscribe.io.checkpoint import (
     WEIGHTS_NAME,
     CheckpointError,
     _load_weights,
@@ -28,7 +29,6 @@ from graphscribe.checkpoint import (
     demo_path,
     read_checkpoint,
 )
-from graphscribe.model import load_model
 
 DEMO = demo_path()  # float16 weights: a conversion on every load
 
@@ -218,7 +218,7 @@ def test_float32_on_cuda_runs_without_tf32_inside_our_calls_only(model, monkeypa
 def test_loading_imports_no_compiler():
     """Building on the meta device must not pull in torch._dynamo (1.5 s) through torch._refs."""
     code = (
-        "import sys\nfrom graphscribe.model import load_model\n"
+        "import sys\nfrom graphscribe.api import load_model\n"
         f"load_model({str(DEMO)!r}, device='cpu', graphs=False)\n"
         "print('torch._dynamo' in sys.modules)\n"
     )

@@ -23,10 +23,10 @@ import torch
 import yaml
 from conftest import CLIPS, FIXTURES, NEMO_PATH
 
-from graphscribe import model as model_module
-from graphscribe.config import UnsupportedModelError, model_config_from_nemo
-from graphscribe.encoder import Padding, _full_attention_nemo, full_attention, local_attention, memory_estimate
-from graphscribe.model import load_model
+from graphscribe.api import load_model
+from graphscribe.io.config import UnsupportedModelError, model_config_from_nemo
+from graphscribe.model.encoder import Padding, _full_attention_nemo, full_attention, local_attention, memory_estimate
+from graphscribe.runtime import loaded as model_module
 
 LOCAL = FIXTURES / "nemo-local-attention"
 REFERENCE = json.loads((LOCAL / "reference.json").read_text())
@@ -141,7 +141,7 @@ def _qkv(b=2, h=3, t=37, d_k=8, dtype=torch.float32, seed=0):
 
 def test_full_attention_equals_nemos_formulation_in_groups(monkeypatch):
     """SDPA with the position bias, one group or a row at a time, against NeMo's matmul/rel_shift/softmax."""
-    from graphscribe import encoder
+    from graphscribe.model import encoder
 
     q_u, q_v, k, v, valid = _qkv()
     p = torch.randn(3, 2 * 37 - 1, 8)
@@ -176,7 +176,7 @@ def _banded_reference(q_u, q_v, k, v, p, valid, left, right):
 
 @pytest.mark.parametrize("window", [(4, 4), (2, 6), (7, 3), (0, 5), (40, 40)], ids=str)
 def test_local_attention_follows_nemos_diagonals(monkeypatch, window):
-    from graphscribe import encoder
+    from graphscribe.model import encoder
 
     q_u, q_v, k, v, valid = _qkv()
     p = torch.randn(3, sum(window) + 1, 8)
@@ -210,7 +210,7 @@ def test_padded_query_rows_are_zero_before_the_output_projection():
     attn = model.module.encoder.layers[0].self_attn
     x = torch.randn(2, 20, 64)
     valid = torch.arange(20)[None, :] < torch.tensor([20, 13])[:, None]
-    from graphscribe.encoder import Padding, relative_positions, window_positions
+    from graphscribe.model.encoder import Padding, relative_positions, window_positions
 
     with torch.no_grad():
         for window, pos in (
@@ -286,8 +286,8 @@ def test_fixed_shape_stretches_are_the_same(model):
 def test_chunks_are_sized_per_row_so_a_batch_does_not_change_a_clip(model, monkeypatch):
     """Chunked and one-pass products round differently in float32, so the chunking of a clip must not depend on
     its batch: memory budgets that one clip fits in but 32 do not leave the clip's bits as they are alone."""
-    import graphscribe.encoder as encoder_module
-    import graphscribe.features as features_module
+    import graphscribe.model.encoder as encoder_module
+    import graphscribe.model.features as features_module
 
     audio = model.read(CLIPS / "librispeech_2086-149220-0033.wav")
     enc = model.cfg.encoder
@@ -389,8 +389,8 @@ def test_memory_estimate_grows_linearly_for_local_attention(model):
 
 _PEAK = """
 import sys, torch
-from graphscribe.model import load_model
-from graphscribe.encoder import memory_estimate
+from graphscribe.api import load_model
+from graphscribe.model.encoder import memory_estimate
 
 def status(key):  # kB in /proc/self/status
     return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) * 1024

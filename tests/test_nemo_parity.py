@@ -17,10 +17,10 @@ import soundfile as sf
 import torch
 from conftest import CLIP_NAMES, CLIPS, SPEECH_CLIP, reference_clip
 
-from graphscribe.config import DecodingConfig, FeatureConfig, JointConfig, PredictionConfig
-from graphscribe.decoding import GreedyDecoder
-from graphscribe.features import _normalize_per_feature
-from graphscribe.heads import Joint, PredictionNet
+from graphscribe.io.config import DecodingConfig, FeatureConfig, JointConfig, PredictionConfig
+from graphscribe.model.decoding import GreedyDecoder
+from graphscribe.model.features import _normalize_per_feature
+from graphscribe.model.heads import Joint, PredictionNet
 
 # ============================================================================ part 1: NeMo parity
 
@@ -221,7 +221,7 @@ OTHER_ORACLES = ["nemo-rnnt-tiny", "nemo-tdt-tiny-80mel"]  # more NeMo-made fixt
 @pytest.mark.parametrize("oracle", OTHER_ORACLES)
 def test_other_nemo_oracles(oracle):
     """Plain RNN-T and 80-mel TDT oracles: features, encoder, ids, frames and text, single and batched."""
-    from graphscribe.model import load_model
+    from graphscribe.api import load_model
 
     folder = CLIPS.parent.parent / oracle
     if not folder.is_dir():

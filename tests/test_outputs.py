@@ -25,7 +25,7 @@ from conftest import CLIPS, NEMO_PATH, reference_clip
 from test_cli import _error_lines, transcribe
 
 from graphscribe.cli import RENDER_POOL_MIN_FILES, output_paths
-from graphscribe.writers import write_file
+from graphscribe.output.writers import write_file
 
 INTERRUPTED = re.compile(r"^interrupted: (\d+) of (\d+) files done", re.M)
 

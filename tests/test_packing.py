@@ -10,8 +10,8 @@ import torch
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
 import graphscribe as gs
-from graphscribe import encoder
-from graphscribe.packing import Packing
+from graphscribe.model import encoder
+from graphscribe.model.packing import Packing
 
 CPU = torch.device("cpu")
 
@@ -186,7 +186,7 @@ def test_packed_front_end_gives_each_clip_nemos_features_and_output(packing_mode
 def test_bfloat16_front_end_packs_and_stays_near_nemo(reference_arrays):
     """A 16-bit batch of mixed lengths packs its front end by itself (the pipeline's `_start` asks for it); each
     clip is as near NeMo's float32 output as bfloat16 allows, and as near as with the front end padded."""
-    from graphscribe.pipeline import Batch, StageClock, _start
+    from graphscribe.runtime.pipeline import Batch, StageClock, _start
 
     model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")
     batch, lengths, samples = _padded([model.read(CLIPS / name) for name in CLIP_NAMES])
@@ -205,7 +205,7 @@ def test_bfloat16_front_end_packs_and_stays_near_nemo(reference_arrays):
 def test_front_end_packs_only_what_pays(packing_model):
     """Not one clip, not clips of like lengths (no two share a row), not float32 (its rows are the CLI's), not
     clips past PACKED_FRONT_MAX_SECONDS (one pass of the subsampling a row)."""
-    from graphscribe.model import PACKED_FRONT_MAX_SECONDS
+    from graphscribe.runtime.loaded import PACKED_FRONT_MAX_SECONDS
 
     model = packing_model
     rate = model.sample_rate
@@ -228,7 +228,7 @@ def test_a_servers_warm_up_packs_two_batches_of_mixed_lengths():
     compile before the first request; float32 and the CPU have none of mixed lengths."""
     from types import SimpleNamespace
 
-    from graphscribe.service import warm_up_plans
+    from graphscribe.serve.service import warm_up_plans
 
     cuda = torch.device("cuda")
     plans = warm_up_plans(SimpleNamespace(device=cuda, packs_rows=True), 64, 3200.0)
@@ -259,8 +259,8 @@ def test_a_servers_warm_up_meets_every_packed_shape():
     packing decision. None in float32 or on the CPU."""
     from types import SimpleNamespace
 
-    from graphscribe.pipeline import PAD_SECONDS
-    from graphscribe.service import packed_shape_plans
+    from graphscribe.runtime.pipeline import PAD_SECONDS
+    from graphscribe.serve.service import packed_shape_plans
 
     model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")  # packs as on CUDA
     rate = model.sample_rate

@@ -17,12 +17,12 @@ import soundfile as sf
 import torch
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
-from graphscribe import pipeline
-from graphscribe.audio import load_audio
 from graphscribe.bench import make_folder
-from graphscribe.finishing import RenderPool, Timed
-from graphscribe.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches, read_ahead
-from graphscribe.writers import WRITERS, render
+from graphscribe.io.audio import load_audio
+from graphscribe.output.finishing import RenderPool, Timed
+from graphscribe.output.writers import WRITERS, render
+from graphscribe.runtime import pipeline
+from graphscribe.runtime.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches, read_ahead
 
 
 def test_plan_is_longest_first_in_batches_of_n():
@@ -255,7 +255,7 @@ class _Buf:
 def test_a_first_round_is_the_lower_bound_unless_an_earlier_rate_predicts_it():
     """Before any step: the lower bound (300 frames, at most 6 a step: 50); with an earlier decode's rate, 0.7 of
     what it predicts (1.5 frames a step: 0.7 * 300 / 1.5 = 140), within the lower bound and one step a frame."""
-    from graphscribe.decoding import round_steps
+    from graphscribe.model.decoding import round_steps
 
     assert round_steps(_Buf, 300, 300, 0) == 50
     assert round_steps(_Buf, 300, 300, 0, rate=1.5) == 140
@@ -315,7 +315,7 @@ def test_what_the_next_batch_raises_inside_the_decode_is_not_the_decoding_batchs
 @pytest.mark.gpu
 def test_cuda_pipeline_gives_nemo_tokens_and_times_every_stage():
     """Pinned batches copied without waiting, batch k+1 queued before batch k is finished: NeMo's tokens."""
-    from graphscribe.model import load_model
+    from graphscribe.api import load_model
 
     model = load_model(NEMO_PATH, device="cuda", dtype="float32", graphs=True)
     paths = [CLIPS / name for name in CLIP_NAMES] * 3
@@ -422,8 +422,8 @@ def test_render_workers_end_with_their_parent():
     """`transcribe` ends with os._exit, telling its workers nothing: they exit by themselves, at once."""
     script = (
         "import os\n"
-        "from graphscribe.model import load_model\n"
-        "from graphscribe.finishing import RenderPool, Timed\n"
+        "from graphscribe.api import load_model\n"
+        "from graphscribe.output.finishing import RenderPool, Timed\n"
         f"pool = RenderPool(load_model({str(NEMO_PATH)!r}, device='cpu').finishing, ('json',))\n"
         "pool.transcripts(['x.wav'], [16000], [Timed([1], [0], [1])])\n"
         "print(*(process.pid for process, _ in pool._children), flush=True)\n"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from graphscribe.scheduler import Scheduler, plan_batches
+from graphscribe.runtime.scheduler import Scheduler, plan_batches
 
 
 def test_inputs_given_at_once_are_cut_longest_first():

@@ -518,7 +518,7 @@ def test_serve_without_the_extra_says_how_to_install_it():
 
 
 def test_multipart_bodies_as_clients_send_them():
-    from graphscribe.openai_api import ApiError, header_params, parse_form
+    from graphscribe.serve.openai_api import ApiError, header_params, parse_form
 
     request = httpx.Request(
         "POST",
@@ -542,7 +542,7 @@ def test_a_worker_socket_that_cannot_be_made_stops_the_start_with_one_line(monke
     import errno
     import multiprocessing
 
-    import graphscribe.server as server_module
+    import graphscribe.serve.server as server_module
 
     made = []
 
@@ -563,7 +563,7 @@ def test_a_worker_socket_that_cannot_be_made_stops_the_start_with_one_line(monke
 
 
 def test_only_loopback_counts_as_private():
-    from graphscribe.server import _loopback
+    from graphscribe.serve.server import _loopback
 
     assert all(map(_loopback, ["127.0.0.1", "::1", "localhost", "127.0.0.2"]))
     assert not any(map(_loopback, ["0.0.0.0", "::", "192.168.1.10", "example.org"]))
@@ -574,7 +574,7 @@ def test_connections_spread_over_the_workers_sockets():
     """Each HTTP worker accepts on a socket of its own on the server's port: 64 connections land on all four (one
     shared socket gave a burst of them to whichever worker woke first); a second server cannot take the port; a
     worker's socket gone, its port still answers through the others."""
-    from graphscribe.server import listen, worker_socket
+    from graphscribe.serve.server import listen, worker_socket
 
     held = listen("127.0.0.1", 0)
     port = held.getsockname()[1]
@@ -610,7 +610,7 @@ def test_samples_cross_the_pipe_raw_and_in_order(duplex):
 
     import numpy as np
 
-    from graphscribe.http_front import SUBMIT, Link, receive_samples
+    from graphscribe.serve.http_front import SUBMIT, Link, receive_samples
 
     ours, theirs = multiprocessing.Pipe(duplex)
     link = Link(theirs)

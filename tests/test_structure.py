@@ -1,8 +1,8 @@
-"""The package's shape: no module imports, directly or through others, a module that imports it back.
+"""The package's shape: layers without import cycles, and modules a reader can take in whole.
 
-The import graph is read from the source with `ast`: every `from .x import ...`, `from . import x` and
-`import graphscribe.x`, at module level or inside a function, is an edge. Imports under `if TYPE_CHECKING:` are
-left out: they name types for annotations and never run.
+The import graph is read from the source with `ast`: every `from .x import ...`, `from graphscribe.a.b import c`,
+`from . import x` and `import graphscribe.a.b`, at module level, inside a function or under `if TYPE_CHECKING:`,
+is an edge. An import for annotations only still ties the two modules' designs together, so it counts.
 """
 
 from __future__ import annotations
@@ -12,51 +12,60 @@ from pathlib import Path
 
 PACKAGE = "graphscribe"
 SOURCE = Path(__file__).parent.parent / "src" / PACKAGE
+MAX_LINES = 600  # a module a reader can hold in mind; past it, it has two subjects
 
-KNOWN_CYCLES: set[frozenset[str]] = set()  # none: every import cycle fails the test
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
+# The layers, lowest first: a module imports only from its own layer or below. The Python API (`api`, with
+# `console`, what the commands share) sits on the runtime; the server on the API; the front ends on top.
+LAYERS = ["io", "model", "output", "runtime", "api", "serve", ""]
+API_LAYER = {"api", "console"}
 
 
-def imports_of(source: str, modules: set[str]) -> set[str]:
-    """The package's modules (of `modules`) that a top-level module's source imports, anywhere in it."""
+def module_names(folder: Path = SOURCE) -> dict[str, Path]:
+    """Dotted module name under the package ("io.audio", "api", "serve") -> its file."""
+    names = {}
+    for path in folder.rglob("*.py"):
+        parts = path.relative_to(folder).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        names[name] = path
+    return names
+
+
+def imports_of(source: str, modules: set[str], here: str = "") -> set[str]:
+    """The package's modules (of `modules`) that the source of module `here` imports, anywhere in it."""
     found: set[str] = set()
+    package = here.rpartition(".")[0] if here else ""
 
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
+    def add(target: str, names: list[str]) -> None:
+        for name in names:
+            if f"{target}.{name}".strip(".") in modules:
+                found.add(f"{target}.{name}".strip("."))  # from graphscribe.io import audio
+            elif target in modules:
+                found.add(target)  # from graphscribe.io.audio import read_audio
+
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1 or (node.level == 0 and node.module and node.module.split(".")[0] == PACKAGE):
-                parts = (node.module or "").split(".")
-                parts = parts[1:] if node.level == 0 else parts
-                if parts and parts[0]:
-                    found.add(parts[0])  # from .x import y, from graphscribe.x import y
-                else:
-                    found.update(alias.name for alias in node.names)  # from . import x, from graphscribe import x
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                target = ".".join([*base, *((node.module or "").split(".") if node.module else [])])
+            elif node.module and node.module.split(".")[0] == PACKAGE:
+                target = node.module.partition(".")[2]
+            else:
+                continue
+            add(target, [alias.name for alias in node.names])
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if parts[0] == PACKAGE and len(parts) > 1:
-                    found.add(parts[1])
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(source))
-    return found & modules
+                if parts[0] == PACKAGE and len(parts) > 1 and ".".join(parts[1:]) in modules:
+                    found.add(".".join(parts[1:]))
+    return (found & modules) - {"", here}
 
 
 def import_graph(folder: Path = SOURCE) -> dict[str, set[str]]:
-    """Module name -> the package's modules it imports."""
-    sources = {path.stem: path.read_text(encoding="utf-8") for path in folder.glob("*.py")}
-    modules = set(sources)
-    return {name: imports_of(source, modules) for name, source in sources.items()}
+    """Module name -> the package's modules it imports (the package's own `__init__` left out: it only re-exports)."""
+    names = module_names(folder)
+    modules = set(names) - {""}
+    return {name: imports_of(path.read_text(encoding="utf-8"), modules, name) for name, path in names.items() if name}
 
 
 def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
@@ -96,27 +105,50 @@ def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert {"model", "encoder", "encoder_kernels", "pipeline"} <= set(graph)
-    new = cycles(graph) - KNOWN_CYCLES
-    assert not new, f"import cycles: {[sorted(c) for c in new]}"
+    assert {"api", "model.encoder", "model.encoder_kernels", "runtime.pipeline", "serve.server"} <= set(graph)
+    found = cycles(graph)
+    assert not found, f"import cycles: {[sorted(c) for c in found]}"
+
+
+def _layer(module: str) -> int:
+    top = "api" if module in API_LAYER else module.split(".")[0] if "." in module or module in LAYERS else ""
+    return LAYERS.index(top)
+
+
+def test_layers_import_only_downwards():
+    upward = [
+        (module, other)
+        for module, imported in import_graph().items()
+        for other in imported
+        if _layer(other) > _layer(module)
+    ]
+    assert not upward, f"imports from a higher layer: {sorted(upward)}"
+
+
+def test_no_module_is_too_long_to_read():
+    long = {name: n for name, path in module_names().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
 def test_the_reader_sees_every_form_of_import():
-    modules = {"a", "b", "c", "d", "e", "f"}
+    modules = {"a", "b", "c", "d", "e", "f", "g.h", "g.i", "g"}
     source = """
 from .a import x
-from . import b
+from graphscribe import b
 import graphscribe.c
 from graphscribe import d as other
 import torch
 from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .f import F
+from graphscribe.g.h import y
+from graphscribe.g import i
 
 def later():
     from .e import y
 """
-    assert imports_of(source, modules) == {"a", "b", "c", "d", "e"}
+    assert imports_of(source, modules, "m") == {"a", "b", "c", "d", "e", "f", "g.h", "g.i"}
+    assert imports_of("from .h import x\nfrom ..a import y", modules, "g.i") == {"g.h", "a"}
 
 
 def test_cycles_are_found_and_named():

@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import CLIPS, FIXTURES
 
-from graphscribe.model import load_model
-from graphscribe.timestamps import WordRules, words_and_segments
+from graphscribe.api import load_model
+from graphscribe.output.timestamps import WordRules, words_and_segments
 
 STAMPS = FIXTURES / "nemo-timestamps"
 DEMO_PATH = Path(__file__).parents[1] / "src" / "graphscribe" / "data" / "demo.nemo"

@@ -14,7 +14,7 @@ import io
 import pytest
 import sentencepiece as spm
 
-from graphscribe.tokenizer import Tokenizer
+from graphscribe.io.tokenizer import Tokenizer
 
 USER_DEFINED = ["<|endoftext|>", "<|en|>", "<|emo:happy|>"]
 CONTROL = ["<|nospeech|>"]

@@ -15,9 +15,10 @@ from conftest import CLIPS, JFK_FLAC
 from test_cli import transcribe
 from test_timestamps import DEMO_PATH, STAMPS
 
-from graphscribe.model import Transcript, load_model
-from graphscribe.timestamps import Word
-from graphscribe.writers import (
+from graphscribe.api import load_model
+from graphscribe.output.timestamps import Word
+from graphscribe.output.transcript import Transcript
+from graphscribe.output.writers import (
     MAX_CUE_SECONDS,
     MAX_LINE_CHARS,
     WRITERS,

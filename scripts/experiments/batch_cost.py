@@ -18,9 +18,15 @@ import time
 import torch
 
 from graphscribe import load_model
-from graphscribe.audio import read_input
-from graphscribe.bench import speech_path
-from graphscribe.pipeline import WARM_UP_CLIP, HostBuffers, collate, default_batching, pad_samples, transcribe_stream
+from graphscribe.io.audio import read_input, speech_path
+from graphscribe.runtime.pipeline import (
+    WARM_UP_CLIP,
+    HostBuffers,
+    collate,
+    default_batching,
+    pad_samples,
+    transcribe_stream,
+)
 
 
 class Repeat:

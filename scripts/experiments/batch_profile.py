@@ -15,9 +15,8 @@ from batch_cost import Repeat  # the sibling script's source of batches
 from torch.profiler import ProfilerActivity, profile
 
 from graphscribe import load_model
-from graphscribe.audio import read_input
-from graphscribe.bench import speech_path
-from graphscribe.pipeline import WARM_UP_CLIP, HostBuffers, collate, pad_samples, transcribe_stream
+from graphscribe.io.audio import read_input, speech_path
+from graphscribe.runtime.pipeline import WARM_UP_CLIP, HostBuffers, collate, pad_samples, transcribe_stream
 
 
 def main() -> None:

@@ -31,8 +31,8 @@ import torch
 from tune_step import timed  # scripts/experiments/, beside this one
 
 import graphscribe as gs
-from graphscribe import decoding
 from graphscribe.bench import tier_clips
+from graphscribe.model import decoding
 
 # (owner, attribute, phase, factory): what decode() calls, wrapped where it exists in this version; a factory
 # returns the callable that is timed (a graph replay, or eager calls)

@@ -16,9 +16,9 @@ import json
 import time
 from pathlib import Path
 
-from graphscribe.audio import find_audio_files
-from graphscribe.config import RunOptions
 from graphscribe.devices import parse_devices, transcribe_on_devices
+from graphscribe.io.audio import find_audio_files
+from graphscribe.io.config import RunOptions
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 import torch
 
 from graphscribe import load_model
-from graphscribe.audio import find_audio_files, read_input
+from graphscribe.io.audio import find_audio_files, read_input
 
 
 def main() -> None:

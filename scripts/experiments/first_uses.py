@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 
 import graphscribe
-from graphscribe.audio import find_audio_files
-from graphscribe.pipeline import StageClock
-from graphscribe.priming import prime
+from graphscribe.io.audio import find_audio_files
+from graphscribe.runtime.pipeline import StageClock
+from graphscribe.runtime.priming import prime
 
 STAGES = ("batch_features", "encoder_output", "decode")
 

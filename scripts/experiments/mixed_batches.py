@@ -19,11 +19,10 @@ import numpy as np
 import soundfile as sf
 import torch
 
-import graphscribe.packing
+import graphscribe.model.packing
 from graphscribe import load_model
-from graphscribe.audio import find_audio_files, read_input
-from graphscribe.bench import speech_path
-from graphscribe.pipeline import WARM_UP_CLIP, HostBuffers, StageClock, collate, pad_samples, transcribe_stream
+from graphscribe.io.audio import find_audio_files, read_input, speech_path
+from graphscribe.runtime.pipeline import WARM_UP_CLIP, HostBuffers, StageClock, collate, pad_samples, transcribe_stream
 
 
 class Batches:
@@ -59,7 +58,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     cuda = model.device.type == "cuda"
     pad_to = pad_samples(model.device, model.dtype, rate)
-    shipped = graphscribe.packing.Packing.MAX_SHARE
+    shipped = graphscribe.model.packing.Packing.MAX_SHARE
     out = []
 
     def audio(seconds: float) -> torch.Tensor:
@@ -76,7 +75,7 @@ def main() -> None:
             ]
             seconds = sum(map(sum, plan))
             for packing in ("packed", "unpacked"):
-                graphscribe.packing.Packing.MAX_SHARE = shipped if packing == "packed" else 0.0
+                graphscribe.model.packing.Packing.MAX_SHARE = shipped if packing == "packed" else 0.0
                 for _ in transcribe_stream(model, Batches(batches), timings=False):  # captures the shapes' graphs
                     pass
                 clock = StageClock(model.device)
@@ -100,7 +99,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 if args.profile:
                     profile_pass(model, batches, f"{kind} {rows} rows {packing}")
-    graphscribe.packing.Packing.MAX_SHARE = shipped
+    graphscribe.model.packing.Packing.MAX_SHARE = shipped
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

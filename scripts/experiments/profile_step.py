@@ -25,7 +25,7 @@ from tune_step import tiles_changes  # scripts/experiments/, beside this one
 
 import graphscribe as gs
 from graphscribe.bench import tier_clips
-from graphscribe.decoding import GreedyDecoder
+from graphscribe.model.decoding import GreedyDecoder
 
 
 def main() -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 
-import graphscribe.service
-from graphscribe.server import serve_app
-from graphscribe.transcript import Transcript
+import graphscribe.serve.service
+from graphscribe.output.transcript import Transcript
+from graphscribe.serve.server import serve_app
 
 
 def instant(model, batches, *args, **kwargs):
@@ -22,5 +22,5 @@ def instant(model, batches, *args, **kwargs):
 
 
 if __name__ == "__main__":  # the HTTP workers import this module again (spawned): only the engine serves
-    graphscribe.service.transcribe_stream = instant
+    graphscribe.serve.service.transcribe_stream = instant
     serve_app(sys.argv[1:])

@@ -17,12 +17,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import graphscribe.graphs
-import graphscribe.packing
-import graphscribe.service
+import graphscribe.model.graphs
+import graphscribe.model.packing
+import graphscribe.serve.service
 from graphscribe import load_model
-from graphscribe.audio import find_audio_files
-from graphscribe.service import Service
+from graphscribe.io.audio import find_audio_files
+from graphscribe.serve.service import Service
 
 
 def parse_variant(text: str) -> dict[str, float]:
@@ -68,19 +68,22 @@ def main() -> None:
         audios = list(pool.map(model.read, paths))
     seconds = sum(a.numel() for a in audios) / model.sample_rate
     rows = []
-    shipped_cost = graphscribe.service.batch_cost
-    shipped_keep, shipped_overdue = graphscribe.graphs.LayerGraphs.KEEP_BYTES, graphscribe.service.OVERDUE_SECONDS
-    shipped_share = graphscribe.packing.Packing.MAX_SHARE
+    shipped_cost = graphscribe.serve.service.batch_cost
+    shipped_keep, shipped_overdue = (
+        graphscribe.model.graphs.LayerGraphs.KEEP_BYTES,
+        graphscribe.serve.service.OVERDUE_SECONDS,
+    )
+    shipped_share = graphscribe.model.packing.Packing.MAX_SHARE
     for text in args.variant or [""]:
         knobs = parse_variant(text)
         if "fixed" in knobs:  # the cost rule with these constants, for every device and dtype
             rule = (knobs["fixed"], knobs.get("extra", 0.0))
-            graphscribe.service.batch_cost = lambda model, rule=rule: rule
+            graphscribe.serve.service.batch_cost = lambda model, rule=rule: rule
         else:
-            graphscribe.service.batch_cost = shipped_cost
-        graphscribe.packing.Packing.MAX_SHARE = shipped_share if knobs.get("pack", 1) else 0.0
-        graphscribe.service.OVERDUE_SECONDS = knobs.get("overdue", shipped_overdue)
-        graphscribe.graphs.LayerGraphs.KEEP_BYTES = int(knobs.get("keep", shipped_keep))
+            graphscribe.serve.service.batch_cost = shipped_cost
+        graphscribe.model.packing.Packing.MAX_SHARE = shipped_share if knobs.get("pack", 1) else 0.0
+        graphscribe.serve.service.OVERDUE_SECONDS = knobs.get("overdue", shipped_overdue)
+        graphscribe.model.graphs.LayerGraphs.KEEP_BYTES = int(knobs.get("keep", shipped_keep))
         batches: list[tuple[int, float]] = []
         service = Service(
             model,

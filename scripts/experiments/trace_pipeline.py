@@ -22,7 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import graphscribe
-from graphscribe.audio import find_audio_files
+from graphscribe.io.audio import find_audio_files
 
 
 def gaps(events: list[dict], min_gap_us: float) -> dict:

@@ -17,8 +17,8 @@ from service_policy import one_pass  # the sibling script's closed loop of clien
 from triton.runtime.jit import JITFunction
 
 from graphscribe import load_model
-from graphscribe.audio import find_audio_files
-from graphscribe.service import Service
+from graphscribe.io.audio import find_audio_files
+from graphscribe.serve.service import Service
 
 PHASE = ["loading"]
 

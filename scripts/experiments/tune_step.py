@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 import graphscribe as gs
-from graphscribe import decoding
 from graphscribe.bench import tier_clips
-from graphscribe.decoding import GreedyDecoder, size_class
-from graphscribe.fused_step import FP32_TILES, HALF_TILES, ONE_ROW, FusedStep, Tiles
+from graphscribe.model import decoding
+from graphscribe.model.decoding import GreedyDecoder, size_class
+from graphscribe.model.fused_step import FP32_TILES, HALF_TILES, ONE_ROW, FusedStep, Tiles
 
 
 def _around(base: Tiles) -> list[Tiles]:

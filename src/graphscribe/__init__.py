@@ -6,23 +6,24 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .audio import AudioError
-    from .checkpoint import CheckpointError
-    from .config import UnsupportedModelError
-    from .model import Model, Transcript, load_model
-    from .timestamps import Segment, Word
+    from graphscribe.api import Model, load_model
+    from graphscribe.io.audio import AudioError
+    from graphscribe.io.checkpoint import CheckpointError
+    from graphscribe.io.config import UnsupportedModelError
+    from graphscribe.output.timestamps import Segment, Word
+    from graphscribe.output.transcript import Transcript
 
 # name -> module: imported on first use, so that `transcribe` imports torch only after its signal handlers are in
 # place (`cli.entry`) and `transcribe --help` not at all
 _EXPORTS = {
-    "AudioError": "audio",
-    "CheckpointError": "checkpoint",
-    "Model": "model",
-    "Segment": "timestamps",
-    "Transcript": "model",
-    "UnsupportedModelError": "config",
-    "Word": "timestamps",
-    "load_model": "model",
+    "AudioError": "io.audio",
+    "CheckpointError": "io.checkpoint",
+    "Model": "api",
+    "Segment": "output.timestamps",
+    "Transcript": "output.transcript",
+    "UnsupportedModelError": "io.config",
+    "Word": "output.timestamps",
+    "load_model": "api",
 }
 __all__ = [
     "AudioError",

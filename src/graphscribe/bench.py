@@ -20,7 +20,6 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +28,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from . import __version__
-from .audio import AudioError, load_audio
-from .decoding import default_window, size_class
-from .pipeline import StageClock, default_batching, default_workers
-from .writers import WRITERS
+from graphscribe import __version__
+from graphscribe.io.audio import AudioError, load_audio, speech_path
+from graphscribe.model.decoding import default_window, size_class
+from graphscribe.output.writers import WRITERS
+from graphscribe.runtime.pipeline import StageClock, default_batching, default_workers
 
 TIER_SECONDS = (7.4, 23.0, 77.0)
 SPEECH = ("librispeech_2086-149220-0033.wav", "jfk_44k1_stereo_24bit.flac")  # shipped in graphscribe/data
@@ -50,10 +49,6 @@ STAGES = ("read", "wait", "features", "encoder", "decode", "text", "write")
 class Tier:
     name: str
     audio: torch.Tensor  # (L,) at the model's rate
-
-
-def speech_path(name: str) -> Path:
-    return Path(str(resources.files("graphscribe") / "data" / name))
 
 
 def tier_clips(model, clips: list[Path] | None = None) -> list[Tier]:
@@ -152,7 +147,7 @@ def run_bench(
             announce(f"{tier.name}: end to end, batch 1, {_graphs_name(graphs)}, {reps} reps")
             model.use_graphs(graphs)
             _reset_peak(device)
-            times, transcripts = _timed(lambda: model.transcribe_audio([tier.name], [tier.audio]), device, reps)
+            times, transcripts = _timed(lambda: model.transcribe([tier.audio]), device, reps)
             entry["rows"].append(
                 {
                     "what": "end-to-end",
@@ -486,7 +481,7 @@ def run_device_scaling(
     shared plan): files in, transcripts back in the parent (text only, no output files). Per device count: a
     warm-up pass (the new worker's model load, its captures, the OS's file cache), then the median of `reps`
     timed passes, with each device's files, audio seconds and busy seconds in the median pass."""
-    from .devices import DevicePool
+    from graphscribe.devices import DevicePool
 
     pool = DevicePool(source, devices, options)
     report = {

@@ -29,17 +29,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
-from .console import DEVICE_HELP as _DEVICE_HELP
-from .console import DTYPE_HELP as _DTYPE_HELP
-from .console import MODEL_DEFAULT as _MODEL_DEFAULT
-from .console import MODEL_HELP as _MODEL_HELP
-from .console import err_console, load_or_exit, model_source
-from .console import fail_usage as _fail_usage
-from .console import setup_logging as _setup_logging
-from .writers import FORMATS, LINE_FORMATS, WRITERS, cannot_write, render, stdout_text, write_file
+from graphscribe.console import DEVICE_HELP as _DEVICE_HELP
+from graphscribe.console import DTYPE_HELP as _DTYPE_HELP
+from graphscribe.console import MODEL_DEFAULT as _MODEL_DEFAULT
+from graphscribe.console import MODEL_HELP as _MODEL_HELP
+from graphscribe.console import err_console, load_or_exit, model_source
+from graphscribe.console import fail_usage as _fail_usage
+from graphscribe.console import setup_logging as _setup_logging
+from graphscribe.output.writers import FORMATS, LINE_FORMATS, WRITERS, cannot_write, render, stdout_text, write_file
 
 if TYPE_CHECKING:
-    from .model import Transcript
+    from graphscribe.output.transcript import Transcript
 
 # Files from which the outputs with times are rendered in worker processes: starting them costs about half a
 # second (overlapped with the first batch), and rendering in this process about a millisecond a file.
@@ -110,7 +110,7 @@ _SIGNALS = _Signals()  # installed by `entry` only: in-process callers of `main`
 
 def find_audio_files(folder: Path) -> list[Path]:
     """`audio.find_audio_files`, imported on first use (audio.py imports torch)."""
-    from .audio import find_audio_files as find
+    from graphscribe.io.audio import find_audio_files as find
 
     return find(folder)
 
@@ -143,7 +143,7 @@ def output_paths(output_dir: Path, files: list[Path], roots: list[Path], suffix:
     folder has its stem
     (a.wav and a.flac: a.wav.txt and a.flac.txt). Other inputs, and other files in either folder, never move a
     name, so a rerun with files added or left out writes (and skips) the same files."""
-    from .audio import AUDIO_SUFFIXES
+    from graphscribe.io.audio import AUDIO_SUFFIXES
 
     stems: dict[Path, dict[str, int]] = {}  # folder -> stem -> audio files with it
 
@@ -408,7 +408,7 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _M
     could take its first batch (its model loaded and warmed up: `pipeline.warm_up`), on one device or several, to
     the last result written; starting and stopping the worker processes is off the clock, as loading and leaving
     are on one device."""
-    from .audio import NATIVE_STDERR
+    from graphscribe.io.audio import NATIVE_STDERR
 
     running: list = []  # what to close: the readers, or the device workers
     # txt needs the text alone: the token, word and segment times are left out (host work a file)
@@ -436,7 +436,7 @@ def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
         return []
     if device != "auto":
         _fail_usage(f"--device {device} --devices {devices}: give one of them")
-    from .devices import parse_devices
+    from graphscribe.devices import parse_devices
 
     try:
         return parse_devices(devices)
@@ -456,8 +456,8 @@ def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timin
     GPU's work 0.2 ms a file or more."""
     render = tuple(formats) if timings and len(files) >= RENDER_POOL_MIN_FILES else ()
     if len(devices) > 1:
-        from .config import RunOptions
-        from .devices import LoadError, transcribe_on_devices
+        from graphscribe.devices import LoadError, transcribe_on_devices
+        from graphscribe.io.config import RunOptions
 
         options = RunOptions(
             dtype=c.dtype, graphs=c.graphs is not False, attention=c.attention, attention_window=c.attention_window
@@ -471,8 +471,8 @@ def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timin
         except LoadError as err:
             _fail_usage(str(err))
         return run, iter(run), run.transcribing_since, None
-    from .finishing import RenderPool
-    from .pipeline import read_ahead, transcribe_stream, warm_up_run
+    from graphscribe.output.finishing import RenderPool
+    from graphscribe.runtime.pipeline import read_ahead, transcribe_stream, warm_up_run
 
     reads: list = []
 
@@ -606,7 +606,7 @@ class _Status:
 
 
 def _length(path: Path) -> str:
-    from .audio import audio_seconds
+    from graphscribe.io.audio import audio_seconds
 
     seconds = audio_seconds(path)
     if not seconds:
@@ -702,7 +702,7 @@ def bench_command(
     a running server."""
     _setup_logging()
     if serve is not None:  # a load test of a running server: no model here
-        from .loadtest import bench_server, print_report
+        from graphscribe.serve.loadtest import bench_server, print_report
 
         try:
             report = bench_server(serve, folder, concurrency, api_key, response_format, client_processes)
@@ -721,7 +721,7 @@ def bench_command(
     if devices is not None:
         if not folder_mode:
             _fail_usage("bench --devices: with --folder or --throughput")
-        from .audio import NATIVE_STDERR
+        from graphscribe.io.audio import NATIVE_STDERR
 
         several = _devices_or_exit(devices, device)
         with NATIVE_STDERR.installed():
@@ -738,7 +738,7 @@ def bench_command(
     if folder_mode:
         report = _bench_folder(loaded, folder, files, sizes, reps, modes, batch_seconds, console)
     else:
-        from .bench import print_table, run_bench, tier_clips
+        from graphscribe.bench import print_table, run_bench, tier_clips
 
         try:
             tiers = tier_clips(loaded, clips or None)
@@ -759,8 +759,8 @@ def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, ba
     """`bench --devices`: RTFx per device count on the folder (or a generated one), at --batch-sizes' largest."""
     import tempfile
 
-    from .bench import make_folder, print_device_scaling, run_device_scaling
-    from .config import RunOptions
+    from graphscribe.bench import make_folder, print_device_scaling, run_device_scaling
+    from graphscribe.io.config import RunOptions
 
     with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated:
         paths = make_folder(generated, files) if folder is None else find_audio_files(folder) if folder.is_dir() else []
@@ -798,8 +798,8 @@ def _bench_folder(
     console: Console,
 ) -> dict:
     """Throughput rows over the files under `folder`, or over `files` generated clips."""
-    from .audio import NATIVE_STDERR
-    from .bench import make_folder, print_throughput, run_throughput
+    from graphscribe.bench import make_folder, print_throughput, run_throughput
+    from graphscribe.io.audio import NATIVE_STDERR
 
     with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated, NATIVE_STDERR.installed():
         if folder is None:
@@ -847,7 +847,7 @@ def ray_command(
     try:
         import ray  # noqa: F401
 
-        from .ray_data import transcribe_ray
+        from graphscribe.ray_data import transcribe_ray
     except ImportError:
         _fail_usage("transcribe ray needs Ray: pip install 'graphscribe[ray]'")
     try:
@@ -874,7 +874,7 @@ def main(argv: list[str] | None = None) -> None:
     a Ray Data job, anything else transcribes."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args == ["--version"]:
-        from . import __version__
+        from graphscribe import __version__
 
         print(f"graphscribe {__version__}")
         return
@@ -884,7 +884,7 @@ def main(argv: list[str] | None = None) -> None:
         ray_app(args[1:], prog_name="transcribe ray")
     elif args and args[0] == "serve":
         try:
-            from .server import serve_app  # here: starlette and uvicorn are for the server only
+            from graphscribe.serve.server import serve_app  # here: starlette and uvicorn are for the server only
         except ModuleNotFoundError as err:
             missing = (err.name or "").split(".")[0]
             if missing not in ("starlette", "uvicorn"):

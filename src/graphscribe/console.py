@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .config import DEMO_NAME, UnsupportedModelError
-from .tokenizer import TokenizerError
+from graphscribe.io.config import DEMO_NAME, UnsupportedModelError
+from graphscribe.io.tokenizer import TokenizerError
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "cuda:x" is no emoji
@@ -71,10 +71,10 @@ def load_or_exit(
 ):
     """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is.
     on_config: see `load_model`."""
-    from .checkpoint import CheckpointError
-    from .model import load_model
-    from .pipeline import limit_host_threads
-    from .priming import prime
+    from graphscribe.api import load_model
+    from graphscribe.io.checkpoint import CheckpointError
+    from graphscribe.runtime.pipeline import limit_host_threads
+    from graphscribe.runtime.priming import prime
 
     primer = prime(device, dtype)  # CUDA's libraries load while the checkpoint does
     source = model_source(model)

@@ -24,32 +24,26 @@ import multiprocessing
 import os
 import queue
 import re
-import signal
 import sys
 import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from multiprocessing.connection import Connection, wait
-from pathlib import Path
+from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Iterator
 
-from .audio import audio_seconds
-from .config import RunOptions
-from .scheduler import Scheduler
-from .transcript import Transcript
+from graphscribe.device_worker import work
+from graphscribe.io.audio import audio_seconds
+from graphscribe.io.config import RunOptions
+from graphscribe.output.transcript import Transcript
+from graphscribe.runtime.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 log = logging.getLogger(__name__)
 
-# Batches a worker's readers run ahead of the one on its device: as many as one process's (pipeline.READ_AHEAD),
-# as a worker's batch waits for a round trip to the parent besides its reading, and the parent's threads share one
-# GIL with its writing; the tail of a longest-first plan is its shortest batches, so the few more a worker holds
-# at the end (this + 1 not yet on its device) keep the devices finishing together.
-WORKER_READ_AHEAD = 2
 ATTEMPTS = 2  # workers a batch may go to: a second death sends no batch to a third
 _DEVICE = re.compile(r"cpu|cuda(?::(\d+))?")
 
@@ -139,7 +133,7 @@ class _Worker:
         self.device = device
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_work,
+            target=work,
             args=(child, source, replace(options, device=device), share),
             name=f"graphscribe-{device}",
         )
@@ -209,8 +203,8 @@ class DevicePool:
         if self._batching is None:
             import torch
 
-            from .model import resolve_dtype  # here: loading model.py is the workers' business, not the parent's
-            from .pipeline import default_batching
+            from graphscribe.model.transducer import resolve_dtype  # here: loading a model is the workers' business
+            from graphscribe.runtime.pipeline import default_batching
 
             targets = [torch.device(d) for d in self.devices]
             self._batching = [default_batching(t, resolve_dtype(self.options.dtype, t)) for t in targets]
@@ -233,7 +227,7 @@ class DevicePool:
         return DeviceRun(self, files, batch_size, batch_seconds, timings, self.workers[:workers], tuple(render))
 
     def stop(self) -> None:
-        """Tell the workers to end, without waiting: each leaves at once (`_work`), while the caller goes on."""
+        """Tell the workers to end, without waiting: each leaves at once (`device_worker.work`), while the caller goes on."""
         for worker in self.workers:
             if worker.process.is_alive():
                 worker.send(("stop",))
@@ -533,143 +527,3 @@ def transcribe_on_devices(
 
 
 # ---------------------------------------------------------------------------- the worker process
-
-
-class _Sender:
-    """The worker's end of its pipe, shared by its threads (readers log, the feeder asks, the main thread sends)."""
-
-    def __init__(self, conn: Connection):
-        self.conn = conn
-        self._lock = threading.Lock()
-
-    def send(self, message) -> None:
-        with self._lock:
-            self.conn.send(message)
-
-
-class _PipeLog(logging.Handler):
-    """A worker's warnings go to the parent, which prints each distinct one once, between its own lines."""
-
-    def __init__(self, sender: _Sender):
-        super().__init__(logging.WARNING)
-        self.sender = sender
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.sender.send(("log", record.getMessage()))
-        except OSError:
-            pass  # the parent is gone: there is nobody to tell
-
-
-def _work(conn: Connection, source: str, options: RunOptions, share: int) -> None:
-    """A worker's main: load the model at the first job, then transcribe the batches the parent hands out; leave
-    at once when told to stop."""
-    marks = {"started": time.perf_counter()}  # start-up phases (`DeviceStats.phases`)
-    import torch
-
-    from .pipeline import limit_host_threads
-
-    marks["torch"] = time.perf_counter()
-    limit_host_threads(options.device, share)
-    device = torch.device(options.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # streams and events made without a device land on this one
-    marks["cuda"] = time.perf_counter()
-    sender = _Sender(conn)
-    logger = logging.getLogger("graphscribe")
-    logger.handlers[:] = [_PipeLog(sender)]
-    logger.setLevel(logging.WARNING)
-    logger.propagate = False
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
-    model = None
-    try:
-        while (message := conn.recv())[0] == "job":
-            marks.setdefault("job", time.perf_counter())
-            model = _job(conn, sender, model, source, options, marks, *message[1:])
-    except (EOFError, BrokenPipeError):
-        pass  # the parent is gone
-    except BaseException as err:  # noqa: BLE001 - told to the parent, which redoes this worker's batches
-        text = str(err).strip().splitlines()
-        sender.send(("crash", f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")))
-        sys.stderr.flush()
-        os._exit(1)
-    # Python's teardown (the model, the CUDA context, its graphs) takes the best part of a second that nobody
-    # needs: every result is with the parent, which waits for this process to end (as `cli.entry` leaves).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _job(
-    conn: Connection,
-    sender: _Sender,
-    model,
-    source: str,
-    options: RunOptions,
-    marks: dict[str, float],
-    files: list[str],
-    timings: bool,
-    render: tuple[str, ...],
-    batch_size: int | None,
-    batch_seconds: float | None,
-):
-    from .checkpoint import CheckpointError
-    from .config import UnsupportedModelError
-    from .model import load_model
-    from .pipeline import read_ahead, transcribe_stream, warm_up_run
-    from .priming import prime
-    from .tokenizer import TokenizerError
-
-    owner: dict[int, int] = {}  # file index -> its batch's plan position
-    sizes: dict[int, int] = {}  # plan position -> files
-    first: list[float] = []  # when the first batch came
-
-    def batches() -> Iterator[list[int]]:  # ReadAhead's feeder thread asks when its readers have room
-        while True:
-            sender.send(("want",))
-            message = conn.recv()
-            if message[0] != "batch":
-                return
-            _, seq, indices = message
-            if not first:
-                first.append(time.perf_counter())
-            sizes[seq] = len(indices)
-            owner.update(dict.fromkeys(indices, seq))
-            yield indices
-
-    def start(sample_rate: int, device: torch.device, dtype: torch.dtype):
-        paths = [Path(f) for f in files]
-        return read_ahead(paths, sample_rate, device, dtype=dtype, batches=batches(), ahead=WORKER_READ_AHEAD)
-
-    reads = []
-    if model is None:
-        prime(options.device, options.dtype)
-        try:
-            model = load_model(
-                source,
-                device=options.device,
-                dtype=options.dtype,
-                graphs=options.graphs,
-                attention=options.attention,
-                attention_window=options.attention_window,
-                on_config=lambda cfg, device, dtype: reads.append(start(cfg.features.sample_rate, device, dtype)),
-            )
-        except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
-            sender.send(("load_error", f"{source}: {err}" if isinstance(err, UnsupportedModelError) else str(err)))
-            os._exit(2)  # not closing the readers: their feeder may be waiting for the parent's answer
-        marks["loaded"] = time.perf_counter()
-        warm = warm_up_run(model, len(files), batch_size, batch_seconds)  # as one device: its first uses off the clock
-        marks["warmed"] = time.perf_counter()
-        sender.send(("ready", model.load_seconds["total"] + warm, warm, marks))
-    else:
-        reads.append(start(model.sample_rate, model.device, model.dtype))
-    groups: dict[int, list[tuple[int, Transcript]]] = {}
-    for i, transcript in transcribe_stream(model, reads[0], timings=timings, render=render):
-        seq = owner.pop(i)
-        group = groups.setdefault(seq, [])
-        group.append((i, transcript))
-        if len(group) == sizes[seq]:  # whole batches travel: a death mid-batch leaves nothing half done
-            del sizes[seq], groups[seq]
-            sender.send(("batch", seq, group))
-    sender.send(("job_done", time.perf_counter() - first[0] if first else 0.0))
-    return model

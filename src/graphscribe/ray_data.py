@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import soundfile as sf
 
-from .audio import AudioError, find_audio_files, prepare_audio, read_input
+from graphscribe.io.audio import AudioError, find_audio_files, prepare_audio, read_input
 
 DECODED = pa.schema([("path", pa.string()), ("samples", pa.binary()), ("error", pa.string())])  # samples: float32
 _SPAN = pa.struct([("start", pa.float64()), ("end", pa.float64())])
@@ -95,7 +95,7 @@ class Transcriber:
         attention: str = "auto",
         attention_window: int = 256,
     ):
-        from .model import load_model
+        from graphscribe.api import load_model
 
         self.model = load_model(
             model,
@@ -193,8 +193,8 @@ def build_pipeline(
 
 def model_sample_rate(source: str) -> int:
     """The checkpoint's sample rate, from its config (the decoding stage resamples to it)."""
-    from .checkpoint import read_checkpoint
-    from .config import model_config_from_nemo
+    from graphscribe.io.checkpoint import read_checkpoint
+    from graphscribe.io.config import model_config_from_nemo
 
     return model_config_from_nemo(read_checkpoint(source).config).features.sample_rate
 

@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 import torch
 import yaml
 
-from .config import DEMO_NAME, model_kind_problem
+from graphscribe.io.config import DEMO_NAME, model_kind_problem
 
 CONFIG_NAME = "model_config.yaml"
 WEIGHTS_NAME = "model_weights.ckpt"

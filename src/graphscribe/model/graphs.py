@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .encoder import Padding, run_layers
+from graphscribe.model.encoder import Padding, run_layers
 
 log = logging.getLogger(__name__)
 

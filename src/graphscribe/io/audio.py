@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import threading
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -374,3 +375,8 @@ def read_bytes(data: bytes, sample_rate: int, name: str = "<bytes>") -> torch.Te
     if not data:
         raise AudioError(f"{name}: empty file")
     return decode_audio(data, name, sample_rate)
+
+
+def speech_path(name: str) -> Path:
+    """A recording of real speech shipped in the package (`graphscribe/data`): warm-ups and benchmarks read it."""
+    return Path(str(resources.files("graphscribe") / "data" / name))

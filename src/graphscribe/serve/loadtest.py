@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import audio_seconds, find_audio_files
+from graphscribe.io.audio import audio_seconds, find_audio_files
 
 DEFAULT_LEVELS = "1,8,32,128"
 REQUEST_TIMEOUT = 600.0  # seconds: a request that takes longer counts as failed

@@ -27,13 +27,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
-from .timestamps import WordRules, token_spans, words_and_segments
-from .tokenizer import Tokenizer
-from .transcript import Token, Transcript
-from .writers import WRITERS, cannot_write, write_file
+from graphscribe.io.tokenizer import Tokenizer
+from graphscribe.output.timestamps import WordRules, token_spans, words_and_segments
+from graphscribe.output.transcript import Token, Transcript
+from graphscribe.output.writers import WRITERS, cannot_write, write_file
 
 if TYPE_CHECKING:
-    from .decoding import Hypothesis
+    from graphscribe.model.decoding import Hypothesis
 
 # Worker processes of a RenderPool. A 0.6b model's bfloat16 batch of 64 LibriSpeech-like files takes ~70 ms on an
 # H100; its transcripts and json ~50 ms of one core of that host: two workers, each given half a batch, keep up.

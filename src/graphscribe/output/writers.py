@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .timestamps import SEGMENT_SEPARATORS, Word
+from graphscribe.output.timestamps import SEGMENT_SEPARATORS, Word
 
 if TYPE_CHECKING:  # no torch import for `transcribe --help`
-    from .model import Transcript
+    from graphscribe.output.transcript import Transcript
 
 MAX_LINE_CHARS = 42  # characters per subtitle line (broadcast guidelines: 37-42)
 MAX_LINES = 2  # lines per cue

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
-from .audio import read_input
-from .decoding import size_class
-from .model import FULL_ATTENTION_MAX_SECONDS
-from .packing import Packing
-from .pipeline import (
+from graphscribe.io.audio import read_input
+from graphscribe.model.decoding import size_class
+from graphscribe.model.packing import Packing
+from graphscribe.output.transcript import Transcript
+from graphscribe.runtime.loaded import FULL_ATTENTION_MAX_SECONDS
+from graphscribe.runtime.pipeline import (
     READ_AHEAD,
     WARM_UP_CLIP,  # real speech (shipped in the package), tiled to length
     Batch,
@@ -45,11 +46,10 @@ from .pipeline import (
     transcribe_stream,
     warm_up_encoder,
 )
-from .scheduler import Scheduler
-from .transcript import Transcript
+from graphscribe.runtime.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from .model import Model
+    from graphscribe.api import Model
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ class Service:
         """Warm up before the first request: the encoder of a batch of each packed shape (`packed_shape_plans`;
         `pipeline.warm_up_encoder`), then the batches of `warm_up_plans`, of real speech, made as `_Batches` makes
         them, which transcribe_stream runs ahead of the requests: graphs are captured and kernels compiled."""
-        from .bench import speech_path
+        from graphscribe.io.audio import speech_path
 
         start = time.perf_counter()
         model, rate = self.model, self.model.sample_rate

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .heads import Joint, PredictionNet
+from graphscribe.model.heads import Joint, PredictionNet
 
 _NO_INDEX = tl.constexpr(2**30)  # larger than any column index
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import FeatureConfig
+from graphscribe.io.config import FeatureConfig
 
 
 def feature_lengths(num_samples: torch.Tensor, hop_length: int) -> torch.Tensor:

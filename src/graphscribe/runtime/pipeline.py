@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .audio import AudioError, audio_seconds, read_input
-from .finishing import RenderPool
-from .scheduler import plan_batches
-from .transcript import Transcript
+from graphscribe.io.audio import AudioError, audio_seconds, read_input
+from graphscribe.output.finishing import RenderPool
+from graphscribe.output.transcript import Transcript
+from graphscribe.runtime.scheduler import plan_batches
 
 if TYPE_CHECKING:
-    from .decoding import Hypothesis
-    from .model import Model
+    from graphscribe.model.decoding import Hypothesis
+    from graphscribe.runtime.loaded import LoadedModel
 
 READ_AHEAD = 2  # batches read ahead of the one being transcribed
 # Reader threads at most: FLAC decodes at thousands of times real time per thread, and every reader's Python takes
@@ -93,7 +93,7 @@ def limit_host_threads(device: str, share: int | None = None) -> None:
     torch.set_num_threads(max(1, threads))
 
 
-def warm_up_run(model: Model, inputs: int, batch_size: int | None, batch_seconds: float | None) -> float:
+def warm_up_run(model: LoadedModel, inputs: int, batch_size: int | None, batch_seconds: float | None) -> float:
     """On CUDA, `warm_up` on a batch as wide as a run of `inputs` inputs starts with (its batch size and padded-seconds
     cap, or the device's) -> seconds taken; 0 on the CPU, which has no first uses worth moving off the clock. The
     CLI's process and every `--devices` worker call it after loading."""
@@ -103,7 +103,7 @@ def warm_up_run(model: Model, inputs: int, batch_size: int | None, batch_seconds
     return warm_up(model, min(batch_size or rows, inputs), seconds if batch_seconds is None else batch_seconds)
 
 
-def warm_up(model: Model, rows: int, batch_seconds: float | None = None) -> float:
+def warm_up(model: LoadedModel, rows: int, batch_seconds: float | None = None) -> float:
     """Run one batch of `rows` copies of the shipped LibriSpeech clip (7.4 s, cut to batch_seconds / rows) through
     `model` as `transcribe_stream` runs a batch, and wait for it -> seconds taken. Nothing it makes is kept but
     what later batches reuse: loaded kernels, Triton's launchers, cuBLAS's and cuDNN's handles, pinned memory,
@@ -129,7 +129,7 @@ def warm_up(model: Model, rows: int, batch_seconds: float | None = None) -> floa
     return time.perf_counter() - start
 
 
-def warm_up_encoder(model: Model, batches: Iterable[Batch]) -> None:
+def warm_up_encoder(model: LoadedModel, batches: Iterable[Batch]) -> None:
     """Queue each batch's features and encoder as `transcribe_stream` does, and nothing after (no decode), for what
     that leaves behind: its shape's layer graph and the first uses of its products; then wait for them. Stops at
     the first that runs out of memory (its shape is then made when a batch of it comes)."""
@@ -449,7 +449,7 @@ def pad_samples(device: torch.device, dtype: torch.dtype | None, sample_rate: in
 
 
 def transcribe_stream(
-    model: Model,
+    model: LoadedModel,
     reads: ReadAhead,
     clock: StageClock | None = None,
     timings: bool = True,
@@ -529,7 +529,7 @@ class _Finisher:
     """Decoded batches made into transcripts on one thread (or by `renderer`'s processes, which that thread waits
     for), handed back in the order they were given."""
 
-    def __init__(self, model: Model, clock: StageClock, timings: bool, renderer: RenderPool | None = None):
+    def __init__(self, model: LoadedModel, clock: StageClock, timings: bool, renderer: RenderPool | None = None):
         self.model, self.clock, self.timings, self.renderer = model, clock, timings, renderer
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="graphscribe-finish")
         self._queue: collections.deque[Future] = collections.deque()
@@ -593,7 +593,7 @@ def default_workers(device: torch.device) -> int:
     return max(1, min(MAX_READERS, cores)) if device.type == "cuda" else 2
 
 
-def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
+def _start(model: LoadedModel, batch: Batch, clock: StageClock) -> _Job:
     """Queue the copy to the device, features and encoder; out of memory marks the job for one-at-a-time."""
     job = _Job(batch)
     if not batch.indices:
@@ -618,7 +618,7 @@ def _start(model: Model, batch: Batch, clock: StageClock) -> _Job:
 
 
 def _decode(
-    model: Model, job: _Job, clock: StageClock, streams: _Streams, then: Callable[[], None] | None = None
+    model: LoadedModel, job: _Job, clock: StageClock, streams: _Streams, then: Callable[[], None] | None = None
 ) -> _Job:
     """Decode a job queued up to its encoder. then: on CUDA, called once the decode's first round of steps is
     queued, before the host waits for it, on the stream the encoder runs on: the caller's next batch is launched
@@ -653,7 +653,12 @@ def _decode(
 
 
 def _finish(
-    model: Model, job: _Job, clock: StageClock, streams: _Streams, timings: bool, renderer: RenderPool | None = None
+    model: LoadedModel,
+    job: _Job,
+    clock: StageClock,
+    streams: _Streams,
+    timings: bool,
+    renderer: RenderPool | None = None,
 ) -> Iterator[tuple[int, Transcript]]:
     """A decoded job's transcripts (light and rendered by `renderer` when given); one that ran out of memory is
     redone one input at a time."""
@@ -679,7 +684,7 @@ def _finish(
 
 
 def _alone(
-    model: Model, batch: Batch, clock: StageClock, streams: _Streams, timings: bool, renderer: RenderPool | None
+    model: LoadedModel, batch: Batch, clock: StageClock, streams: _Streams, timings: bool, renderer: RenderPool | None
 ) -> tuple[int, Transcript]:
     """One input, start to end; an error if it does not fit in memory either."""
     job = _decode(model, _start(model, batch, clock), clock, streams)
@@ -697,7 +702,7 @@ def _alone(
     )
 
 
-def _out_of_memory_or_raise(model: Model, err: Exception) -> None:
+def _out_of_memory_or_raise(model: LoadedModel, err: Exception) -> None:
     text = str(err)
     if not (isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text):
         raise err

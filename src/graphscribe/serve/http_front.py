@@ -53,8 +53,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from .audio import AudioError, read_bytes
-from .openai_api import RETRY_AFTER, UPLOAD_STALL_SECONDS, ApiError, answer, drain, parse_options, read_form
+from graphscribe.io.audio import AudioError, read_bytes
+from graphscribe.serve.openai_api import (
+    RETRY_AFTER,
+    UPLOAD_STALL_SECONDS,
+    ApiError,
+    answer,
+    drain,
+    parse_options,
+    read_form,
+)
 
 SUBMIT, LOG, METRICS, UP, READY, DONE, REFUSED = "submit", "log", "metrics", "up", "ready", "done", "refused"
 DRAIN_UPLOADS = 2  # a refused body up to this many upload limits is read (and dropped) before the answer

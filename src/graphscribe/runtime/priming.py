@@ -30,7 +30,9 @@ def prime(device: str, dtype: str) -> threading.Thread | None:
         return None
     if target.type != "cuda" or (target.index or 0) >= torch.cuda.device_count():
         return None
-    from .model import resolve_dtype  # here: model.py's imports are not needed to decide whether to prime
+    from graphscribe.model.transducer import (
+        resolve_dtype,  # here: model.py's imports are not needed to decide whether to prime
+    )
 
     try:
         half = resolve_dtype(dtype, target)

@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING, Optional
 import torch
 import typer
 
-from .checkpoint import DEMO_NAME
-from .console import DEVICE_HELP as _DEVICE_HELP
-from .console import DTYPE_HELP as _DTYPE_HELP
-from .console import MODEL_DEFAULT as _MODEL_DEFAULT
-from .console import MODEL_ENV, err_console, load_or_exit
-from .console import MODEL_HELP as _MODEL_HELP
-from .console import setup_logging as _setup_logging
-from .http_front import (
+from graphscribe.console import DEVICE_HELP as _DEVICE_HELP
+from graphscribe.console import DTYPE_HELP as _DTYPE_HELP
+from graphscribe.console import MODEL_DEFAULT as _MODEL_DEFAULT
+from graphscribe.console import MODEL_ENV, err_console, load_or_exit
+from graphscribe.console import MODEL_HELP as _MODEL_HELP
+from graphscribe.console import setup_logging as _setup_logging
+from graphscribe.io.checkpoint import DEMO_NAME
+from graphscribe.serve.http_front import (
     DONE,
     LOG,
     METRICS,
@@ -58,12 +58,12 @@ from .http_front import (
     send,
     worker_main,
 )
-from .metrics import Metrics
-from .openai_api import UPLOAD_STALL_SECONDS
-from .service import Service
+from graphscribe.serve.metrics import Metrics
+from graphscribe.serve.openai_api import UPLOAD_STALL_SECONDS
+from graphscribe.serve.service import Service
 
 if TYPE_CHECKING:
-    from .model import Model
+    from graphscribe.api import Model
 
 API_KEY_ENV = "GRAPHSCRIBE_API_KEY"
 QUEUE_PER_ROW = 4  # requests admitted at once per batch row: a batch running, one forming, two more uploading

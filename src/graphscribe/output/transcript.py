@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .timestamps import Segment, Word
+from graphscribe.output.timestamps import Segment, Word
 
 
 @dataclass

@@ -19,8 +19,8 @@ from urllib.parse import unquote
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from .transcript import Transcript
-from .writers import write_srt, write_txt, write_vtt
+from graphscribe.output.transcript import Transcript
+from graphscribe.output.writers import write_srt, write_txt, write_vtt
 
 FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 GRANULARITIES = ("word", "segment")

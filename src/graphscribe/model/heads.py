@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import JointConfig, PredictionConfig
+from graphscribe.io.config import JointConfig, PredictionConfig
 
 
 class _LSTMWrapper(nn.Module):

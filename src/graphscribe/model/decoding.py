@@ -32,8 +32,8 @@ from typing import Callable
 
 import torch
 
-from .config import DecodingConfig
-from .heads import Joint, PredictionNet
+from graphscribe.io.config import DecodingConfig
+from graphscribe.model.heads import Joint, PredictionNet
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ class GreedyDecoder:
             return decode_step
         if self._fused_step is None:
             try:
-                from .fused_step import FusedStep
+                from graphscribe.model.fused_step import FusedStep
 
                 start = time.perf_counter()
                 self._fused_step = FusedStep(self.prediction, self.joint, dtype, self.cfg.durations)
@@ -341,7 +341,7 @@ class GreedyDecoder:
             begin = time.perf_counter()
             eager()  # once before the capture: the start kernel is loaded, and capturing runs nothing
             try:
-                from .graphs import capture, pool_of
+                from graphscribe.model.graphs import capture, pool_of
 
                 graph = torch.cuda.CUDAGraph()
                 capture(graph, eager, pool_of(list(self._captured.values())))
@@ -372,7 +372,7 @@ class GreedyDecoder:
             captured = self._captured.get(buf.n)
             if captured is None:
                 try:
-                    from .graphs import CapturedSteps, pool_of
+                    from graphscribe.model.graphs import CapturedSteps, pool_of
 
                     pool = pool_of(list(self._captured.values()))
                     captured = CapturedSteps(one, STEPS_PER_CHECK, pool, before_capture=restore, warm_up=warm_up)

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .config import EncoderConfig, ModelConfig
-from .features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
-from .packing import PackedFront, Packing
+from graphscribe.io.config import EncoderConfig, ModelConfig
+from graphscribe.model.features import CHUNK_SAMPLES as _FEATURE_CHUNK_SAMPLES
+from graphscribe.model.packing import PackedFront, Packing
 
 log = logging.getLogger(__name__)
 
@@ -463,7 +463,7 @@ def _kernels_for(x: torch.Tensor):
 @functools.cache
 def _encoder_kernels():
     try:
-        from . import encoder_kernels
+        from graphscribe.model import encoder_kernels
     except ImportError as err:
         log.warning("fused encoder kernels unavailable (%s); using PyTorch's operations", err)
         return None

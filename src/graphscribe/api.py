@@ -1,0 +1,142 @@
+"""The Python API: `load_model(source).transcribe(inputs)`.
+
+Pipeline: audio -> LogMel (float32) -> FastConformer (model dtype; eager, or a small batch's layers
+replayed from a CUDA graph) -> greedy decoding (GreedyDecoder, eager or CUDA graphs) -> text and token
+timestamps. The stages are `runtime/loaded.py`'s; reading and batching many inputs is `runtime/pipeline.py`'s.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from graphscribe.io.checkpoint import CheckpointError, read_checkpoint
+from graphscribe.io.config import ModelConfig, RunOptions, model_config_from_nemo
+from graphscribe.io.tokenizer import Tokenizer
+from graphscribe.model.transducer import DTYPE_NAMES, empty_transducer, load_state, resolve_device, resolve_dtype
+from graphscribe.output.transcript import Transcript
+from graphscribe.runtime.loaded import Input, LoadedModel
+from graphscribe.runtime.pipeline import StageClock, read_ahead, transcribe_stream
+
+
+class Model(LoadedModel):
+    """A loaded transducer on one device and dtype, ready to transcribe."""
+
+    def transcribe_iter(
+        self,
+        inputs: Iterable[Input],
+        batch_size: int | None = None,
+        batch_seconds: float | None = None,
+        clock: StageClock | None = None,
+        timings: bool = True,
+        render: tuple[str, ...] = (),
+    ) -> Iterator[tuple[int, Transcript]]:
+        """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
+
+        Batches hold at most `batch_size` inputs and `batch_seconds` of padded audio (inputs x the longest
+        one's length; 0: no cap); None takes the model's options, whose None is the device's default
+        (`pipeline.default_batching`). Files are read by threads a few batches ahead (pipeline.py). A bad
+        input yields a Transcript with `error` set and the rest goes on. Padded frames are masked, so the
+        batching changes a result only through rounding. `clock` collects seconds per stage (the benchmark's).
+        `timings=False` leaves out the token, word and segment times (text and token ids only: less host work).
+        `render`: output formats made by worker processes instead, in light Transcripts (`transcribe_stream`).
+        """
+        if batch_seconds is None:
+            batch_seconds = self.options.batch_seconds
+        reads = read_ahead(
+            list(inputs),
+            self.sample_rate,
+            self.device,
+            batch_size or self.options.batch_size,
+            batch_seconds,
+            clock,
+            read=self.read,
+            dtype=self.dtype,
+        )
+        yield from transcribe_stream(self, reads, clock, timings, render)
+
+    def transcribe(
+        self,
+        inputs: Input | Sequence[Input],
+        batch_size: int | None = None,
+        batch_seconds: float | None = None,
+        timings: bool = True,
+    ) -> list[Transcript]:
+        """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order (`timings`: as
+        `transcribe_iter`)."""
+        items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        results: list[Transcript | None] = [None] * len(items)
+        for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds, timings=timings):
+            results[i] = transcript
+        return results  # type: ignore[return-value]
+
+
+def load_model(
+    source: str | os.PathLike,
+    device: str = "auto",
+    dtype: str = "auto",
+    graphs: bool = True,
+    batch_size: int | None = None,
+    batch_seconds: float | None = None,
+    attention: str = "auto",
+    attention_window: int = 256,
+    on_config: Callable[[ModelConfig, torch.device, torch.dtype], None] | None = None,
+) -> Model:
+    """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
+
+    batch_size, batch_seconds: `transcribe`'s defaults (None: the device's, see `Model.transcribe_iter`).
+    attention: auto | full | local, and attention_window (frames each side): see `Model.attention_for`.
+    The weights go from the (memory-mapped) file straight to the device in their inference
+    dtype, into a module built on the meta device: nothing is initialised and nothing is
+    copied twice. On the CPU in float32 they stay memory-mapped (the file must not change
+    while the model is in use). `model.load_seconds`: seconds per phase.
+    on_config(cfg, device, dtype): called once the config is read, before the weights are placed (the CLI
+    starts reading audio there).
+    """
+    clock = StageClock(torch.device("cpu"))  # seconds per loading phase, on the host
+    start = time.perf_counter()
+    with clock.host("read"):
+        checkpoint = read_checkpoint(source)
+        cfg = model_config_from_nemo(checkpoint.config)
+        tokenizer = Tokenizer(checkpoint.tokenizer_model, checkpoint.source)
+        if tokenizer.vocab_size != cfg.prediction.vocab_size:
+            raise CheckpointError(
+                f"{checkpoint.source}: the tokenizer has {tokenizer.vocab_size} pieces, "
+                f"the decoder expects {cfg.prediction.vocab_size}"
+            )
+    with clock.host("device_init"):
+        target = resolve_device(device)
+        target_dtype = resolve_dtype(dtype, target)
+        if on_config is not None:
+            on_config(cfg, target, target_dtype)
+        if target.type == "cuda":
+            torch.empty(0, device=target)  # the CUDA context, timed on its own
+    with clock.host("build"):
+        module = empty_transducer(cfg, target_dtype)
+    with clock.host("place"):
+        load_state(module, checkpoint.state_dict, checkpoint.source, device=target)
+        if target.type == "cuda":
+            torch.cuda.synchronize(target)
+    with clock.host("model"):
+        options = RunOptions(
+            device=str(target),
+            dtype=DTYPE_NAMES[target_dtype],
+            graphs=graphs,
+            batch_size=batch_size,
+            batch_seconds=batch_seconds,
+            attention=attention,
+            attention_window=attention_window,
+        )
+        model = Model(module, tokenizer, options, checkpoint.source)
+    phases = clock.seconds()
+    weights = checkpoint.seconds["weights"]
+    model.load_seconds = {
+        "config_tokenizer": phases.pop("read") - weights,
+        "weights": weights,
+        **phases,
+        "total": time.perf_counter() - start,
+    }
+    return model

@@ -1,0 +1,278 @@
+"""A transducer loaded on one device and dtype, as the stages the runtime drives: audio in, features, encoder
+output, hypotheses, transcripts. Batching many inputs is the pipeline's (`runtime/pipeline.py`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import replace
+from typing import Callable, Union
+
+import numpy as np
+import torch
+
+from graphscribe.io.audio import read_input
+from graphscribe.io.config import RunOptions
+from graphscribe.io.tokenizer import Tokenizer
+from graphscribe.model.decoding import GreedyDecoder, Hypothesis
+from graphscribe.model.encoder import encoder_frames, memory_estimate, subsampled_lengths
+from graphscribe.model.features import PackedClips
+from graphscribe.model.graphs import LayerGraphs
+from graphscribe.model.packing import PackedFront, Packing
+from graphscribe.model.transducer import Transducer, available_memory, cudnn_without_tf32, resolve_device, resolve_dtype
+from graphscribe.output.finishing import Finishing
+from graphscribe.output.timestamps import WordRules
+from graphscribe.output.transcript import Transcript
+
+log = logging.getLogger(__name__)
+
+
+# What transcribe takes: a path (any format audio.py reads; "-" for standard input), or (L,) samples at the model's
+# rate (a tensor or a NumPy array)
+Input = Union[str, os.PathLike, torch.Tensor, np.ndarray]
+
+_ATTENTION = ("auto", "full", "local")
+# --attention auto: longest input run with full attention. NVIDIA's model cards give 24 minutes as the longest
+# single pass with full attention (parakeet-tdt-0.6b-v2/v3, the length its memory allows on an 80 GB card);
+# past it NeMo's users switch to local attention, and so does auto.
+FULL_ATTENTION_MAX_SECONDS = 24 * 60
+# The longest clip a batch's features and subsampling run packed with (`Model.front_packing`): a packed row is as
+# long as it, in one pass of the subsampling (whose first output, 256 channels at half the frame rate, then holds
+# about 130 kB an encoder frame in 16 bits: 200 MB a row of 2 minutes).
+PACKED_FRONT_MAX_SECONDS = 120
+_MEMORY_HEADROOM = 0.8  # auto: full attention only while its estimate is below this share of the free memory
+
+
+class LoadedModel:
+    """A loaded transducer on one device and dtype, ready to transcribe."""
+
+    load_seconds: dict[str, float]  # set by load_model: seconds per loading phase and "total"
+
+    def __init__(self, module: Transducer, tokenizer: Tokenizer, options: RunOptions, source: str):
+        self.cfg = module.cfg
+        if options.attention not in _ATTENTION:
+            raise ValueError(f"--attention {options.attention}: use auto, full or local")
+        if options.attention_window < 1:
+            raise ValueError(f"--attention-window {options.attention_window}: use 1 or more frames")
+        if options.attention == "full" and self.cfg.encoder.local_context is not None:
+            log.warning(
+                f"{source}: trained with local attention {list(self.cfg.encoder.local_context)}; "
+                "--attention full runs it with full attention, which is not what NeMo computes for it"
+            )
+        self.source = source
+        self.device = resolve_device(options.device)
+        self.dtype = resolve_dtype(options.dtype, self.device)
+        if self.device.type != "cuda":
+            options = replace(options, graphs=False)  # CUDA only; the CLI says so when asked
+        self.options = options
+        self.module = module.to_inference(self.device, self.dtype)
+        self.tokenizer = tokenizer
+        self.decoder = self._new_decoder()
+        self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
+        self._copy_stream: torch.cuda.Stream | None = None  # host-to-device copies of batches (`_copied`)
+        decoding = self.cfg.decoding
+        self.word_rules = WordRules(
+            tokenizer.punctuation,
+            tokenizer.wordpiece,
+            decoding.word_separator,
+            decoding.segment_separators,
+            decoding.segment_gap,
+        )
+        self.finishing = Finishing(
+            tokenizer.model_proto,
+            self.word_rules,
+            decoding.is_tdt,
+            window_stride=self.cfg.features.hop_length / self.cfg.features.sample_rate,
+            subsampling=self.cfg.encoder.subsampling_factor,
+            sample_rate=self.cfg.features.sample_rate,
+        )
+
+    def use_graphs(self, enabled: bool) -> None:
+        """Decode and encode with (CUDA only) or without captured graphs from now on: a fresh decoder (fresh
+        captures); the encoder's captured layers are kept for whenever graphs are on."""
+        self.options = replace(self.options, graphs=enabled and self.device.type == "cuda")
+        self.decoder = self._new_decoder()
+
+    @property
+    def capture_seconds(self) -> float:
+        """Seconds spent capturing CUDA graphs so far: the decoder's and the encoder layers' (the server's /metrics)."""
+        layers = self._layer_graphs.capture_seconds if self._layer_graphs is not None else 0.0
+        return self.decoder.capture_seconds + layers
+
+    def release_graphs(self) -> None:
+        """Free the encoder's captured layers (their memory pool), e.g. after running out of memory."""
+        if self._layer_graphs is not None:
+            self._layer_graphs.release()
+
+    def _new_decoder(self) -> GreedyDecoder:
+        return GreedyDecoder(self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.cfg.features.sample_rate
+
+    # ------------------------------------------------------------------ stages
+    def read(self, item) -> torch.Tensor:
+        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError (`audio.read_input`)."""
+        return read_input(item, self.sample_rate)
+
+    @torch.inference_mode()
+    def features(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded batch of audio -> (B, n_mels, T) float32 features and (B,) lengths."""
+        lengths = torch.tensor([a.numel() for a in audios])
+        if len(audios) == 1:  # no padded copy of a long recording
+            return self.batch_features(audios[0][None], lengths)
+        batch = torch.zeros(len(audios), int(lengths.max()))
+        for i, a in enumerate(audios):
+            batch[i, : a.numel()] = a
+        return self.batch_features(batch, lengths)
+
+    @torch.inference_mode()
+    def batch_features(
+        self, audio: torch.Tensor, lengths: torch.Tensor, front: PackedFront | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) zero-padded audio and (B,) sample counts, anywhere (pinned: copied without waiting) ->
+        (B, n_mels, T) float32 features and (B,) feature frames on the model's device. With `front`
+        (`front_packing`): (R, n_mels, T) features of the clips laid end to end, its masks set."""
+        audio = self._copied(audio)
+        lengths = lengths.to(self.device, non_blocking=True)
+        if front is None:
+            return self.module.preprocessor.featurizer(audio, lengths)
+        packed = front.packing.pack_samples(audio, front)
+        clips = PackedClips(front.sample_ids > 0, front.frame_ids, front.spans)
+        rows = torch.full((front.packing.rows,), packed.shape[1], device=self.device)
+        features, _ = self.module.preprocessor.featurizer(packed, rows, packed=clips)
+        return features, torch.div(lengths, self.cfg.features.hop_length, rounding_mode="floor")
+
+    def front_packing(self, samples: list[int], padded: int, window: tuple[int, int] | None) -> PackedFront | None:
+        """Whether a batch of clips of `samples` samples each (rows `padded` samples wide) runs its features and
+        subsampling on packed rows, as its layers would (`packs_rows`, full attention, `Packing.plan`), and in
+        one pass of the subsampling (no time chunks: a row of minutes goes the padded way)."""
+        if not self.packs_rows or window is not None or len(samples) < 2:
+            return None
+        if max(samples) > PACKED_FRONT_MAX_SECONDS * self.sample_rate:
+            return None
+        hop, factor = self.cfg.features.hop_length, self.cfg.encoder.subsampling_factor
+        frames = encoder_frames(samples, hop, factor)
+        plan = Packing.plan(frames, subsampled_lengths(padded // hop + 1, factor), self.module.encoder.gap, self.device)
+        return None if plan is None else plan.front(samples, hop, factor, self.device)
+
+    def _copied(self, host: torch.Tensor) -> torch.Tensor:
+        """A pinned host tensor on the device, copied on a stream of its own: the copy runs while the GPU works on
+        what was queued before it (the batch before: its copy waited behind that batch's encoder, ~1 ms of a
+        server's 25 ms batch, bench/2026-11-server/run26), and the current stream waits only for the copy."""
+        if self.device.type != "cuda" or not host.is_pinned():
+            return host.to(self.device, non_blocking=True)
+        current = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.copy_stream):
+            device = host.to(self.device, non_blocking=True)
+        current.wait_stream(self.copy_stream)
+        device.record_stream(current)  # made on the copy stream, used and freed on this one
+        return device
+
+    @property
+    def copy_stream(self) -> torch.cuda.Stream:
+        """The CUDA stream that batches' samples go to the device on (`_copied`, `pipeline.gather`)."""
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        return self._copy_stream
+
+    @property
+    def packs_rows(self) -> bool:
+        """Whether a batch of clips of many lengths runs its layers on packed rows (`encoder_output`): in 16 bits."""
+        return self.dtype.itemsize == 2
+
+    @torch.inference_mode()
+    def encoder_output(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        window: tuple[int, int] | None = None,
+        samples: list[int] | None = None,
+        front: PackedFront | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, n_mels, T) features and (B,) frames -> (B, T', D) encoder output in the model dtype and (B,) lengths.
+
+        window: None for full attention, (left, right) frames for local attention (`attention_for` chooses).
+        With graphs, a small batch's layers replay one captured layer (`graphs.LayerGraphs`): the same numbers.
+        samples: the clips' sample counts, known on the host: in 16 bits a batch of clips of many lengths runs its
+        layers on packed rows (`packing.Packing`). float32 keeps a row a clip: its numbers are then NeMo's for that
+        batch, which a request's text against the CLI's depends on."""
+        layers = None
+        if self.options.graphs:
+            if self._layer_graphs is None:  # packs the layers' weights at its first small batch (see LayerGraphs)
+                self._layer_graphs = LayerGraphs(self.module.encoder.layers)
+            layers = self._layer_graphs
+        frames = None
+        if samples is not None and self.packs_rows:
+            frames = encoder_frames(samples, self.cfg.features.hop_length, self.cfg.encoder.subsampling_factor)
+        with self._float32_math():
+            return self.module.encoder(features.to(self.dtype), lengths, window, layers, frames, front)
+
+    @torch.inference_mode()
+    def encode(self, audios: list[torch.Tensor], sources: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded batch of audio -> (B, T', D) encoder output in the model dtype and (B,) lengths."""
+        samples = [a.numel() for a in audios]
+        return self.encoder_output(*self.features(audios), self.attention_for(samples, sources), samples)
+
+    def attention_for(self, samples: list[int], sources: list[str] | None = None) -> tuple[int, int] | None:
+        """The encoder's attention for a batch of inputs of `samples` samples each: None (full) or a (left, right)
+        window of local attention.
+
+        full: always full. A checkpoint trained with local attention otherwise runs with its own window.
+        local: (W, W) with W = attention_window. auto: full attention (NeMo's default output) unless
+        the longest input is over FULL_ATTENTION_MAX_SECONDS or `memory_estimate` says full attention
+        would not fit in the free memory; then local, with one note on stderr naming the inputs.
+        """
+        own = self.cfg.encoder.local_context
+        if self.options.attention == "full":
+            return None
+        if own is not None:
+            return own
+        window = (self.options.attention_window, self.options.attention_window)
+        if self.options.attention == "local":
+            return window
+        longest = max(samples, default=0)
+        if longest / self.sample_rate > FULL_ATTENTION_MAX_SECONDS:
+            reason = f"longer than {FULL_ATTENTION_MAX_SECONDS // 60} min"
+        else:
+            need = memory_estimate(self.cfg, len(samples), longest, self.dtype.itemsize, None)
+            free = available_memory(self.device)
+            if need <= _MEMORY_HEADROOM * free:
+                return None
+            reason = f"full attention would need about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+        names = sources or ["<array>"] * len(samples)
+        listed = ", ".join(f"{n} ({k / self.sample_rate / 60:.1f} min)" for n, k in zip(names[:3], samples))
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        log.warning(
+            f"{listed}{more}: {reason}: local attention, {window[0]} frames each side "
+            "(NeMo's rel_pos_local_attn; --attention full to keep full attention)"
+        )
+        return window
+
+    def decode(
+        self, encoded: torch.Tensor, lengths: torch.Tensor, queued: Callable[[], None] | None = None
+    ) -> list[Hypothesis]:
+        """queued: called once the first round of steps is queued on the device (`Decoder.decode`)."""
+        with self._float32_math():
+            return self.decoder.decode(encoded, lengths, queued)
+
+    def _float32_math(self):
+        """float32 means float32 on CUDA: cuDNN would otherwise run the encoder's convolutions (and the prediction
+        net's LSTM) in TF32, which moves the features enough to flip near-tied tokens against NeMo's float32
+        result. Only around our own calls (graph captures included): the process's setting is left as it was."""
+        if self.device.type == "cuda" and self.dtype == torch.float32:
+            return cudnn_without_tf32()
+        return contextlib.nullcontext()
+
+    def frame_seconds(self, frame: int) -> float:
+        """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
+        return self.finishing.frame_seconds(frame)
+
+    def finish(self, source: str, samples: int, hyp: Hypothesis, seconds: float, timings: bool = True) -> Transcript:
+        """A hypothesis of `samples` samples of audio as a Transcript; `timings=False`: text and token ids only
+        (no tokens, words, segments)."""
+        return self.finishing.transcript(self.tokenizer, source, samples, hyp, seconds, timings)
+
+    # ------------------------------------------------------------------ API
