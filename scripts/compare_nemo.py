@@ -24,7 +24,7 @@ from pathlib import Path
 import soundfile as sf
 
 import graphscribe as gs
-from graphscribe.bench import run_bench, tier_clips
+from graphscribe.bench.decode import run_bench, tier_clips
 from graphscribe.model import decoding
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from graphscribe.bench import make_folder
+from graphscribe.bench.folder import make_folder
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from triton.compiler import ASTSource
 
 from graphscribe.model import encoder_kernels as ek
 from graphscribe.model import fused_step as fs
+from graphscribe.model import step_kernels as sk
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
 
@@ -37,7 +38,7 @@ def main() -> None:
         mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32 or "", PDL=True)
         for tdt in (True, False):
             compile_kernel(
-                fs._joint_kernel,
+                sk.joint_kernel,
                 dict(
                     enc=weights,
                     g=weights,
@@ -53,7 +54,7 @@ def main() -> None:
                 dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2),
             )
             compile_kernel(
-                fs._advance_kernel,
+                sk.advance_kernel,
                 dict(
                     tok_val=F32,
                     tok_idx=I32,
@@ -82,7 +83,7 @@ def main() -> None:
         for net in (tiles, replace(tiles, **fs.ONE_ROW)) if with_one_row else (tiles,):
             mm = dict(BM=net.net_rows, BK=net.net_k or net.k, FP32=net.net_arithmetic)
             compile_kernel(
-                fs._lstm_kernel,
+                sk.lstm_kernel,
                 dict(
                     x=F32,
                     w_ih=F32,
@@ -99,11 +100,11 @@ def main() -> None:
                 dict(mm, PDL=True, BU=net.units),
             )
             compile_kernel(
-                fs._project_kernel,
+                sk.project_kernel,
                 dict(x=F32, w_pred=F32, b_pred=F32, g=weights, emit=I32, w_hh_top=F32, hh_top=F32),
                 dict(mm, PDL=True, BC=net.proj_cols, BQ=4 * net.units),
             )
-            compile_kernel(fs._hh_kernel, dict(h=F32, w_hh=F32, hh=F32), dict(mm, BQ=4 * net.units))
+            compile_kernel(sk.hh_kernel, dict(h=F32, w_hh=F32, hh=F32), dict(mm, BQ=4 * net.units))
     for half in ("*bf16", "*fp16"):  # the encoder's kernels (16-bit activations and weights)
         compile_kernel(
             ek._glu_depthwise_kernel,

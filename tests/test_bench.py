@@ -13,7 +13,7 @@ import soundfile as sf
 import torch
 from conftest import CLIPS, NEMO_PATH, reference_clip
 
-from graphscribe.bench import make_folder
+from graphscribe.bench.folder import make_folder
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rows")

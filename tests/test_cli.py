@@ -331,7 +331,7 @@ def test_a_checkpoint_that_fails_to_load_stops_the_early_readers(tmp_path, clip_
     import tarfile
 
     from graphscribe.cli import main
-    from graphscribe.runtime.pipeline import ReadAhead
+    from graphscribe.runtime.reading import ReadAhead
 
     broken = tmp_path / "broken.nemo"
     with tarfile.open(NEMO_PATH) as source, tarfile.open(broken, "w") as target:
@@ -343,7 +343,7 @@ def test_a_checkpoint_that_fails_to_load_stops_the_early_readers(tmp_path, clip_
             target.addfile(member, io.BytesIO(data) if data is not None else None)
     started = []
     with monkeypatch.context() as patch:
-        patch.setattr("graphscribe.runtime.pipeline.ReadAhead.__init__", _recorded(ReadAhead.__init__, started))
+        patch.setattr("graphscribe.runtime.reading.ReadAhead.__init__", _recorded(ReadAhead.__init__, started))
         with pytest.raises(SystemExit) as exited:
             main([str(clip_tree), "--model", str(broken), "--device", "cpu"])
     assert exited.value.code == 2 and started == [True]

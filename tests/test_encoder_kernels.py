@@ -16,6 +16,7 @@ from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
 import graphscribe as gs
 import graphscribe.model.encoder as encoder
+import graphscribe.model.subsampling as subsampling
 
 kernels = pytest.importorskip("graphscribe.model.encoder_kernels")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,7 +74,7 @@ def test_position_bias_matches_pytorch(monkeypatch, dtype):
     for start, end in [(0, t), (0, 7), (7, 16), (16, t)]:
         p_rows = p[:, t - end : 2 * t - 1 - start]
         want = encoder._position_bias(q_v[:, :, start:end], p_rows, segments, start, scale, width)  # CPU: PyTorch
-        monkeypatch.setattr(encoder, "_kernels_for", lambda x: kernels)
+        monkeypatch.setattr(encoder, "kernels_for", lambda x: kernels)
         got = encoder._position_bias(
             q_v[:, :, start:end].to(DEVICE), p_rows.to(DEVICE), segments.to(DEVICE), start, scale, width
         )
@@ -109,7 +110,8 @@ def test_fused_bfloat16_encoder_is_near_nemo(monkeypatch, reference_arrays):
     nemo = reference_arrays[f"clip{index}_encoder"].T  # (frames, D)
 
     def error(fused: bool) -> float:
-        monkeypatch.setattr(encoder, "_kernels_for", lambda x: kernels if fused else None)
+        monkeypatch.setattr(encoder, "kernels_for", lambda x: kernels if fused else None)
+        monkeypatch.setattr(subsampling, "kernels_for", lambda x: kernels if fused else None)
         with torch.inference_mode():
             encoded, _ = model.module.encoder(features.to(torch.bfloat16), lengths)
         ours = encoded[0, : clip["encoder_frames"]].float().cpu().numpy()

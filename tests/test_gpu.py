@@ -272,7 +272,7 @@ def test_subsampling_without_cudnn_gives_cudnns_bits(monkeypatch, dtype):
     """The subsampling convolutions run through PyTorch's own kernels on CUDA (no per-shape cuDNN plans): in
     float32 the same bits as cuDNN's (what NeMo runs), on batches and lengths of several shapes; in groups of rows
     (forced small here) the same bits as in one call, in both dtypes."""
-    import graphscribe.model.encoder as encoder_module
+    import graphscribe.model.subsampling as subsampling_module
 
     model = gs.load_model(V3 or FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype=dtype)
     sub = model.module.encoder.pre_encode
@@ -285,7 +285,7 @@ def test_subsampling_without_cudnn_gives_cudnns_bits(monkeypatch, dtype):
             ours = sub._convs(x, frames)
             with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
                 cudnn = sub._conv_stack(x.unsqueeze(1), frames)
-            monkeypatch.setattr(encoder_module, "_INDEX_LIMIT", sub.conv[0].out_channels * x.shape[1] * x.shape[2])
+            monkeypatch.setattr(subsampling_module, "_INDEX_LIMIT", sub.conv[0].out_channels * x.shape[1] * x.shape[2])
             grouped = sub._convs(x, frames)  # about four rows a group
             monkeypatch.undo()
         if dtype == "float32":
@@ -327,7 +327,7 @@ def test_gather_pads_rows_with_zeros_on_the_gpu(pad_to):
     row rounded up to pad_to, as torch's own pad_sequence lays them out; the memory it reuses held NaN."""
     from torch.nn.utils.rnn import pad_sequence
 
-    from graphscribe.runtime.pipeline import gather
+    from graphscribe.runtime.reading import gather
 
     device = torch.device("cuda")
     stream = torch.cuda.Stream(device)

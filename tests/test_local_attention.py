@@ -288,14 +288,17 @@ def test_chunks_are_sized_per_row_so_a_batch_does_not_change_a_clip(model, monke
     its batch: memory budgets that one clip fits in but 32 do not leave the clip's bits as they are alone."""
     import graphscribe.model.encoder as encoder_module
     import graphscribe.model.features as features_module
+    import graphscribe.model.subsampling as subsampling_module
 
     audio = model.read(CLIPS / "librispeech_2086-149220-0033.wav")
     enc = model.cfg.encoder
     frames = audio.numel() // model.cfg.features.hop_length + 1
     t = -(-frames // enc.subsampling_factor) + 1
-    per_frame = encoder_module._conv_bytes_per_frame(1, enc.subsampling_channels, enc.subsampling_factor, enc.n_mels, 4)
+    per_frame = subsampling_module.conv_bytes_per_frame(
+        1, enc.subsampling_channels, enc.subsampling_factor, enc.n_mels, 4
+    )
     monkeypatch.setattr(features_module, "CHUNK_SAMPLES", 2 * audio.numel())
-    monkeypatch.setattr(encoder_module, "_CONV_BYTES", 2 * t * per_frame)
+    monkeypatch.setattr(subsampling_module, "CONV_BYTES", 2 * t * per_frame)
     monkeypatch.setattr(encoder_module, "_GROUP_BYTES", 2 * enc.n_heads * encoder_module._aligned(t) * t * 4)
     alone, _ = model.encode([audio])
     batched, _ = model.encode([audio] * 32)

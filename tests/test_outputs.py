@@ -24,8 +24,9 @@ import pytest
 from conftest import CLIPS, NEMO_PATH, reference_clip
 from test_cli import _error_lines, transcribe
 
-from graphscribe.cli import RENDER_POOL_MIN_FILES, output_paths
+from graphscribe.cli import RENDER_POOL_MIN_FILES
 from graphscribe.output.writers import write_file
+from graphscribe.targets import output_paths
 
 INTERRUPTED = re.compile(r"^interrupted: (\d+) of (\d+) files done", re.M)
 
@@ -340,14 +341,14 @@ def test_a_signal_where_python_would_drop_the_exception_comes_again(monkeypatch)
     it raises) is sent again a moment later instead of being lost; elsewhere it stops the run at once."""
     import types
 
-    from graphscribe import cli
+    from graphscribe import signals as signals_module
 
     sent = []
-    monkeypatch.setattr(cli.os, "kill", lambda pid, signum: sent.append(signum))
-    signals = cli._Signals()
+    monkeypatch.setattr(signals_module.os, "kill", lambda pid, signum: sent.append(signum))
+    signals = signals_module._Signals()
     in_callback = types.SimpleNamespace(f_code=compile("pass", "<frozen importlib._bootstrap>", "exec"))
     signals._handle(signal.SIGINT, in_callback)  # no exception here
-    time.sleep(20 * cli.REDELIVER_SECONDS)
+    time.sleep(20 * signals_module.REDELIVER_SECONDS)
     assert sent == [signal.SIGINT] and not signals.stopping
-    with pytest.raises(cli.Interrupted):
+    with pytest.raises(signals_module.Interrupted):
         signals._handle(signal.SIGINT, types.SimpleNamespace(f_code=compile("pass", "main.py", "exec")))

@@ -186,7 +186,9 @@ def test_packed_front_end_gives_each_clip_nemos_features_and_output(packing_mode
 def test_bfloat16_front_end_packs_and_stays_near_nemo(reference_arrays):
     """A 16-bit batch of mixed lengths packs its front end by itself (the pipeline's `_start` asks for it); each
     clip is as near NeMo's float32 output as bfloat16 allows, and as near as with the front end padded."""
-    from graphscribe.runtime.pipeline import Batch, StageClock, _start
+    from graphscribe.runtime.clock import StageClock
+    from graphscribe.runtime.pipeline import _start
+    from graphscribe.runtime.reading import Batch
 
     model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")
     batch, lengths, samples = _padded([model.read(CLIPS / name) for name in CLIP_NAMES])
@@ -259,7 +261,7 @@ def test_a_servers_warm_up_meets_every_packed_shape():
     packing decision. None in float32 or on the CPU."""
     from types import SimpleNamespace
 
-    from graphscribe.runtime.pipeline import PAD_SECONDS
+    from graphscribe.runtime.defaults import PAD_SECONDS
     from graphscribe.serve.service import packed_shape_plans
 
     model = gs.load_model(NEMO_PATH, device="cpu", graphs=False, dtype="bfloat16")  # packs as on CUDA

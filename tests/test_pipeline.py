@@ -17,12 +17,15 @@ import soundfile as sf
 import torch
 from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
-from graphscribe.bench import make_folder
+from graphscribe.bench.folder import make_folder
 from graphscribe.io.audio import load_audio
 from graphscribe.output.finishing import RenderPool, Timed
 from graphscribe.output.writers import WRITERS, render
-from graphscribe.runtime import pipeline
-from graphscribe.runtime.pipeline import READ_AHEAD, ReadAhead, StageClock, default_batching, plan_batches, read_ahead
+from graphscribe.runtime import defaults, pipeline, reading
+from graphscribe.runtime.clock import StageClock
+from graphscribe.runtime.defaults import default_batching
+from graphscribe.runtime.reading import READ_AHEAD, ReadAhead, read_ahead
+from graphscribe.runtime.scheduler import plan_batches
 
 
 def test_plan_is_longest_first_in_batches_of_n():
@@ -289,8 +292,8 @@ class _Source:
         self.error = error
 
     def __iter__(self):
-        yield pipeline.collate(
-            [(i, p, a) for i, (p, a) in enumerate(zip(self.items, self.audio))], pipeline.HostBuffers(1, False)
+        yield reading.collate(
+            [(i, p, a) for i, (p, a) in enumerate(zip(self.items, self.audio))], reading.HostBuffers(1, False)
         )
         raise self.error
 
@@ -460,5 +463,5 @@ def test_host_threads_one_rule_for_the_cli_and_the_workers(monkeypatch, omp, cud
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     if omp is not None:
         monkeypatch.setenv("OMP_NUM_THREADS", omp)
-    pipeline.limit_host_threads("cuda:1", share)
+    defaults.limit_host_threads("cuda:1", share)
     assert (chosen[-1] if chosen else 16) == expected

@@ -111,8 +111,8 @@ def test_no_import_cycles():
 
 
 def _layer(module: str) -> int:
-    top = "api" if module in API_LAYER else module.split(".")[0] if "." in module or module in LAYERS else ""
-    return LAYERS.index(top)
+    top = "api" if module in API_LAYER else module.split(".")[0]
+    return LAYERS.index(top if top in LAYERS else "")
 
 
 def test_layers_import_only_downwards():

@@ -19,14 +19,9 @@ import torch
 
 from graphscribe import load_model
 from graphscribe.io.audio import read_input, speech_path
-from graphscribe.runtime.pipeline import (
-    WARM_UP_CLIP,
-    HostBuffers,
-    collate,
-    default_batching,
-    pad_samples,
-    transcribe_stream,
-)
+from graphscribe.runtime.defaults import default_batching, pad_samples
+from graphscribe.runtime.pipeline import WARM_UP_CLIP, transcribe_stream
+from graphscribe.runtime.reading import HostBuffers, collate
 
 
 class Repeat:

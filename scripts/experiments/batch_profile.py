@@ -16,7 +16,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from graphscribe import load_model
 from graphscribe.io.audio import read_input, speech_path
-from graphscribe.runtime.pipeline import WARM_UP_CLIP, HostBuffers, collate, pad_samples, transcribe_stream
+from graphscribe.runtime.defaults import pad_samples
+from graphscribe.runtime.pipeline import WARM_UP_CLIP, transcribe_stream
+from graphscribe.runtime.reading import HostBuffers, collate
 
 
 def main() -> None:

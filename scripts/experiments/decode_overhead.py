@@ -31,7 +31,7 @@ import torch
 from tune_step import timed  # scripts/experiments/, beside this one
 
 import graphscribe as gs
-from graphscribe.bench import tier_clips
+from graphscribe.bench.decode import tier_clips
 from graphscribe.model import decoding
 
 # (owner, attribute, phase, factory): what decode() calls, wrapped where it exists in this version; a factory

@@ -31,7 +31,7 @@ import torch
 
 import graphscribe
 from graphscribe.io.audio import find_audio_files
-from graphscribe.runtime.pipeline import StageClock
+from graphscribe.runtime.clock import StageClock
 from graphscribe.runtime.priming import prime
 
 STAGES = ("batch_features", "encoder_output", "decode")

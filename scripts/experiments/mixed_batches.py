@@ -22,7 +22,10 @@ import torch
 import graphscribe.model.packing
 from graphscribe import load_model
 from graphscribe.io.audio import find_audio_files, read_input, speech_path
-from graphscribe.runtime.pipeline import WARM_UP_CLIP, HostBuffers, StageClock, collate, pad_samples, transcribe_stream
+from graphscribe.runtime.clock import StageClock
+from graphscribe.runtime.defaults import pad_samples
+from graphscribe.runtime.pipeline import WARM_UP_CLIP, transcribe_stream
+from graphscribe.runtime.reading import HostBuffers, collate
 
 
 class Batches:

@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from tune_step import tiles_changes  # scripts/experiments/, beside this one
 
 import graphscribe as gs
-from graphscribe.bench import tier_clips
+from graphscribe.bench.decode import tier_clips
 from graphscribe.model.decoding import GreedyDecoder
 
 

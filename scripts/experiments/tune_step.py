@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import graphscribe as gs
-from graphscribe.bench import tier_clips
+from graphscribe.bench.decode import tier_clips
 from graphscribe.model import decoding
 from graphscribe.model.decoding import GreedyDecoder, size_class
 from graphscribe.model.fused_step import FP32_TILES, HALF_TILES, ONE_ROW, FusedStep, Tiles

@@ -18,8 +18,10 @@ from graphscribe.io.config import ModelConfig, RunOptions, model_config_from_nem
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model.transducer import DTYPE_NAMES, empty_transducer, load_state, resolve_device, resolve_dtype
 from graphscribe.output.transcript import Transcript
+from graphscribe.runtime.clock import StageClock
 from graphscribe.runtime.loaded import Input, LoadedModel
-from graphscribe.runtime.pipeline import StageClock, read_ahead, transcribe_stream
+from graphscribe.runtime.pipeline import transcribe_stream
+from graphscribe.runtime.reading import read_ahead
 
 
 class Model(LoadedModel):

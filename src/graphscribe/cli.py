@@ -13,106 +13,48 @@ at any moment ends in one line, never a traceback.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
-from graphscribe.console import DEVICE_HELP as _DEVICE_HELP
-from graphscribe.console import DTYPE_HELP as _DTYPE_HELP
-from graphscribe.console import MODEL_DEFAULT as _MODEL_DEFAULT
-from graphscribe.console import MODEL_HELP as _MODEL_HELP
-from graphscribe.console import err_console, load_or_exit, model_source
-from graphscribe.console import fail_usage as _fail_usage
-from graphscribe.console import setup_logging as _setup_logging
-from graphscribe.output.writers import FORMATS, LINE_FORMATS, WRITERS, cannot_write, render, stdout_text, write_file
+from graphscribe.output.writers import cannot_write, render, stdout_text, write_file
 
 if TYPE_CHECKING:
     from graphscribe.output.transcript import Transcript
+from graphscribe.bench.command import bench_command
+from graphscribe.console import (
+    ATTENTION_HELP,
+    BATCH_DEFAULT,
+    BATCH_HELP,
+    BATCH_SECONDS_DEFAULT,
+    BATCH_SECONDS_HELP,
+    DEVICE_HELP,
+    DEVICES_HELP,
+    DTYPE_HELP,
+    MODEL_DEFAULT,
+    MODEL_HELP,
+    err_console,
+    fail_usage,
+    find_audio_files,
+    load_or_exit,
+    model_source,
+    setup_logging,
+)
+from graphscribe.devices import devices_or_exit
+from graphscribe.signals import SIGNALS, Interrupted
+from graphscribe.targets import check_output_dir, check_outputs, output_paths, parse_formats
 
 # Files from which the outputs with times are rendered in worker processes: starting them costs about half a
 # second (overlapped with the first batch), and rendering in this process about a millisecond a file.
 RENDER_POOL_MIN_FILES = 256
 STDIN = "-"  # the input that reads standard input (audio.STDIN; audio.py imports torch)
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM, raised in the main thread by `_Signals`; a BaseException, so that no `except Exception`
-    on its way out swallows it."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
-
-
-class _Signals:
-    """SIGINT and SIGTERM raise `Interrupted` in the main thread wherever it is (importing torch, loading the
-    model, waiting for a batch), except inside `held()`, which writes one result's files and stdout line: the
-    signal is raised when it ends, so a result is written whole or not at all. A second signal while the first
-    one is being handled ends the process at once: every output is complete by then and stdout flushed."""
-
-    def __init__(self):
-        self.holding = False
-        self.pending: Optional[int] = None
-        self.stopping = False
-
-    def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.stopping:
-            os._exit(128 + signum)
-        if self.holding:
-            self.pending = signum
-            return
-        if _drops_exceptions(frame):  # raised here, it would be printed and dropped: the signal comes again soon
-            threading.Timer(REDELIVER_SECONDS, os.kill, (os.getpid(), signum)).start()
-            return
-        self.stopping = True
-        raise Interrupted(signum)
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        self.holding = True
-        try:
-            yield
-        finally:
-            self.holding = False
-        if self.pending is not None:
-            self.stopping = True
-            raise Interrupted(self.pending)
-
-
-REDELIVER_SECONDS = 0.01
-
-
-def _drops_exceptions(frame) -> bool:
-    """Whether Python drops (and prints) an exception raised in `frame`: finalisers and weakref callbacks run
-    there, importlib's module-lock callbacks among them."""
-    code = frame.f_code if frame is not None else None
-    return code is not None and (code.co_filename.startswith("<frozen importlib") or code.co_name == "__del__")
-
-
-_SIGNALS = _Signals()  # installed by `entry` only: in-process callers of `main` keep their own handlers
-
-
-def find_audio_files(folder: Path) -> list[Path]:
-    """`audio.find_audio_files`, imported on first use (audio.py imports torch)."""
-    from graphscribe.io.audio import find_audio_files as find
-
-    return find(folder)
 
 
 def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
@@ -137,103 +79,6 @@ def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
     return files, errors
 
 
-def output_paths(output_dir: Path, files: list[Path], roots: list[Path], suffix: str) -> list[Path]:
-    """Each input's output file, in input order, kept under the folder input it was found in, and named by the
-    input alone (standard input: stdin.txt): NAME.txt, or NAME.wav.txt where another audio file in the input's own
-    folder has its stem
-    (a.wav and a.flac: a.wav.txt and a.flac.txt). Other inputs, and other files in either folder, never move a
-    name, so a rerun with files added or left out writes (and skips) the same files."""
-    from graphscribe.io.audio import AUDIO_SUFFIXES
-
-    stems: dict[Path, dict[str, int]] = {}  # folder -> stem -> audio files with it
-
-    def shared(source: Path) -> bool:
-        if source.parent not in stems:
-            counts: dict[str, int] = {}
-            with contextlib.suppress(OSError):  # an unreadable folder: its inputs fail when read
-                for entry in os.scandir(source.parent):
-                    if Path(entry.name).suffix.lower() in AUDIO_SUFFIXES:
-                        stem = Path(entry.name).stem
-                        counts[stem] = counts.get(stem, 0) + 1
-            stems[source.parent] = counts
-        return stems[source.parent].get(source.stem, 0) > 1
-
-    paths = []
-    for source in files:
-        if str(source) == STDIN:  # "-" would name a file that commands take for an option
-            paths.append(output_dir / f"stdin{suffix}")
-            continue
-        name = (source.name if shared(source) else source.stem) + suffix
-        place = next((source.relative_to(r).parent for r in roots if r.is_dir() and source.is_relative_to(r)), None)
-        paths.append(output_dir / place / name if place is not None else output_dir / name)
-    return paths
-
-
-def check_outputs(files: list[Path], targets: dict[str, list[Path]]) -> None:
-    """Exit 2 with one line where two different inputs would write one output file, or an output would replace
-    an input. The same file given twice writes the same outputs (the same bytes)."""
-    inputs = {f.resolve() for f in files}
-    for paths in targets.values():
-        writers: dict[Path, Path] = {}
-        for source, target in zip(files, paths):
-            if target.resolve() in inputs:
-                _fail_usage(f"{target}: is an input; outputs never replace an input")
-            other = writers.setdefault(target, source)
-            if other.resolve() != source.resolve():
-                _fail_usage(
-                    f"{other} and {source} would both be written to {target}: "
-                    "transcribe them into separate --output-dir folders"
-                )
-
-
-def check_output_dir(folder: Path) -> None:
-    """Exit 2 with one line unless `folder` is a folder this process can write in (made if missing): checked by
-    writing and removing a probe file, before the model loads."""
-    if folder.exists() and not folder.is_dir():
-        _fail_usage(f"--output-dir {folder}: is a file, not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with _SIGNALS.held():  # a signal waits: the probe file is never left behind
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".graphscribe-probe.", suffix=".tmp")
-            try:
-                os.write(fd, b"\n")
-            finally:
-                os.close(fd)
-                os.unlink(probe)
-    except OSError as err:
-        _fail_usage(f"--output-dir {folder}: cannot write there ({err.strerror or err})")
-
-
-def parse_formats(value: str, output_dir: Optional[Path], n_files: int) -> list[str]:
-    """`--format` as a list of format names; a bad list exits 2 with one line."""
-    formats = list(dict.fromkeys(f.strip().lower() for f in value.split(",") if f.strip()))
-    unknown = [f for f in formats if f not in WRITERS]
-    if unknown or not formats:
-        _fail_usage(f"--format {value}: use {', '.join(FORMATS)} (several, comma-separated, with --output-dir)")
-    if output_dir is None and len(formats) > 1:
-        _fail_usage(f"--format {value}: several formats need --output-dir (one file per input and format)")
-    if output_dir is None and formats[0] not in LINE_FORMATS and n_files > 1:
-        _fail_usage(f"--format {value} prints one file's subtitles: for {n_files} files use --output-dir")
-    return formats
-
-
-_DEVICES_HELP = (
-    "Several devices of this host, one worker process and model each, sharing one longest-first plan: "
-    "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."
-)
-_ATTENTION_HELP = (
-    "Encoder attention. auto: full attention (NeMo's default) unless an input is over 24 min or full "
-    "attention would not fit in free memory, then local (one note on stderr). full: always full. "
-    "local: NeMo's rel_pos_local_attn, linear in length. A checkpoint trained with local attention "
-    "uses its own window (full still forces full)."
-)
-_BATCH_HELP = "Files per batch (longest first)."
-_BATCH_DEFAULT = "32 on CUDA in float32, 64 in 16 bits, 8 on the CPU"
-_BATCH_SECONDS_HELP = (
-    "Seconds of padded audio per batch at most: files x the longest one's length, so long files "
-    "batch narrowly and short ones widely; 0: no cap."
-)
-_BATCH_SECONDS_DEFAULT = "40 per GiB of GPU memory (3200 on 80 GB), 120 on the CPU"
 _EXAMPLES = """Examples:
 
   transcribe talk.wav                                 # the text
@@ -261,19 +106,17 @@ def transcribe_command(
         "or - for standard input.",
     ),
     model: Optional[str] = typer.Option(
-        None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
+        None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP
     ),
     batch: Optional[int] = typer.Option(
-        None, "--batch", "-b", min=1, metavar="N", show_default=_BATCH_DEFAULT, help=_BATCH_HELP
+        None, "--batch", "-b", min=1, metavar="N", show_default=BATCH_DEFAULT, help=BATCH_HELP
     ),
     batch_seconds: Optional[float] = typer.Option(
-        None, "--batch-seconds", min=0, metavar="S", show_default=_BATCH_SECONDS_DEFAULT, help=_BATCH_SECONDS_HELP
+        None, "--batch-seconds", min=0, metavar="S", show_default=BATCH_SECONDS_DEFAULT, help=BATCH_SECONDS_HELP
     ),
-    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
-    devices: Optional[str] = typer.Option(
-        None, metavar="all|cuda:0,cuda:1,...", show_default=False, help=_DEVICES_HELP
-    ),
-    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
+    devices: Optional[str] = typer.Option(None, metavar="all|cuda:0,cuda:1,...", show_default=False, help=DEVICES_HELP),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
     graphs: Optional[bool] = typer.Option(
         None, "--graphs/--no-graphs", show_default="on with CUDA", help="Replay the decode steps from CUDA graphs."
     ),
@@ -293,7 +136,7 @@ def transcribe_command(
         show_default="stdout",
         help="Write one file per input and format here (NAME.srt, ...), keeping the folder structure of folder inputs.",
     ),
-    attention: str = typer.Option("auto", metavar="auto|full|local", help=_ATTENTION_HELP),
+    attention: str = typer.Option("auto", metavar="auto|full|local", help=ATTENTION_HELP),
     attention_window: int = typer.Option(
         256,
         min=1,
@@ -312,14 +155,14 @@ def transcribe_command(
     printed then (txt: PATH: text; json: one object with its path), in that order, not the inputs' order.
     Output files are written whole (a temporary name, renamed when complete) and named by their input alone:
     NAME.txt, or NAME.wav.txt where NAME.flac sits beside NAME.wav. Ctrl-C keeps every finished result."""
-    _setup_logging()
+    setup_logging()
     files, input_errors = expand_inputs(inputs)
     for line in input_errors:
         err_console.print(f"[red]error:[/red] {escape(line)}")
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
-    several = _devices_or_exit(devices, device)
+    several = devices_or_exit(devices, device)
     if len(several) == 1:  # one device: this process, as with --device
         device = several[0]
     targets: dict[str, list[Path]] = {}
@@ -328,7 +171,7 @@ def transcribe_command(
         targets = {f: output_paths(output_dir, files, inputs, "." + f) for f in formats}
         check_outputs(files, targets)
     elif skip_existing:
-        _fail_usage("--skip-existing needs --output-dir (it skips inputs whose output files exist)")
+        fail_usage("--skip-existing needs --output-dir (it skips inputs whose output files exist)")
     todo = [i for i in range(len(files)) if not (skip_existing and all(p[i].exists() for p in targets.values()))]
     skipped = len(files) - len(todo)
     files = [files[i] for i in todo]  # what is skipped is not read
@@ -430,20 +273,6 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _M
             r.close()
 
 
-def _devices_or_exit(devices: Optional[str], device: str) -> list[str]:
-    """--devices as device names ([] when not given); a bad value exits 2 with one line, before any loading."""
-    if devices is None:
-        return []
-    if device != "auto":
-        _fail_usage(f"--device {device} --devices {devices}: give one of them")
-    from graphscribe.devices import parse_devices
-
-    try:
-        return parse_devices(devices)
-    except ValueError as err:
-        _fail_usage(str(err))
-
-
 def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timings: bool, running: list, status):
     """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
     Transcript) in plan order; perf_counter() when the first device could take a batch; the RenderPool that writes
@@ -469,10 +298,11 @@ def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timin
         try:
             run.wait_loaded()
         except LoadError as err:
-            _fail_usage(str(err))
+            fail_usage(str(err))
         return run, iter(run), run.transcribing_since, None
     from graphscribe.output.finishing import RenderPool
-    from graphscribe.runtime.pipeline import read_ahead, transcribe_stream, warm_up_run
+    from graphscribe.runtime.pipeline import transcribe_stream, warm_up_run
+    from graphscribe.runtime.reading import read_ahead
 
     reads: list = []
 
@@ -509,7 +339,7 @@ def write_results(
     several = len(files) > 1
     try:
         for i, transcript in results:
-            with _SIGNALS.held():
+            with SIGNALS.held():
                 if status is not None:
                     status.advance()
                 if transcript.error is not None or transcript.write_error is not None:
@@ -632,241 +462,23 @@ class _Staged:
         return self._model.decode(*args, **kwargs)
 
 
-def bench_command(
-    clips: List[Path] = typer.Argument(
-        None, metavar="CLIPS", show_default="7.4 s, 23 s and 77 s of real speech", help="Audio clips to benchmark."
-    ),
-    model: Optional[str] = typer.Option(
-        None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
-    ),
-    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
-    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
-    reps: Optional[int] = typer.Option(
-        None,
-        min=1,
-        metavar="N",
-        show_default="5; 3 for throughput",
-        help="Timed repetitions per row (the median is reported).",
-    ),
-    batch_sizes: Optional[str] = typer.Option(
-        None, metavar="N,N,...", show_default="1,8; 8,32,128 for throughput", help="Batch sizes, comma-separated."
-    ),
-    graphs: Optional[bool] = typer.Option(
-        None,
-        "--graphs/--no-graphs",
-        show_default="on with CUDA",
-        help="Include the CUDA-graph rows (--no-graphs: eager rows only).",
-    ),
-    json_path: Optional[Path] = typer.Option(
-        None, "--json", metavar="FILE", help="Also write the results as JSON here."
-    ),
-    folder: Optional[Path] = typer.Option(
-        None, "--folder", metavar="DIR", help="Throughput instead: transcribe the audio files under DIR end to end."
-    ),
-    throughput: bool = typer.Option(
-        False, "--throughput", help="Throughput on a generated folder of real speech (LibriSpeech-like lengths)."
-    ),
-    files: int = typer.Option(256, "--files", min=1, metavar="N", help="Files in the generated folder (--throughput)."),
-    batch_seconds: Optional[float] = typer.Option(
-        None,
-        "--batch-seconds",
-        min=0,
-        metavar="S",
-        show_default=_BATCH_SECONDS_DEFAULT,
-        help="Throughput rows: seconds of padded audio per batch at most (see transcribe --help).",
-    ),
-    devices: Optional[str] = typer.Option(
-        None,
-        metavar="all|cuda:0,cuda:1,...",
-        show_default=False,
-        help="Throughput on the first 1, 2, ... n of these devices (see transcribe --help), with --folder or --throughput.",
-    ),
-    serve: Optional[str] = typer.Option(
-        None, "--serve", metavar="URL", help="Load-test a running `transcribe serve` with the files under --folder."
-    ),
-    concurrency: str = typer.Option("1,8,32,128", metavar="N,N,...", help="--serve: clients at once, a row each."),
-    api_key: Optional[str] = typer.Option(
-        None, "--api-key", envvar="GRAPHSCRIBE_API_KEY", metavar="KEY", help="--serve: the server's API key."
-    ),
-    response_format: str = typer.Option("json", metavar="FORMAT", help="--serve: the response_format asked for."),
-    client_processes: Optional[int] = typer.Option(
-        None,
-        "--client-processes",
-        metavar="P",
-        show_default=False,
-        help="--serve: processes the clients are spread over (default: one).",
-    ),
-) -> None:
-    """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
-    --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
-    a running server."""
-    _setup_logging()
-    if serve is not None:  # a load test of a running server: no model here
-        from graphscribe.serve.loadtest import bench_server, print_report
-
-        try:
-            report = bench_server(serve, folder, concurrency, api_key, response_format, client_processes)
-        except ValueError as err:
-            _fail_usage(str(err))
-        print_report(report, Console(width=None if sys.stdout.isatty() else 240))
-        if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        return
-    folder_mode = folder is not None or throughput
-    if folder_mode and clips:
-        _fail_usage("bench: give CLIPS, or --folder / --throughput, not both")
-    sizes = _batch_sizes(batch_sizes or ("8,32,128" if folder_mode else "1,8"))
-    reps = reps or (3 if folder_mode else 5)
-    if devices is not None:
-        if not folder_mode:
-            _fail_usage("bench --devices: with --folder or --throughput")
-        from graphscribe.io.audio import NATIVE_STDERR
-
-        several = _devices_or_exit(devices, device)
-        with NATIVE_STDERR.installed():
-            batch = max(sizes) if batch_sizes else None  # None: the devices' default
-            report = _bench_devices(several, model, dtype, graphs, folder, files, batch, reps, batch_seconds)
-        _write_report(report, json_path)
-        return
-    loaded = load_or_exit(model, device, dtype, graphs=False)
-    want_graphs = graphs is not False
-    modes = [False, True] if want_graphs and loaded.device.type == "cuda" else [False]
-    if loaded.device.type != "cuda":
-        err_console.print("note: CUDA graphs need a CUDA device; benchmarking the eager rows only")
-    console = Console(width=None if sys.stdout.isatty() else 240)
-    if folder_mode:
-        report = _bench_folder(loaded, folder, files, sizes, reps, modes, batch_seconds, console)
-    else:
-        from graphscribe.bench import print_table, run_bench, tier_clips
-
-        try:
-            tiers = tier_clips(loaded, clips or None)
-        except ValueError as err:
-            _fail_usage(str(err))
-        report = run_bench(loaded, tiers, sizes, reps, modes, announce=_announce)
-        print_table(report, console)
-    _write_report(report, json_path)
-
-
-def _write_report(report: dict, json_path: Optional[Path]) -> None:
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-
-
-def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, batch_seconds) -> dict:
-    """`bench --devices`: RTFx per device count on the folder (or a generated one), at --batch-sizes' largest."""
-    import tempfile
-
-    from graphscribe.bench import make_folder, print_device_scaling, run_device_scaling
-    from graphscribe.io.config import RunOptions
-
-    with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated:
-        paths = make_folder(generated, files) if folder is None else find_audio_files(folder) if folder.is_dir() else []
-        if not paths:
-            _fail_usage(f"--folder {folder}: no audio files there")
-        options = RunOptions(dtype=dtype, graphs=graphs is not False)
-        report = run_device_scaling(model_source(model), devices, paths, options, batch, batch_seconds, reps)
-    print_device_scaling(report, Console(width=None if sys.stdout.isatty() else 240))
-    return report
-
-
-def _announce(row: str) -> None:
-    """What a benchmark is running now, one stderr line per row as it starts (rows take seconds to minutes)."""
-    err_console.print(f"running: {escape(row)}")
-
-
-def _batch_sizes(value: str) -> list[int]:
-    try:
-        sizes = sorted({int(s) for s in value.split(",") if s.strip()})
-    except ValueError:
-        _fail_usage(f"--batch-sizes {value!r}: use comma-separated whole numbers such as 1,8")
-    if not sizes or min(sizes) < 1:
-        _fail_usage(f"--batch-sizes {value!r}: sizes must be 1 or more")
-    return sizes
-
-
-def _bench_folder(
-    loaded,
-    folder: Optional[Path],
-    files: int,
-    sizes: list[int],
-    reps: int,
-    modes: list[bool],
-    batch_seconds: Optional[float],
-    console: Console,
-) -> dict:
-    """Throughput rows over the files under `folder`, or over `files` generated clips."""
-    from graphscribe.bench import make_folder, print_throughput, run_throughput
-    from graphscribe.io.audio import NATIVE_STDERR
-
-    with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated, NATIVE_STDERR.installed():
-        if folder is None:
-            paths = make_folder(generated, files)
-            err_console.print(
-                f"note: {len(paths)} clips of real speech with LibriSpeech-like lengths "
-                "(scripts/make_folder.py makes the same folder)"
-            )
-        else:
-            paths = find_audio_files(folder) if folder.is_dir() else []
-            if not paths:
-                _fail_usage(f"--folder {folder}: no audio files there")
-        report = run_throughput(loaded, paths, sizes, reps, modes, batch_seconds, announce=_announce)
-        report["folder"] = str(folder) if folder is not None else f"generated: {len(paths)} clips (make_folder, seed 0)"
-    print_throughput(report, console)
-    return report
-
-
-def ray_command(
-    source: str = typer.Argument(
-        ..., metavar="INPUT", help="A folder, a text file of paths or URIs (one a line), or Parquet with a path column."
-    ),
-    output_dir: str = typer.Argument(
-        ..., metavar="OUTPUT_DIR", help="Parquet parts go here; inputs with a row without error there are skipped."
-    ),
-    model: Optional[str] = typer.Option(
-        None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
-    ),
-    gpus_per_actor: float = typer.Option(1.0, min=0, metavar="G", help="GPUs per model actor (0.5: two share one)."),
-    actors: Optional[int] = typer.Option(
-        None, min=1, metavar="N", show_default="the cluster's GPUs / G; 1 on CPUs", help="Model actors."
-    ),
-    batch: Optional[int] = typer.Option(
-        None, "--batch", "-b", min=1, metavar="N", show_default=_BATCH_DEFAULT, help=_BATCH_HELP
-    ),
-    batch_seconds: Optional[float] = typer.Option(
-        None, "--batch-seconds", min=0, metavar="S", show_default=_BATCH_SECONDS_DEFAULT, help=_BATCH_SECONDS_HELP
-    ),
-    device: str = typer.Option("auto", metavar="auto|cpu|cuda", help="auto: CUDA where the cluster has GPUs."),
-    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
-) -> None:
-    """Transcribe with Ray Data on the cluster ray.init() finds (local when there is none): Parquet rows of path,
-    text, token_ids, words, segments, audio_seconds, error."""
-    _setup_logging()
-    try:
-        import ray  # noqa: F401
-
-        from graphscribe.ray_data import transcribe_ray
-    except ImportError:
-        _fail_usage("transcribe ray needs Ray: pip install 'graphscribe[ray]'")
-    try:
-        skipped, written = transcribe_ray(
-            source, output_dir, model_source(model), device, actors, gpus_per_actor, dtype, batch, batch_seconds
-        )
-    except (ValueError, OSError) as err:
-        _fail_usage(str(err))
-    if skipped:
-        err_console.print(f"skipped {skipped} inputs done in {escape(output_dir)} already")
-    err_console.print(f"wrote {written} rows to {escape(output_dir)}")
-
-
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 transcribe_app.command(epilog=_EXAMPLES)(transcribe_command)
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 bench_app.command()(bench_command)
-ray_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-ray_app.command()(ray_command)
+
+
+# The packages each extra brings: a command whose extra is missing says which to install, in one line.
+EXTRAS = {"serve": ("starlette", "uvicorn", "httptools", "uvloop"), "ray": ("ray", "pyarrow")}
+
+
+def missing_extra(command: str, extra: str, err: ModuleNotFoundError) -> None:
+    """Exit 2 with one line naming the extra to install, if `err` is a package of that extra; else re-raise."""
+    missing = (err.name or "").split(".")[0]
+    if missing not in EXTRAS[extra]:
+        raise err
+    err_console.print(f"[red]error:[/red] {escape(f'{command} needs {missing}: pip install graphscribe[{extra}]')}")
+    raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -881,17 +493,16 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] == "bench":
         bench_app(args[1:], prog_name="transcribe bench")
     elif args and args[0] == "ray":
+        try:
+            from graphscribe.ray_data import ray_app  # here: pyarrow and Ray are for `transcribe ray` only
+        except ModuleNotFoundError as err:
+            missing_extra("transcribe ray", "ray", err)
         ray_app(args[1:], prog_name="transcribe ray")
     elif args and args[0] == "serve":
         try:
             from graphscribe.serve.server import serve_app  # here: starlette and uvicorn are for the server only
         except ModuleNotFoundError as err:
-            missing = (err.name or "").split(".")[0]
-            if missing not in ("starlette", "uvicorn"):
-                raise
-            message = f"transcribe serve needs {missing}: pip install 'graphscribe[serve]'"
-            err_console.print(f"[red]error:[/red] {escape(message)}")
-            raise SystemExit(2) from None
+            missing_extra("transcribe serve", "serve", err)
         serve_app(args[1:], prog_name="transcribe serve")
     else:
         transcribe_app(args, prog_name="transcribe")
@@ -906,7 +517,7 @@ def entry() -> None:
     SIGINT and SIGTERM are handled from here on (`_Signals`): before torch is imported, so a Ctrl-C while it
     loads ends in one line too.
     """
-    _SIGNALS.install()
+    SIGNALS.install()
     try:
         main()
         code = 0

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from graphscribe.io.config import DEMO_NAME, UnsupportedModelError
+from graphscribe.io.config import BATCH_FILES, CPU_BATCH_SECONDS, DEMO_NAME, SECONDS_PER_GIB, UnsupportedModelError
 from graphscribe.io.tokenizer import TokenizerError
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
@@ -73,7 +74,7 @@ def load_or_exit(
     on_config: see `load_model`."""
     from graphscribe.api import load_model
     from graphscribe.io.checkpoint import CheckpointError
-    from graphscribe.runtime.pipeline import limit_host_threads
+    from graphscribe.runtime.defaults import limit_host_threads
     from graphscribe.runtime.priming import prime
 
     primer = prime(device, dtype)  # CUDA's libraries load while the checkpoint does
@@ -109,3 +110,31 @@ DTYPE_HELP = (
     "auto: bfloat16 on CUDA GPUs that have it (same word error rate, about twice as fast), float32 elsewhere. "
     "float32 gives NeMo's exact token ids. On the CPU, float16 falls back to float32."
 )
+
+
+DEVICES_HELP = (
+    "Several devices of this host, one worker process and model each, sharing one longest-first plan: "
+    "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."
+)
+ATTENTION_HELP = (
+    "Encoder attention. auto: full attention (NeMo's default) unless an input is over 24 min or full "
+    "attention would not fit in free memory, then local (one note on stderr). full: always full. "
+    "local: NeMo's rel_pos_local_attn, linear in length. A checkpoint trained with local attention "
+    "uses its own window (full still forces full)."
+)
+BATCH_HELP = "Files per batch (longest first)."
+BATCH_DEFAULT = f"{BATCH_FILES['cuda-float32']} on CUDA in float32, {BATCH_FILES['cuda-16bit']} in 16 bits, {BATCH_FILES['cpu']} on the CPU"
+BATCH_SECONDS_HELP = (
+    "Seconds of padded audio per batch at most: files x the longest one's length, so long files "
+    "batch narrowly and short ones widely; 0: no cap."
+)
+BATCH_SECONDS_DEFAULT = (
+    f"{SECONDS_PER_GIB:g} per GiB of GPU memory ({SECONDS_PER_GIB * 80:g} on 80 GB), {CPU_BATCH_SECONDS:g} on the CPU"
+)
+
+
+def find_audio_files(folder: Path) -> list[Path]:
+    """`audio.find_audio_files`, imported on first use (audio.py imports torch)."""
+    from graphscribe.io.audio import find_audio_files as find
+
+    return find(folder)

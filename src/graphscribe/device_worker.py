@@ -60,7 +60,7 @@ def work(conn: Connection, source: str, options: RunOptions, share: int) -> None
     marks = {"started": time.perf_counter()}  # start-up phases (`DeviceStats.phases`)
     import torch
 
-    from graphscribe.runtime.pipeline import limit_host_threads
+    from graphscribe.runtime.defaults import limit_host_threads
 
     marks["torch"] = time.perf_counter()
     limit_host_threads(options.device, share)
@@ -110,8 +110,9 @@ def _job(
     from graphscribe.io.checkpoint import CheckpointError
     from graphscribe.io.config import UnsupportedModelError
     from graphscribe.io.tokenizer import TokenizerError
-    from graphscribe.runtime.pipeline import read_ahead, transcribe_stream, warm_up_run
+    from graphscribe.runtime.pipeline import transcribe_stream, warm_up_run
     from graphscribe.runtime.priming import prime
+    from graphscribe.runtime.reading import read_ahead
 
     owner: dict[int, int] = {}  # file index -> its batch's plan position
     sizes: dict[int, int] = {}  # plan position -> files

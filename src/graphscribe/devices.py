@@ -31,8 +31,9 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Optional
 
+from graphscribe.console import fail_usage
 from graphscribe.device_worker import work
 from graphscribe.io.audio import audio_seconds
 from graphscribe.io.config import RunOptions
@@ -204,7 +205,7 @@ class DevicePool:
             import torch
 
             from graphscribe.model.transducer import resolve_dtype  # here: loading a model is the workers' business
-            from graphscribe.runtime.pipeline import default_batching
+            from graphscribe.runtime.defaults import default_batching
 
             targets = [torch.device(d) for d in self.devices]
             self._batching = [default_batching(t, resolve_dtype(self.options.dtype, t)) for t in targets]
@@ -527,3 +528,15 @@ def transcribe_on_devices(
 
 
 # ---------------------------------------------------------------------------- the worker process
+
+
+def devices_or_exit(devices: Optional[str], device: str) -> list[str]:
+    """--devices as device names ([] when not given); a bad value exits 2 with one line, before any loading."""
+    if devices is None:
+        return []
+    if device != "auto":
+        fail_usage(f"--device {device} --devices {devices}: give one of them")
+    try:
+        return parse_devices(devices)
+    except ValueError as err:
+        fail_usage(str(err))

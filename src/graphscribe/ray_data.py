@@ -14,12 +14,28 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import soundfile as sf
+import typer
+from rich.markup import escape
 
+from graphscribe.console import (
+    BATCH_DEFAULT,
+    BATCH_HELP,
+    BATCH_SECONDS_DEFAULT,
+    BATCH_SECONDS_HELP,
+    DTYPE_HELP,
+    MODEL_DEFAULT,
+    MODEL_HELP,
+    err_console,
+    fail_usage,
+    model_source,
+    setup_logging,
+)
 from graphscribe.io.audio import AudioError, find_audio_files, prepare_audio, read_input
 
 DECODED = pa.schema([("path", pa.string()), ("samples", pa.binary()), ("error", pa.string())])  # samples: float32
@@ -233,3 +249,50 @@ def transcribe_ray(
     )
     pipeline.write_parquet(str(output_dir))
     return len(paths) - len(todo), len(todo)
+
+
+def ray_command(
+    source: str = typer.Argument(
+        ..., metavar="INPUT", help="A folder, a text file of paths or URIs (one a line), or Parquet with a path column."
+    ),
+    output_dir: str = typer.Argument(
+        ..., metavar="OUTPUT_DIR", help="Parquet parts go here; inputs with a row without error there are skipped."
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP
+    ),
+    gpus_per_actor: float = typer.Option(1.0, min=0, metavar="G", help="GPUs per model actor (0.5: two share one)."),
+    actors: Optional[int] = typer.Option(
+        None, min=1, metavar="N", show_default="the cluster's GPUs / G; 1 on CPUs", help="Model actors."
+    ),
+    batch: Optional[int] = typer.Option(
+        None, "--batch", "-b", min=1, metavar="N", show_default=BATCH_DEFAULT, help=BATCH_HELP
+    ),
+    batch_seconds: Optional[float] = typer.Option(
+        None, "--batch-seconds", min=0, metavar="S", show_default=BATCH_SECONDS_DEFAULT, help=BATCH_SECONDS_HELP
+    ),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda", help="auto: CUDA where the cluster has GPUs."),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
+) -> None:
+    """Transcribe with Ray Data on the cluster ray.init() finds (local when there is none): Parquet rows of path,
+    text, token_ids, words, segments, audio_seconds, error."""
+    setup_logging()
+    try:
+        import ray  # noqa: F401
+
+        from graphscribe.ray_data import transcribe_ray
+    except ImportError:
+        fail_usage("transcribe ray needs Ray: pip install 'graphscribe[ray]'")
+    try:
+        skipped, written = transcribe_ray(
+            source, output_dir, model_source(model), device, actors, gpus_per_actor, dtype, batch, batch_seconds
+        )
+    except (ValueError, OSError) as err:
+        fail_usage(str(err))
+    if skipped:
+        err_console.print(f"skipped {skipped} inputs done in {escape(output_dir)} already")
+    err_console.print(f"wrote {written} rows to {escape(output_dir)}")
+
+
+ray_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+ray_app.command()(ray_command)

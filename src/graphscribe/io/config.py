@@ -99,6 +99,18 @@ class ModelConfig:
         return self.features.hop_length * self.encoder.subsampling_factor / self.features.sample_rate
 
 
+# Default files per batch: on CUDA by the model's dtype, measured with the plain command (a 0.6b model on an H100,
+# LibriSpeech-like files, bench/2026-11-defaults): float32 32 rows (64: 4% slower), 16 bits 64 rows (128 and 256
+# no faster, and a new size class's first uses cost more).
+BATCH_FILES = {"cuda-float32": 32, "cuda-16bit": 64, "cpu": 8}
+
+# Default caps on padded audio per batch. A 0.6b model's features and encoder take about 7 MB per padded second in
+# float32 (measured on the CPU; the first subsampling convolution's output is the largest tensor), so 40 s per GiB
+# of GPU memory uses about a quarter of it (3200 s, ~22 GB, on an 80 GB H100).
+SECONDS_PER_GIB = 40.0
+CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How to run a model: changed with `dataclasses.replace`, never mutated."""

@@ -16,10 +16,11 @@ from graphscribe.io.audio import read_input
 from graphscribe.io.config import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
-from graphscribe.model.encoder import encoder_frames, memory_estimate, subsampled_lengths
+from graphscribe.model.encoder import encoder_frames, memory_estimate
 from graphscribe.model.features import PackedClips
 from graphscribe.model.graphs import LayerGraphs
 from graphscribe.model.packing import PackedFront, Packing
+from graphscribe.model.subsampling import subsampled_lengths
 from graphscribe.model.transducer import Transducer, available_memory, cudnn_without_tf32, resolve_device, resolve_dtype
 from graphscribe.output.finishing import Finishing
 from graphscribe.output.timestamps import WordRules

@@ -38,12 +38,16 @@ from typing import TYPE_CHECKING, Optional
 import torch
 import typer
 
-from graphscribe.console import DEVICE_HELP as _DEVICE_HELP
-from graphscribe.console import DTYPE_HELP as _DTYPE_HELP
-from graphscribe.console import MODEL_DEFAULT as _MODEL_DEFAULT
-from graphscribe.console import MODEL_ENV, err_console, load_or_exit
-from graphscribe.console import MODEL_HELP as _MODEL_HELP
-from graphscribe.console import setup_logging as _setup_logging
+from graphscribe.console import (
+    DEVICE_HELP,
+    DTYPE_HELP,
+    MODEL_DEFAULT,
+    MODEL_ENV,
+    MODEL_HELP,
+    err_console,
+    load_or_exit,
+    setup_logging,
+)
 from graphscribe.io.checkpoint import DEMO_NAME
 from graphscribe.serve.http_front import (
     DONE,
@@ -374,7 +378,7 @@ def _loopback(host: str) -> bool:
 
 def serve_command(
     model: Optional[str] = typer.Option(
-        None, "--model", "-m", metavar="MODEL", show_default=_MODEL_DEFAULT, help=_MODEL_HELP
+        None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP
     ),
     host: str = typer.Option(
         "127.0.0.1", "--host", metavar="ADDRESS", help="Address to listen on (0.0.0.0: every interface)."
@@ -426,11 +430,11 @@ def serve_command(
         show_default="one per 4 cores up to 4 beside a GPU, 1 on the CPU",
         help="HTTP worker processes: they take the requests and decode the uploads, apart from the model's process.",
     ),
-    device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=_DEVICE_HELP),
-    dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=_DTYPE_HELP),
+    device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
+    dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
 ) -> None:
     """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model."""
-    _setup_logging()
+    setup_logging()
     if not _loopback(host) and api_key is None:
         err_console.print(
             f"warning: listening on {host} without --api-key: anyone who can reach this port can use the server"

@@ -33,19 +33,10 @@ from graphscribe.io.audio import read_input
 from graphscribe.model.decoding import size_class
 from graphscribe.model.packing import Packing
 from graphscribe.output.transcript import Transcript
+from graphscribe.runtime.defaults import default_batching, pad_samples
 from graphscribe.runtime.loaded import FULL_ATTENTION_MAX_SECONDS
-from graphscribe.runtime.pipeline import (
-    READ_AHEAD,
-    WARM_UP_CLIP,  # real speech (shipped in the package), tiled to length
-    Batch,
-    HostBuffers,
-    collate,
-    default_batching,
-    gather,
-    pad_samples,
-    transcribe_stream,
-    warm_up_encoder,
-)
+from graphscribe.runtime.pipeline import WARM_UP_CLIP, transcribe_stream, warm_up_encoder
+from graphscribe.runtime.reading import READ_AHEAD, Batch, HostBuffers, collate, gather
 from graphscribe.runtime.scheduler import Scheduler
 
 if TYPE_CHECKING:

@@ -1,0 +1,1 @@
+"""`transcribe bench`: the decode benchmark (decode.py), the folder throughput (folder.py), the command (command.py)."""

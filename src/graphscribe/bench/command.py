@@ -1,0 +1,217 @@
+"""The `transcribe bench` command: decode rows, folder throughput, device scaling, or the server's load test."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from graphscribe.console import (
+    BATCH_SECONDS_DEFAULT,
+    DEVICE_HELP,
+    DTYPE_HELP,
+    MODEL_DEFAULT,
+    MODEL_HELP,
+    err_console,
+    fail_usage,
+    find_audio_files,
+    load_or_exit,
+    model_source,
+    setup_logging,
+)
+from graphscribe.devices import devices_or_exit
+
+if TYPE_CHECKING:
+    pass
+
+
+def bench_command(
+    clips: List[Path] = typer.Argument(
+        None, metavar="CLIPS", show_default="7.4 s, 23 s and 77 s of real speech", help="Audio clips to benchmark."
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP
+    ),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
+    reps: Optional[int] = typer.Option(
+        None,
+        min=1,
+        metavar="N",
+        show_default="5; 3 for throughput",
+        help="Timed repetitions per row (the median is reported).",
+    ),
+    batch_sizes: Optional[str] = typer.Option(
+        None, metavar="N,N,...", show_default="1,8; 8,32,128 for throughput", help="Batch sizes, comma-separated."
+    ),
+    graphs: Optional[bool] = typer.Option(
+        None,
+        "--graphs/--no-graphs",
+        show_default="on with CUDA",
+        help="Include the CUDA-graph rows (--no-graphs: eager rows only).",
+    ),
+    json_path: Optional[Path] = typer.Option(
+        None, "--json", metavar="FILE", help="Also write the results as JSON here."
+    ),
+    folder: Optional[Path] = typer.Option(
+        None, "--folder", metavar="DIR", help="Throughput instead: transcribe the audio files under DIR end to end."
+    ),
+    throughput: bool = typer.Option(
+        False, "--throughput", help="Throughput on a generated folder of real speech (LibriSpeech-like lengths)."
+    ),
+    files: int = typer.Option(256, "--files", min=1, metavar="N", help="Files in the generated folder (--throughput)."),
+    batch_seconds: Optional[float] = typer.Option(
+        None,
+        "--batch-seconds",
+        min=0,
+        metavar="S",
+        show_default=BATCH_SECONDS_DEFAULT,
+        help="Throughput rows: seconds of padded audio per batch at most (see transcribe --help).",
+    ),
+    devices: Optional[str] = typer.Option(
+        None,
+        metavar="all|cuda:0,cuda:1,...",
+        show_default=False,
+        help="Throughput on the first 1, 2, ... n of these devices (see transcribe --help), with --folder or --throughput.",
+    ),
+    serve: Optional[str] = typer.Option(
+        None, "--serve", metavar="URL", help="Load-test a running `transcribe serve` with the files under --folder."
+    ),
+    concurrency: str = typer.Option("1,8,32,128", metavar="N,N,...", help="--serve: clients at once, a row each."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="GRAPHSCRIBE_API_KEY", metavar="KEY", help="--serve: the server's API key."
+    ),
+    response_format: str = typer.Option("json", metavar="FORMAT", help="--serve: the response_format asked for."),
+    client_processes: Optional[int] = typer.Option(
+        None,
+        "--client-processes",
+        metavar="P",
+        show_default=False,
+        help="--serve: processes the clients are spread over (default: one).",
+    ),
+) -> None:
+    """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
+    --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
+    a running server."""
+    setup_logging()
+    if serve is not None:  # a load test of a running server: no model here
+        from graphscribe.serve.loadtest import bench_server, print_report
+
+        try:
+            report = bench_server(serve, folder, concurrency, api_key, response_format, client_processes)
+        except ValueError as err:
+            fail_usage(str(err))
+        print_report(report, Console(width=None if sys.stdout.isatty() else 240))
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        return
+    folder_mode = folder is not None or throughput
+    if folder_mode and clips:
+        fail_usage("bench: give CLIPS, or --folder / --throughput, not both")
+    sizes = _batch_sizes(batch_sizes or ("8,32,128" if folder_mode else "1,8"))
+    reps = reps or (3 if folder_mode else 5)
+    if devices is not None:
+        if not folder_mode:
+            fail_usage("bench --devices: with --folder or --throughput")
+        from graphscribe.io.audio import NATIVE_STDERR
+
+        several = devices_or_exit(devices, device)
+        with NATIVE_STDERR.installed():
+            batch = max(sizes) if batch_sizes else None  # None: the devices' default
+            report = _bench_devices(several, model, dtype, graphs, folder, files, batch, reps, batch_seconds)
+        _write_report(report, json_path)
+        return
+    loaded = load_or_exit(model, device, dtype, graphs=False)
+    want_graphs = graphs is not False
+    modes = [False, True] if want_graphs and loaded.device.type == "cuda" else [False]
+    if loaded.device.type != "cuda":
+        err_console.print("note: CUDA graphs need a CUDA device; benchmarking the eager rows only")
+    console = Console(width=None if sys.stdout.isatty() else 240)
+    if folder_mode:
+        report = _bench_folder(loaded, folder, files, sizes, reps, modes, batch_seconds, console)
+    else:
+        from graphscribe.bench.decode import print_table, run_bench, tier_clips
+
+        try:
+            tiers = tier_clips(loaded, clips or None)
+        except ValueError as err:
+            fail_usage(str(err))
+        report = run_bench(loaded, tiers, sizes, reps, modes, announce=_announce)
+        print_table(report, console)
+    _write_report(report, json_path)
+
+
+def _write_report(report: dict, json_path: Optional[Path]) -> None:
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, batch_seconds) -> dict:
+    """`bench --devices`: RTFx per device count on the folder (or a generated one), at --batch-sizes' largest."""
+    import tempfile
+
+    from graphscribe.bench.folder import make_folder, print_device_scaling, run_device_scaling
+    from graphscribe.io.config import RunOptions
+
+    with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated:
+        paths = make_folder(generated, files) if folder is None else find_audio_files(folder) if folder.is_dir() else []
+        if not paths:
+            fail_usage(f"--folder {folder}: no audio files there")
+        options = RunOptions(dtype=dtype, graphs=graphs is not False)
+        report = run_device_scaling(model_source(model), devices, paths, options, batch, batch_seconds, reps)
+    print_device_scaling(report, Console(width=None if sys.stdout.isatty() else 240))
+    return report
+
+
+def _announce(row: str) -> None:
+    """What a benchmark is running now, one stderr line per row as it starts (rows take seconds to minutes)."""
+    err_console.print(f"running: {escape(row)}")
+
+
+def _batch_sizes(value: str) -> list[int]:
+    try:
+        sizes = sorted({int(s) for s in value.split(",") if s.strip()})
+    except ValueError:
+        fail_usage(f"--batch-sizes {value!r}: use comma-separated whole numbers such as 1,8")
+    if not sizes or min(sizes) < 1:
+        fail_usage(f"--batch-sizes {value!r}: sizes must be 1 or more")
+    return sizes
+
+
+def _bench_folder(
+    loaded,
+    folder: Optional[Path],
+    files: int,
+    sizes: list[int],
+    reps: int,
+    modes: list[bool],
+    batch_seconds: Optional[float],
+    console: Console,
+) -> dict:
+    """Throughput rows over the files under `folder`, or over `files` generated clips."""
+    from graphscribe.bench.folder import make_folder, print_throughput, run_throughput
+    from graphscribe.io.audio import NATIVE_STDERR
+
+    with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated, NATIVE_STDERR.installed():
+        if folder is None:
+            paths = make_folder(generated, files)
+            err_console.print(
+                f"note: {len(paths)} clips of real speech with LibriSpeech-like lengths "
+                "(scripts/make_folder.py makes the same folder)"
+            )
+        else:
+            paths = find_audio_files(folder) if folder.is_dir() else []
+            if not paths:
+                fail_usage(f"--folder {folder}: no audio files there")
+        report = run_throughput(loaded, paths, sizes, reps, modes, batch_seconds, announce=_announce)
+        report["folder"] = str(folder) if folder is not None else f"generated: {len(paths)} clips (make_folder, seed 0)"
+    print_throughput(report, console)
+    return report
