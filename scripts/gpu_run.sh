@@ -14,7 +14,7 @@
 #   shortfiles   host memory on 10 000 short files
 #   coldstart    process start to the first transcript (scripts/cold_start.py)
 #   long         10 to 180 minutes with local, auto and full attention, and the encoder alone
-#   profile, tune, trace, firstuses, decodeab: the developer's measurements of scripts/experiments/
+#   tune         the fused step's tiles and windows (scripts/experiments/tune_step.py)
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -58,14 +58,6 @@ run_bench() {
     for dtype in float32 bfloat16; do
         step "bench $dtype" 120 python3 -m graphscribe.cli bench --model $ckpt --dtype $dtype --reps 5 \
             --batch-sizes 1,8 --json "$OUT/bench-$dtype.json"
-    done
-}
-run_profile() {
-    local dtype batch kind flag  # PROFILES: "dtype batch step [--no-pdl];..."
-    echo "${PROFILES:-float32 1 fused;float32 1 fused --no-pdl;bfloat16 1 fused;bfloat16 1 fused --no-pdl;float32 8 fused}" |
-    tr ';' '\n' | while read -r dtype batch kind flag; do
-        step "profile $dtype B=$batch $kind $flag" 90 python3 scripts/experiments/profile_step.py --model $ckpt --dtype $dtype \
-            --batch $batch --step $kind $flag --json "$OUT/profile.jsonl"
     done
 }
 run_gputests() {  # every GPU-marked test (decoding, pipeline, bench, timestamps); the files whose extras (av, ray,
@@ -117,26 +109,6 @@ run_long() {  # 10 to 180 minutes, each dtype in a process of its own (peaks hol
     step "encoder alone" 90 python3 scripts/long_audio_bench.py --model $ckpt --out "$OUT/encoder" \
         --dtypes bfloat16,float32 --batch-sizes 1,8,32 --skip-long --budget-seconds 200
 }
-run_trace() {  # where the GPU waits in a warm folder pass (TRACES: "dtype batch;..."; TRACE_COLD=1: the first pass,
-    make_folder  # after one CLI run has filled Triton's cache; TRACE_COLD=empty: on the cache as it is)
-    local dtype batch
-    echo "${TRACES:-bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
-        [ "${TRACE_COLD:-}" = 1 ] && python3 -m graphscribe.cli $folder --model $ckpt --dtype $dtype --batch "$batch" \
-            -o /tmp/trace-out >/dev/null 2>&1  # Triton's kernel cache
-        step "trace $dtype B=$batch" 150 python3 scripts/experiments/trace_pipeline.py --model $ckpt --folder $folder \
-            --dtype $dtype --batch "$batch" --out "$OUT/trace-$dtype-$batch${TRACE_COLD:+-cold}" ${TRACE_COLD:+--cold}
-    done
-}
-run_firstuses() {  # what the first pass pays over a second in one process, by stage and batch (FIRST_USES:
-    make_folder      # "dtype batch;..."; FIRST_USES_ARGS: more first_uses.py options, e.g. --cprofile 1)
-    local dtype batch
-    echo "${FIRST_USES:-float32 8;float32 32;bfloat16 128}" | tr ';' '\n' | while read -r dtype batch; do
-        python3 -m graphscribe.cli $folder --model $ckpt --dtype $dtype --batch "$batch" -o /tmp/fu-out \
-            >/dev/null 2>&1  # Triton's kernel cache
-        step "first uses $dtype B=$batch" 150 python3 scripts/experiments/first_uses.py --model $ckpt --folder $folder \
-            --dtype $dtype --batch "$batch" --json "$OUT/first_uses.jsonl" ${FIRST_USES_ARGS:-}
-    done
-}
 run_api() {  # the in-memory API on the folder, graphs on and off, in this run (API_CONFIGS: "dtype batch;...";
             # API_GRAPHS: the modes in turn, default on,off)
     make_folder
@@ -157,19 +129,6 @@ run_cli() {  # the CLI on the folder, txt output, a process a run, after one run
                 2>&1 | grep 'loaded in')
             echo "cli $dtype B=$batch rep $rep: $line" | tee -a "$log"
         done
-    done
-}
-run_decodeab() {  # a decode's time outside its steps, another version against src/, alternating: BASELINE_SRC, a
-    # folder holding that version's graphscribe package; DECODE_ROUNDS rounds; DECODE_ARGS: more decode_overhead.py
-    # options; DECODE_OPS=1: src's host time by PyTorch operation too
-    local base=${BASELINE_SRC:-baseline} round
-    for round in $(seq 1 "${DECODE_ROUNDS:-2}"); do
-        step "decode overhead, $base, round $round" 200 env PYTHONPATH=/tmp/site:$PWD/$base python3 \
-            scripts/experiments/decode_overhead.py --model $ckpt --label "$base-$round" --json "$OUT/decode-overhead.jsonl" \
-            --md "$OUT/decode-overhead-base-$round.md" ${DECODE_ARGS:-}
-        step "decode overhead, src, round $round" 200 python3 scripts/experiments/decode_overhead.py --model $ckpt \
-            --label "src-$round" --json "$OUT/decode-overhead.jsonl" --md "$OUT/decode-overhead-src-$round.md" \
-            ${DECODE_OPS:+--ops "$OUT/decode-ops-src-$round.md"} ${DECODE_ARGS:-}
     done
 }
 run_tune() {  # TUNE_ARGS: more tune_step.py options; TUNE_SECONDS: its time limit

@@ -38,14 +38,6 @@ stop() {
 # over the nonzero samples (the idle ones around a step left out).
 util() { nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > "/tmp/util-$1.txt" & utilpid=$!; }
 unutil() { kill $utilpid; python3 -c "import sys; v=[int(x) for x in open(sys.argv[1]) if x.strip()]; b=[x for x in v if x>0]; print(f'GPU utilisation {sys.argv[2]}: {sum(b)/max(1,len(b)):.0f}% over the {len(b)} nonzero of {len(v)} samples')" "/tmp/util-$1.txt" $1 | tee -a "$log"; }
-# `probed NAME`: 128 clients twice over the 4096 files on the server up now, each process's and thread's share of a
-# core beside (scripts/experiments/cpu_probe.py) and the GPU's utilisation, then the server stopped.
-probed() {
-    util $1
-    step "server $1" 100 python3 scripts/experiments/cpu_probe.py --pid $server -- python3 -m graphscribe.cli bench \
-        --serve http://127.0.0.1:8000 --folder /tmp/f4096 --concurrency 128,128 --json "$OUT/serve-$1.json"
-    unutil $1; stop $1
-}
 # `loaded NAME`: 128 clients twice over the 4096 files on the server up now, the GPU's utilisation beside; `low NAME`:
 # 32 clients over the 4096 files, then 8 and 1 over the 512 (JSON under $OUT as serve-NAME*.json).
 loaded() {
