@@ -134,10 +134,10 @@ def test_first_conv_matches_pytorch(dtype):
             p.copy_(torch.randn(p.shape, generator=gen))
     x = torch.randn(b, f, t, generator=gen).to(dtype).transpose(1, 2)[:, None]  # (B, 1, T, F), time contiguous
     lengths = torch.tensor([45, 30, 0, -7])
-    halved = encoder._halved(lengths)
+    halved = subsampling._halved(lengths)
     first = first.to(dtype)
     with torch.inference_mode():
-        want = encoder._relu_masked(copy.deepcopy(first).float()(encoder._mask_time(x.float(), lengths)), halved)
+        want = subsampling._relu_masked(copy.deepcopy(first).float()(subsampling._mask_time(x.float(), lengths)), halved)
         got = kernels.first_conv(x.to(DEVICE), lengths.to(DEVICE), halved.to(DEVICE), *_on_device(first)).cpu()
     assert got.dtype == dtype and got.shape == want.shape == (b, c, 23, 10)
     tol = 1e-5 if dtype == torch.float32 else 1e-2

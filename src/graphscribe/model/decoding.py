@@ -46,6 +46,18 @@ ROUND_SHARE = 0.7
 
 
 @dataclass
+class DecodeState:
+    """Where a row's decoding stands at the end of a chunk, to go on with the next chunk (streaming), as NeMo's
+    label-looping decoders carry it (`BatchedLabelLoopingState`): the prediction net's state after the last token,
+    its projected output, and how many frames past the chunk's end the last step jumped (a TDT duration)."""
+
+    h: torch.Tensor  # (L, B, H) LSTM state
+    c: torch.Tensor  # (L, B, H)
+    g: torch.Tensor  # (B, J) projected prediction output
+    skip: torch.Tensor  # (B,) frames of the next chunk to skip
+
+
+@dataclass
 class Hypothesis:
     token_ids: list[int]
     frames: list[int]  # encoder frame at which each token was emitted
@@ -114,11 +126,15 @@ class DecodeBuffers:
         self.lengths[:b].copy_(lengths)
 
     def restart(self, start: tuple[torch.Tensor, ...]) -> None:
-        """Every row back to its first frame and start = (h0, c0, g0), the state after the start symbol (N rows);
-        in-place writes only (captured as a graph by `GreedyDecoder`)."""
-        self.t.zero_()
-        torch.gt(self.lengths, 0, out=self.active)
-        h0, c0, g0 = start
+        """Every row back to its first frame and start = (h0, c0, g0), the state after the start symbol (N rows),
+        or (h0, c0, g0, t0) with each row's first frame; in-place writes only (captured as a graph by
+        `GreedyDecoder`)."""
+        h0, c0, g0, *first = start
+        if first:
+            self.t.copy_(first[0])
+        else:
+            self.t.zero_()
+        torch.lt(self.t, self.lengths, out=self.active)
         self.h.copy_(h0)
         self.c.copy_(c0)
         self.g.copy_(g0)
@@ -414,6 +430,31 @@ class GreedyDecoder:
         """encoded (B, T, D) encoder output, lengths (B,) valid frames -> one hypothesis per row. queued: called once,
         when the first round of steps is queued and before the host first waits for the device (the pipeline
         launches its next batch there, beside this one's steps)."""
+        return self._decode(encoded, lengths, queued, None)[0]
+
+    @torch.inference_mode()
+    def decode_chunk(
+        self, encoded: torch.Tensor, lengths: torch.Tensor, state: DecodeState | None
+    ) -> tuple[list[Hypothesis], DecodeState]:
+        """A chunk of each row's stream: (B, T, D) encoder output and (B,) valid frames, decoded from where `state`
+        left each row (None: every row at its start) -> hypotheses (frames local to the chunk) and the state at
+        the chunk's end. The same steps as `decode`; only the start differs."""
+        if state is None:
+            state = self.fresh_state(encoded.shape[0], encoded.device, encoded.dtype)
+        return self._decode(encoded, lengths, None, state)
+
+    def fresh_state(self, b: int, device: torch.device, dtype: torch.dtype) -> DecodeState:
+        """The state of b rows before their first chunk: after the start symbol, nothing to skip."""
+        h, c, g = self.start_state(b, device, dtype)  # dtype: the joint's, as the encoder output's
+        return DecodeState(h.clone(), c.clone(), g.clone(), torch.zeros(b, dtype=torch.long, device=device))
+
+    def _decode(
+        self,
+        encoded: torch.Tensor,
+        lengths: torch.Tensor,
+        queued: Callable[[], None] | None,
+        carried: DecodeState | None,
+    ) -> tuple[list[Hypothesis], DecodeState | None]:
         b, frames = encoded.shape[:2]
         device = encoded.device
         enc_projected = self.joint.project_encoder(encoded)  # (B, T, J), once for all frames
@@ -423,7 +464,10 @@ class GreedyDecoder:
         start = self.start_state(n, device, enc_projected.dtype)
         buf.load(enc_projected, lengths.to(device))
         step = self._check_fused(buf, step, start)
-        restart = self._restarter(buf, step, start)
+        if carried is None:
+            restart = self._restarter(buf, step, start)
+        else:  # each row from its own state: an eager restart (a few copies), the steps replayed as usual
+            restart = functools.partial(_restart_eagerly, buf, step, _rows(start, carried, b))
         restart()
         run = self._runner(buf, step, restart)
         # Before any step no row has more than `frames` to go and none has a token: the first round needs no read.
@@ -449,7 +493,12 @@ class GreedyDecoder:
             self.host_reads += 1
         if self.queued_steps:
             self.rate = frames / self.queued_steps
-        return _collect(buf, done)
+        hyps = _collect(buf, done)
+        if carried is None:
+            return hyps, None
+        # an even number of steps leaves the LSTM state in buf.h, buf.c (the fused step alternates two copies)
+        skip = (buf.t[:b] - buf.lengths[:b]).clamp(min=0)
+        return hyps, DecodeState(buf.h[:, :b].clone(), buf.c[:, :b].clone(), buf.g[:b].clone(), skip)
 
 
 def _restart_eagerly(buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...]) -> None:
@@ -457,6 +506,15 @@ def _restart_eagerly(buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...]) 
     buf.restart(start)
     if step is not decode_step:
         step.start(buf)
+
+
+def _rows(start: tuple[torch.Tensor, ...], state: DecodeState, b: int) -> tuple[torch.Tensor, ...]:
+    """The start of N rows whose first b go on from `state` and the rest (spare rows) start afresh."""
+    h0, c0, g0 = (x.clone() for x in start)
+    h0[:, :b], c0[:, :b], g0[:b] = state.h, state.c, state.g
+    first = torch.zeros(g0.shape[0], dtype=torch.long, device=g0.device)
+    first[:b] = state.skip
+    return h0, c0, g0, first
 
 
 def _collect(buf: DecodeBuffers, done: Progress) -> list[Hypothesis]:
