@@ -14,7 +14,14 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from graphscribe.io.checkpoint import CheckpointError, read_checkpoint
-from graphscribe.io.config import ModelConfig, RunOptions, model_config_from_nemo
+from graphscribe.io.config import (
+    CHUNK_SECONDS,
+    LEFT_SECONDS,
+    RIGHT_SECONDS,
+    ModelConfig,
+    RunOptions,
+    model_config_from_nemo,
+)
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model.transducer import DTYPE_NAMES, empty_transducer, load_state, resolve_device, resolve_dtype
 from graphscribe.output.transcript import Transcript
@@ -22,6 +29,7 @@ from graphscribe.runtime.clock import StageClock
 from graphscribe.runtime.loaded import Input, LoadedModel
 from graphscribe.runtime.pipeline import transcribe_stream
 from graphscribe.runtime.reading import read_ahead
+from graphscribe.runtime.streaming import Stream, StreamEngine
 
 
 class Model(LoadedModel):
@@ -59,6 +67,19 @@ class Model(LoadedModel):
             dtype=self.dtype,
         )
         yield from transcribe_stream(self, reads, clock, timings, render)
+
+    def stream(
+        self,
+        chunk_seconds: float = CHUNK_SECONDS,
+        left_seconds: float = LEFT_SECONDS,
+        right_seconds: float = RIGHT_SECONDS,
+    ) -> Stream:
+        """A live stream of audio at the model's rate, transcribed as NeMo's buffered streaming does (defaults:
+        NVIDIA's streaming config for parakeet-tdt-0.6b-v3). `stream.feed(samples)` returns the events that audio
+        made ready (`partial`, `final`), `stream.finish()` the rest and `done`. Many streams batched together:
+        `runtime.streaming.StreamEngine`."""
+        engine = StreamEngine(self, chunk_seconds, left_seconds, right_seconds, max_rows=1, steps_on_feed=True)
+        return engine.open()
 
     def transcribe(
         self,

@@ -48,6 +48,7 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.devices import devices_or_exit
+from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
 from graphscribe.signals import SIGNALS, Interrupted
 from graphscribe.targets import check_output_dir, check_outputs, output_paths, parse_formats
 
@@ -148,6 +149,21 @@ def transcribe_command(
         "--skip-existing",
         help="With --output-dir: leave out (and do not read) every input whose output files all exist already.",
     ),
+    stream: bool = typer.Option(
+        False,
+        "--stream",
+        help="Transcribe one input live, as it is read (a file, or - for standard input): partial text on a "
+        "terminal, a line per utterance; -f jsonl: one JSON event per line.",
+    ),
+    realtime: bool = typer.Option(False, "--realtime", help="With --stream: feed a file at real-time pace."),
+    raw_rate: Optional[int] = typer.Option(
+        None, "--raw-rate", metavar="HZ", help="With --stream: the input is raw 16-bit little-endian mono PCM at HZ."
+    ),
+    chunk: float = typer.Option(CHUNK_SECONDS, "--chunk", metavar="S", help="With --stream: seconds per step."),
+    left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="With --stream: seconds of left context."),
+    right: float = typer.Option(
+        RIGHT_SECONDS, "--right", metavar="S", help="With --stream: seconds of right context (the delay)."
+    ),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles.
 
@@ -156,6 +172,8 @@ def transcribe_command(
     Output files are written whole (a temporary name, renamed when complete) and named by their input alone:
     NAME.txt, or NAME.wav.txt where NAME.flac sits beside NAME.wav. Ctrl-C keeps every finished result."""
     setup_logging()
+    if stream:
+        _stream(inputs, model, device, dtype, graphs, fmt, output_dir, realtime, raw_rate, chunk, left, right)
     files, input_errors = expand_inputs(inputs)
     for line in input_errors:
         err_console.print(f"[red]error:[/red] {escape(line)}")
@@ -203,6 +221,36 @@ def transcribe_command(
         for line in _device_lines(loaded):
             err_console.print(escape(line))
     raise typer.Exit(1 if tally.failed else 0)
+
+
+def _stream(inputs, model, device, dtype, graphs, fmt, output_dir, realtime, raw_rate, chunk, left, right) -> None:
+    from graphscribe.live import check_stream_options, run_stream
+
+    fmt = check_stream_options(inputs, fmt, output_dir, raw_rate)
+    loaded = load_or_exit(model, device, dtype, graphs)
+    raise typer.Exit(run_stream(loaded, str(inputs[0]), fmt, raw_rate, realtime, chunk, left, right))
+
+
+def listen_command(
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP
+    ),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
+    fmt: str = typer.Option("txt", "--format", "-f", metavar="txt|jsonl", help="Text lines, or JSON events."),
+    microphone: Optional[str] = typer.Option(None, "--input", metavar="NAME", help="sounddevice's input device."),
+    chunk: float = typer.Option(CHUNK_SECONDS, "--chunk", metavar="S", help="Seconds per step."),
+    left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="Seconds of left context."),
+    right: float = typer.Option(RIGHT_SECONDS, "--right", metavar="S", help="Seconds of right context (the delay)."),
+) -> None:
+    """Transcribe the microphone live until Ctrl-C (needs the optional sounddevice package)."""
+    from graphscribe.live import STREAM_FORMATS, listen
+
+    setup_logging()
+    if fmt not in STREAM_FORMATS:
+        fail_usage(f"--format {fmt}: listen prints txt or jsonl")
+    loaded = load_or_exit(model, device, dtype, None)
+    raise typer.Exit(listen(loaded, fmt, chunk, left, right, microphone))
 
 
 def _device_lines(loaded) -> list[str]:
@@ -464,6 +512,8 @@ class _Staged:
 
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 transcribe_app.command(epilog=_EXAMPLES)(transcribe_command)
+listen_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+listen_app.command()(listen_command)
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 bench_app.command()(bench_command)
 
@@ -498,6 +548,8 @@ def main(argv: list[str] | None = None) -> None:
         except ModuleNotFoundError as err:
             missing_extra("transcribe ray", "ray", err)
         ray_app(args[1:], prog_name="transcribe ray")
+    elif args and args[0] == "listen":
+        listen_app(args[1:], prog_name="transcribe listen")
     elif args and args[0] == "serve":
         try:
             from graphscribe.serve.server import serve_app  # here: starlette and uvicorn are for the server only

@@ -111,6 +111,14 @@ SECONDS_PER_GIB = 40.0
 CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
 
 
+# NVIDIA's streaming config for parakeet-tdt-0.6b-v3 (NeMo's examples/asr/conf/asr_streaming_inference)
+CHUNK_SECONDS = 0.8
+LEFT_SECONDS = 9.6
+RIGHT_SECONDS = 1.6
+STOP_HISTORY_MS = 800  # silence that ends an utterance (NeMo's endpointing.stop_history_eou)
+RESIDUE_TOKENS = 2  # frames at a step's end not counted as silence yet (endpointing.residue_tokens_at_end)
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How to run a model: changed with `dataclasses.replace`, never mutated."""

@@ -43,6 +43,10 @@ class Tokenizer:
             text = self._space_before_punct.sub(r"\2", text)
         return text
 
+    def sp_decode(self, ids: list[int]) -> str:
+        """SentencePiece's own decode, without NeMo's hypothesis clean-up (its streaming finals clean up apart)."""
+        return self._sp.decode_ids(ids)
+
     def piece(self, token_id: int) -> str:
         return self._pieces[token_id]
 

@@ -63,9 +63,12 @@ class LogMel(nn.Module):
         chunk_frames: int | None = None,
         fixed_shapes: bool | None = None,
         packed: PackedClips | None = None,
+        keep_frames: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`packed`: the rows hold several clips each; each clip is normalised over its own frames and the frames
-        between clips are zeros, so each gets the features of its own row (up to the rounding of the sums)."""
+        between clips are zeros, so each gets the features of its own row (up to the rounding of the sums).
+        `keep_frames`: the features cut to this many frames before they are normalised (NeMo's streaming buffers
+        drop the last frame of a buffer's STFT so)."""
         cfg = self.cfg
         audio = audio.float()  # (B, L)
         frames = feature_lengths(num_samples, cfg.hop_length)  # (B,)
@@ -83,6 +86,8 @@ class LogMel(nn.Module):
             features[:, :, start:end] = self._log_mel(audio, num_samples, start, start + size, valid)[
                 ..., : end - start
             ]
+        if keep_frames is not None and total > keep_frames:
+            features, frames = features[:, :, :keep_frames], frames.clamp(max=keep_frames)
         if packed is None:
             _normalize_per_feature(features, frames, cfg.std_guard)
         else:

@@ -1,0 +1,355 @@
+"""Live streams, many at once: NeMo's buffered streaming (`BufferedRNNTPipeline`, stateful, feature-buffer
+requests), every stream with a chunk ready stepped in one batch.
+
+A step of a stream takes the next chunk of its audio (0.8 s with NVIDIA's v3 config) into a buffer of its last
+left + chunk + right seconds (9.6 + 0.8 + 1.6), computes the features of the whole buffer (normalised over it),
+runs the encoder over them, and decodes the chunk's frames (the ones before the last `right`) from the decoding
+state the stream's previous step left, then the right context's frames from the state after the chunk (that
+state is thrown away: their tokens may still change). What the stream says is `stream_text.StreamText`'s.
+
+Batched: one engine holds every stream's audio ring and decoding state on the device, in slots. A step gathers
+the ready streams' buffers (one gather), runs the features and the encoder on them as one batch, decodes their
+chunks as one batch from their gathered states (`GreedyDecoder.decode_chunk`, the captured decode graphs), and
+scatters the new states back. Streams join and leave between steps; none waits for another's end.
+
+A chunk is stepped once audio past it has come or the stream is finished, so that the last chunk is known as the
+last one, as NeMo knows it from the file's length: a file fed whole and the same file fed a sample at a time
+give the same tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RESIDUE_TOKENS, RIGHT_SECONDS, STOP_HISTORY_MS
+from graphscribe.model.decoding import DecodeState
+from graphscribe.output.timestamps import Word, WordRules, token_spans, words_and_segments
+from graphscribe.runtime.loaded import LoadedModel
+from graphscribe.runtime.stream_text import StreamGeometry, StreamText, Vocabulary
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 256  # streams encoded in one batch at most: a step with more runs several batches
+
+
+@dataclass
+class StreamEvent:
+    """What a stream says: `partial` (the open utterance's text, may still change), `final` (a finished
+    utterance), `done` (the stream's whole text and tokens, after its last audio). Times in seconds from the
+    stream's start."""
+
+    type: str
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    start: float = 0.0
+    end: float = 0.0
+    words: list[Word] = field(default_factory=list)
+
+
+class Stream:
+    """One live stream of an engine: audio in with `feed`, events out. Made by `StreamEngine.open` (or
+    `Model.stream`, whose engine steps it as audio comes)."""
+
+    def __init__(self, engine: StreamEngine, slot: int):
+        self.engine = engine
+        self.slot = slot
+        self.text = engine.new_text()
+        self.pending: list[np.ndarray] = []  # fed samples not yet stepped
+        self.pending_samples = 0
+        self.fed = 0  # samples fed in all
+        self.steps = 0
+        self.left_pad = engine.geometry.buffer_samples  # samples of the buffer not yet audio (NeMo's left padding)
+        self.decoded = 0  # encoder frames decoded so far (the chunks')
+        self.finished = False  # no more audio will come
+        self.closed = False  # the last step ran
+        self.events: list[StreamEvent] = []
+        self.final_text = ""
+        self.token_ids: list[int] = []
+        self._partial = ""
+
+    def feed(self, samples) -> list[StreamEvent]:
+        """Samples at the model's rate, (L,) float in [-1, 1] or int16, any length -> the events that audio made
+        ready (all of them with an engine of its own; with a shared engine, those its steps made so far)."""
+        if self.finished:
+            raise ValueError("this stream is finished: open another for more audio")
+        audio = _as_float(samples)
+        if audio.size:
+            self.pending.append(audio)
+            self.pending_samples += audio.size
+            self.fed += audio.size
+        return self.engine.after_feed(self)
+
+    def finish(self) -> list[StreamEvent]:
+        """No more audio: the rest is stepped (its last chunk padded) and `done` closes the events."""
+        self.finished = True
+        return self.engine.after_feed(self)
+
+    @property
+    def ready(self) -> bool:
+        """Whether a step can take this stream's next chunk: audio past it has come, or the stream is finished."""
+        if self.closed:
+            return False
+        return self.pending_samples > self.engine.geometry.frame_samples or self.finished
+
+    def take_events(self) -> list[StreamEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def take_chunk(self) -> tuple[np.ndarray, int, bool]:
+        """The next chunk's samples (zero-padded to a chunk), how many are audio, and whether it is the last."""
+        size = self.engine.geometry.frame_samples
+        joined = np.concatenate(self.pending) if len(self.pending) != 1 else self.pending[0]
+        chunk, rest = joined[:size], joined[size:]
+        self.pending = [rest] if rest.size else []
+        self.pending_samples = rest.size
+        last = self.finished and rest.size == 0
+        frame = np.zeros(size, dtype=np.float32)
+        frame[: chunk.size] = chunk
+        return frame, chunk.size, last
+
+
+class StreamEngine:
+    """Every open stream of one model and one streaming config, stepped together (module docstring)."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        chunk_seconds: float = CHUNK_SECONDS,
+        left_seconds: float = LEFT_SECONDS,
+        right_seconds: float = RIGHT_SECONDS,
+        max_rows: int = MAX_ROWS,
+        steps_on_feed: bool = False,
+    ):
+        cfg = model.cfg
+        for name, value in (("chunk", chunk_seconds), ("left", left_seconds), ("right", right_seconds)):
+            if not (value >= 0) or (name == "chunk" and value <= 0) or value > 600:
+                raise ValueError(f"--{name} {value}: give seconds, chunk above 0, each at most 600")
+        self.model = model
+        self.geometry = StreamGeometry.of(
+            chunk_seconds,
+            left_seconds,
+            right_seconds,
+            cfg.features.sample_rate,
+            cfg.features.hop_length,
+            cfg.encoder.subsampling_factor,
+        )
+        self.max_rows = max_rows
+        self.steps_on_feed = steps_on_feed
+        tokenizer = model.tokenizer
+        self.vocab = Vocabulary.of([tokenizer.piece(i) for i in range(tokenizer.vocab_size)], tokenizer.punctuation)
+        self.device = model.device
+        self.streams: dict[int, Stream] = {}  # by slot
+        self._free: list[int] = []
+        self._capacity = 0
+        self._ring = torch.zeros(0, self.geometry.buffer_samples, device=self.device)  # (slots, S)
+        self._write = torch.zeros(0, dtype=torch.long)  # (slots,) where each ring's next sample goes (host)
+        self._state: DecodeState | None = None  # (slots) rows
+        self._zero_encoded: torch.Tensor | None = None  # (T, D) the encoder's output for a buffer of silence
+
+    # ------------------------------------------------------------------ streams
+    def new_text(self) -> StreamText:
+        tokenizer = self.model.tokenizer
+        return StreamText(self.geometry, self.vocab, tokenizer.sp_decode, STOP_HISTORY_MS, RESIDUE_TOKENS)
+
+    def open(self) -> Stream:
+        """A new stream, in a free slot (the slots grow as needed)."""
+        if not self._free:
+            self._grow(max(8, 2 * self._capacity))
+        slot = self._free.pop()
+        self._ring[slot].zero_()
+        self._write[slot] = 0
+        fresh = self.model.decoder.fresh_state(1, self.device, self.model.dtype)
+        for pool, value in zip(self._pools(), (fresh.h, fresh.c, fresh.g, fresh.skip)):
+            pool.index_copy_(-2 if pool.dim() == 3 else 0, torch.tensor([slot], device=self.device), value)
+        stream = Stream(self, slot)
+        self.streams[slot] = stream
+        return stream
+
+    def close(self, stream: Stream) -> None:
+        """Forget a stream (finished or abandoned): its slot is free for the next."""
+        if self.streams.get(stream.slot) is stream:
+            del self.streams[stream.slot]
+            self._free.append(stream.slot)
+        stream.closed = True
+
+    def after_feed(self, stream: Stream) -> list[StreamEvent]:
+        if self.steps_on_feed:
+            while stream.ready:
+                self.step([stream])
+        return stream.take_events()
+
+    def ready(self) -> list[Stream]:
+        return [s for s in self.streams.values() if s.ready]
+
+    def _grow(self, capacity: int) -> None:
+        old = self._capacity
+        ring = torch.zeros(capacity, self.geometry.buffer_samples, device=self.device)
+        ring[:old].copy_(self._ring)
+        self._ring = ring
+        self._write = torch.cat([self._write, torch.zeros(capacity - old, dtype=torch.long)])
+        fresh = self.model.decoder.fresh_state(capacity, self.device, self.model.dtype)
+        if self._state is not None:
+            fresh.h[:, :old], fresh.c[:, :old] = self._state.h, self._state.c
+            fresh.g[:old], fresh.skip[:old] = self._state.g, self._state.skip
+        self._state = fresh
+        self._free.extend(range(capacity - 1, old - 1, -1))
+        self._capacity = capacity
+
+    def _pools(self) -> tuple[torch.Tensor, ...]:
+        s = self._state
+        return s.h, s.c, s.g, s.skip
+
+    # ------------------------------------------------------------------ steps
+    @torch.inference_mode()
+    def step(self, streams: list[Stream] | None = None) -> int:
+        """Step every ready stream (or these) once, in batches of at most `max_rows`: the events go to each
+        stream's queue. Returns the number of streams stepped."""
+        streams = [s for s in (self.ready() if streams is None else streams) if s.ready]
+        for start in range(0, len(streams), self.max_rows):
+            self._step(streams[start : start + self.max_rows])
+        return len(streams)
+
+    def _step(self, streams: list[Stream]) -> None:
+        g, model = self.geometry, self.model
+        chunks = [s.take_chunk() for s in streams]
+        frames = torch.from_numpy(np.stack([c[0] for c in chunks]))  # (B, F)
+        valid = [c[1] for c in chunks]
+        last = [c[2] for c in chunks]
+        for s in streams:
+            s.left_pad = max(0, s.left_pad - g.frame_samples)
+        left_pad = [s.left_pad for s in streams]
+        lengths = [g.buffer_samples - (g.frame_samples - v) - p for v, p in zip(valid, left_pad)]
+        slots = torch.tensor([s.slot for s in streams])
+        buffers = self._buffers(slots, frames, left_pad, lengths)  # (B, S) audio first, zeros after
+        encoded, enc_lengths = self._encode(buffers, torch.tensor(lengths))
+        # the buffer's left padding back in place, as the encoder's output for silence (NeMo's zero_encoded)
+        roll = torch.tensor([int(int(p / g.hop_length) / g.subsampling) for p in left_pad], device=self.device)
+        encoded = self._rolled(encoded, roll)
+        enc_lengths = enc_lengths + roll
+        window = encoded[:, g.left :]  # (B, C + R, D) the chunk and the right context
+        decodable = (enc_lengths - g.left).clamp(min=0)
+        is_last = torch.tensor(last, device=self.device)
+        chunk = torch.where(is_last, decodable, decodable.clamp(max=g.chunk)).clamp(max=window.shape[1])
+        index = slots.to(self.device)
+        state = DecodeState(*(p.index_select(-2 if p.dim() == 3 else 0, index) for p in self._pools()))
+        decoder = model.decoder
+        with model._float32_math():
+            chunk_hyps, after = decoder.decode_chunk(window, chunk, state)
+            right_hyps, _ = decoder.decode_chunk(_shifted(window, chunk), decodable - chunk, after)
+        for pool, value in zip(self._pools(), (after.h, after.c, after.g, after.skip)):
+            pool.index_copy_(-2 if pool.dim() == 3 else 0, index, value)
+        chunk_frames = chunk.tolist()
+        for i, s in enumerate(streams):
+            tokens = chunk_hyps[i].token_ids + right_hyps[i].token_ids
+            at = [f + s.decoded for f in chunk_hyps[i].frames]
+            at += [f + s.decoded + chunk_frames[i] for f in right_hyps[i].frames]
+            s.decoded += chunk_frames[i]
+            s.steps += 1
+            self._said(s, s.text.step(tokens, at, last[i]), last[i])
+            if last[i]:
+                self.close(s)
+
+    def _buffers(self, slots: torch.Tensor, frames: torch.Tensor, left_pad: list[int], lengths: list[int]):
+        """Write each stream's chunk into its ring, then gather each ring's samples oldest first, rolled by the
+        left padding (the audio starts at 0) and zero after the audio (NeMo's right padding mode)."""
+        size, f = self.geometry.buffer_samples, self.geometry.frame_samples
+        write = self._write[slots]  # (B,) host
+        columns = (write[:, None] + torch.arange(f)) % size  # (B, F)
+        rows = slots[:, None].expand(-1, f)
+        self._ring.index_put_((rows.to(self.device), columns.to(self.device)), frames.to(self.device))
+        self._write[slots] = (write + f) % size
+        oldest = self._write[slots] + torch.tensor(left_pad)  # (B,) first audio sample's column
+        index = (oldest[:, None] + torch.arange(size)) % size  # (B, S)
+        buffers = self._ring[slots.to(self.device)[:, None], index.to(self.device)]
+        inside = torch.arange(size, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
+        return buffers * inside
+
+    def _encode(self, buffers: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S) buffers and (B,) sample counts -> (B, T, D) encoder output and (B,) frames: the features of each
+        buffer cut to NeMo's expected length and normalised over it, then the encoder."""
+        model = self.model
+        features, frames = model.module.preprocessor.featurizer(
+            buffers, lengths.to(self.device), keep_frames=self.geometry.feature_frames
+        )
+        return model.encoder_output(features, frames, model.cfg.encoder.local_context)
+
+    def _rolled(self, encoded: torch.Tensor, roll: torch.Tensor) -> torch.Tensor:
+        """Each row moved `roll` frames later, the frames before it the encoder's output for silence."""
+        if not bool((roll > 0).any()):
+            return encoded
+        zero = self._silence(encoded.shape[1])  # (T, D)
+        t = torch.arange(encoded.shape[1], device=self.device)
+        source = t[None, :] - roll[:, None]  # (B, T)
+        moved = encoded.gather(1, source.clamp(min=0)[:, :, None].expand(-1, -1, encoded.shape[2]))
+        return torch.where((source < 0)[:, :, None], zero[None].to(encoded.dtype), moved)
+
+    def _silence(self, frames: int) -> torch.Tensor:
+        if self._zero_encoded is None:
+            size = self.geometry.buffer_samples
+            encoded, _ = self._encode(torch.zeros(1, size, device=self.device), torch.tensor([size]))
+            self._zero_encoded = encoded[0]
+        return self._zero_encoded[:frames]
+
+    def _said(self, stream: Stream, said, last: bool) -> None:
+        """A step's text as events: a final when an utterance ended, a partial when the open one's text changed,
+        done after the last step."""
+        g = self.geometry
+        seconds = g.stride_seconds
+        if said.final is not None:
+            final = said.final
+            text = (" " if final.spaced else "") + final.text if final.text else ""
+            if text:
+                stream.final_text += text.lstrip(" ") if not stream.final_text else text
+            words = self._words(final.token_ids, final.frames)
+            stream.events.append(
+                StreamEvent("final", final.text, final.token_ids, final.start * seconds, final.end * seconds, words)
+            )
+        stream.token_ids.extend(said.new_tokens)
+        if said.partial != stream._partial:
+            stream._partial = said.partial
+            if said.partial:
+                stream.events.append(StreamEvent("partial", said.partial, list(stream.text.tokens)))
+        if last:
+            end = stream.fed / g.sample_rate
+            stream.events.append(StreamEvent("done", stream.final_text, list(stream.token_ids), 0.0, end))
+
+    def _words(self, tokens: list[int], frames: list[float]) -> list[Word]:
+        """NeMo's words of a final, each token a frame long from its (global) frame."""
+        model = self.model
+        seconds = self.geometry.stride_seconds
+        whole = [int(round(f)) for f in frames]
+        rules = model.word_rules if isinstance(model.word_rules, WordRules) else None
+        if rules is None:
+            return []
+        pieces = [model.tokenizer.piece(t) for t in tokens]
+        spans = token_spans(whole, [1] * len(whole), tdt=False)
+        words, _ = words_and_segments(
+            pieces, spans, model.tokenizer.decode_pieces, rules, False, lambda f: round(f * seconds, 6)
+        )
+        return words
+
+
+def _shifted(window: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """Each row's frames from `start` on, first; past the end, frame 0 (NeMo gathers the right context so)."""
+    t = window.shape[1]
+    index = torch.arange(t, device=window.device)[None, :] + start[:, None]  # (B, T)
+    index = torch.where(index < t, index, torch.zeros_like(index))
+    return window.gather(1, index[:, :, None].expand(-1, -1, window.shape[2]))
+
+
+def _as_float(samples) -> np.ndarray:
+    """(L,) samples as float32 in [-1, 1]: int16 scaled, floats as they are."""
+    if isinstance(samples, torch.Tensor):
+        samples = samples.detach().cpu().numpy()
+    audio = np.asarray(samples)
+    if audio.ndim != 1:
+        raise ValueError(f"stream samples: expected one channel (L,), got shape {tuple(audio.shape)}")
+    if audio.dtype == np.int16:
+        return audio.astype(np.float32) / 32768.0
+    if not np.issubdtype(audio.dtype, np.floating):
+        raise ValueError(f"stream samples: expected float or int16, got {audio.dtype}")
+    return audio.astype(np.float32, copy=False)
