@@ -137,7 +137,9 @@ def test_first_conv_matches_pytorch(dtype):
     halved = subsampling._halved(lengths)
     first = first.to(dtype)
     with torch.inference_mode():
-        want = subsampling._relu_masked(copy.deepcopy(first).float()(subsampling._mask_time(x.float(), lengths)), halved)
+        want = subsampling._relu_masked(
+            copy.deepcopy(first).float()(subsampling._mask_time(x.float(), lengths)), halved
+        )
         got = kernels.first_conv(x.to(DEVICE), lengths.to(DEVICE), halved.to(DEVICE), *_on_device(first)).cpu()
     assert got.dtype == dtype and got.shape == want.shape == (b, c, 23, 10)
     tol = 1e-5 if dtype == torch.float32 else 1e-2

@@ -112,7 +112,9 @@ def _ffmpeg_pieces(rate: int) -> Iterator[np.ndarray]:
 
 
 def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    """The reason alone: FFmpeg's message without its errno and file name."""
+    reason = getattr(err, "strerror", None) or str(err).strip()
+    return reason.splitlines()[0] if reason else type(err).__name__
 
 
 class Printer:

@@ -26,6 +26,7 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.devices import devices_or_exit
+from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
 
 if TYPE_CHECKING:
     pass
@@ -95,6 +96,15 @@ def bench_command(
         show_default=False,
         help="--serve: processes the clients are spread over (default: one).",
     ),
+    streams: Optional[str] = typer.Option(
+        None, "--streams", metavar="N,N,...", help="Live streams instead: each file under --folder a stream, N at once."
+    ),
+    pace: str = typer.Option(
+        "realtime", metavar="realtime|max", help="--streams: audio at real-time pace (latency), or all at once (RTFx)."
+    ),
+    chunk: float = typer.Option(CHUNK_SECONDS, "--chunk", metavar="S", help="--streams: seconds per step."),
+    left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="--streams: seconds of left context."),
+    right: float = typer.Option(RIGHT_SECONDS, "--right", metavar="S", help="--streams: seconds of right context."),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
     --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
@@ -111,6 +121,9 @@ def bench_command(
         if json_path is not None:
             json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        return
+    if streams is not None:
+        _bench_streams(streams, folder, pace, model, device, dtype, graphs, chunk, left, right, json_path)
         return
     folder_mode = folder is not None or throughput
     if folder_mode and clips:
@@ -215,3 +228,23 @@ def _bench_folder(
         report["folder"] = str(folder) if folder is not None else f"generated: {len(paths)} clips (make_folder, seed 0)"
     print_throughput(report, console)
     return report
+
+
+def _bench_streams(levels, folder, pace, model, device, dtype, graphs, chunk, left, right, json_path) -> None:
+    from graphscribe.bench.streams import print_stream_report, run_stream_bench
+    from graphscribe.io.audio import find_audio_files
+
+    if pace not in ("realtime", "max"):
+        fail_usage(f"--pace {pace}: use realtime or max")
+    if folder is None or not folder.is_dir():
+        fail_usage("bench --streams needs --folder DIR of audio files (each file a stream)")
+    paths = find_audio_files(folder)
+    if not paths:
+        fail_usage(f"--folder {folder}: no audio files")
+    loaded = load_or_exit(model, device, dtype, graphs)
+    try:
+        report = run_stream_bench(loaded, paths, _batch_sizes(levels), pace, chunk, left, right)
+    except ValueError as err:
+        fail_usage(str(err))
+    print_stream_report(report, Console(width=None if sys.stdout.isatty() else 240))
+    _write_report(report, json_path)

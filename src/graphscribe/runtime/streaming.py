@@ -102,7 +102,7 @@ class Stream:
     def take_chunk(self) -> tuple[np.ndarray, int, bool]:
         """The next chunk's samples (zero-padded to a chunk), how many are audio, and whether it is the last."""
         size = self.engine.geometry.frame_samples
-        joined = np.concatenate(self.pending) if len(self.pending) != 1 else self.pending[0]
+        joined = np.concatenate(self.pending) if self.pending else np.zeros(0, dtype=np.float32)
         chunk, rest = joined[:size], joined[size:]
         self.pending = [rest] if rest.size else []
         self.pending_samples = rest.size
@@ -177,6 +177,9 @@ class StreamEngine:
         stream.closed = True
 
     def after_feed(self, stream: Stream) -> list[StreamEvent]:
+        if stream.finished and stream.fed == 0 and not stream.closed:  # no audio at all: nothing to step
+            stream.events.append(StreamEvent("done", ""))
+            self.close(stream)
         if self.steps_on_feed:
             while stream.ready:
                 self.step([stream])

@@ -1,0 +1,209 @@
+"""`transcribe bench --streams N,N,... --folder DIR`: live streams on one engine, N at once.
+
+Each file is a stream. `--pace realtime`: a stream's audio arrives at real-time pace in pieces of
+`PIECE_SECONDS`, the N streams' starts spread over one chunk; a chunk's latency runs from the moment its audio
+has arrived (the last sample of the chunk, and then one piece more: a chunk is stepped once audio past it has
+come) to the end of the step that decoded it, and a stream's finalisation latency from its last sample to its
+`done`. The level keeps up when the chunks' p95 latency is at most the chunk. `--pace max`: every stream's audio
+is there at once and the engine steps as fast as it goes (NeMo's `nemo_stream.py` measures so), N streams open at
+a time, the next file joining as one ends: the real-time factor.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from graphscribe.io.audio import AudioError, read_input
+from graphscribe.runtime.streaming import StreamEngine
+
+PIECE_SECONDS = 0.02  # a real-time source's appends
+
+
+@dataclass
+class _Live:
+    """One stream of a real-time level: its audio, when it starts, what has been fed and measured."""
+
+    audio: np.ndarray
+    start: float  # seconds after the level's start
+    stream: object = None
+    fed: int = 0
+    stepped: int = 0
+    latencies: list[float] = field(default_factory=list)
+    done_latency: float | None = None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def read_folder(paths: list[Path], rate: int) -> tuple[list[np.ndarray], list[str]]:
+    audios, errors = [], []
+    for path in paths:
+        try:
+            audios.append(read_input(path, rate).numpy())
+        except AudioError as err:
+            errors.append(str(err))
+    return audios, errors
+
+
+def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int) -> dict:
+    """N streams at real-time pace (files reused in turn when N is larger than the folder)."""
+    g = engine.geometry
+    rate, chunk_s = g.sample_rate, g.frame_samples / g.sample_rate
+    piece = max(1, int(PIECE_SECONDS * rate))
+    lives = [_Live(audios[i % len(audios)], chunk_s * i / n) for i in range(n)]
+    busy = 0.0  # seconds spent stepping
+    t0 = time.perf_counter()
+    open_lives = list(lives)
+    while open_lives:
+        now = time.perf_counter() - t0
+        for live in open_lives:
+            if now < live.start or live.stream is not None and live.stream.finished:
+                continue
+            if live.stream is None:
+                live.stream = engine.open()
+            target = min(len(live.audio), int((now - live.start) * rate) // piece * piece)
+            if target > live.fed:
+                live.stream.feed(live.audio[live.fed : target])
+                live.fed = target
+            if live.fed == len(live.audio):
+                live.stream.finish()
+        ready = engine.ready()
+        if not ready:
+            wait = piece / rate - (time.perf_counter() - t0 - now)
+            if wait > 0:
+                time.sleep(wait)
+            continue
+        engine.step(ready)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        after = time.perf_counter() - t0
+        busy += after - now
+        for live in open_lives:
+            s = live.stream
+            if s is None:
+                continue
+            while live.stepped < s.steps:
+                k = live.stepped
+                end = min(len(live.audio), (k + 1) * g.frame_samples)
+                arrived = end + piece if end < len(live.audio) else end  # the piece after the chunk, or the end
+                live.latencies.append(after - live.start - arrived / rate)
+                live.stepped += 1
+            s.take_events()
+            if s.closed and live.done_latency is None:
+                live.done_latency = after - live.start - len(live.audio) / rate
+        open_lives = [live for live in open_lives if live.done_latency is None]
+    wall = time.perf_counter() - t0
+    latencies = [x for live in lives for x in live.latencies]
+    finals = [live.done_latency for live in lives]
+    audio = sum(len(live.audio) for live in lives) / rate
+    p95 = percentile(latencies, 95)
+    return {
+        "streams": n,
+        "pace": "realtime",
+        "kept_up": p95 is not None and p95 <= chunk_s,
+        "chunk_latency_ms": {f"p{q}": _ms(percentile(latencies, q)) for q in (50, 95, 99)},
+        "final_latency_ms": {f"p{q}": _ms(percentile(finals, q)) for q in (50, 95, 99)},
+        "audio_seconds": round(audio, 2),
+        "wall_seconds": round(wall, 2),
+        "busy_share": round(busy / wall, 3),
+        "chunks": len(latencies),
+    }
+
+
+def max_pace_level(engine: StreamEngine, audios: list[np.ndarray], n: int) -> dict:
+    """Every file's audio at once, N streams open at a time, steps as fast as they go."""
+    queue = list(range(len(audios)))[::-1]
+    streams: list = []
+    steps, step_seconds = 0, []
+    start = time.perf_counter()
+    while queue or streams:
+        while queue and len(streams) < n:
+            s = engine.open()
+            s.feed(audios[queue.pop()])
+            s.finish()
+            streams.append(s)
+        begin = time.perf_counter()
+        engine.step()
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        step_seconds.append(time.perf_counter() - begin)
+        steps += 1
+        for s in streams:
+            s.take_events()
+        streams = [s for s in streams if not s.closed]
+    wall = time.perf_counter() - start
+    audio = sum(len(a) for a in audios) / engine.geometry.sample_rate
+    return {
+        "streams": n,
+        "pace": "max",
+        "rtfx": round(audio / wall, 1),
+        "audio_seconds": round(audio, 2),
+        "wall_seconds": round(wall, 3),
+        "steps": steps,
+        "step_ms": {"mean": _ms(sum(step_seconds) / len(step_seconds)), "p95": _ms(percentile(step_seconds, 95))},
+    }
+
+
+def run_stream_bench(model, paths: list[Path], levels: list[int], pace: str, chunk: float, left: float, right: float):
+    """One report: a row per level (`realtime_level` or `max_pace_level`), after a warm-up level of the largest N
+    on a second of each stream (capture and first uses off the clock)."""
+    audios, errors = read_folder(paths, model.sample_rate)
+    if not audios:
+        raise ValueError("no readable audio files in the folder")
+    engine = StreamEngine(model, chunk, left, right)
+    warm = [a[: 2 * engine.geometry.frame_samples] for a in audios[: max(levels)]]
+    max_pace_level(engine, warm * max(1, max(levels) // max(1, len(warm))), max(levels))
+    rows = [
+        realtime_level(engine, audios, n) if pace == "realtime" else max_pace_level(engine, audios, n) for n in levels
+    ]
+    g = engine.geometry
+    return {
+        "model": model.source,
+        "device": str(model.device),
+        "gpu": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None,
+        "dtype": str(model.dtype).replace("torch.", ""),
+        "chunk": g.frame_samples / g.sample_rate,
+        "left": g.left * g.stride_seconds,
+        "right": g.right * g.stride_seconds,
+        "files": len(audios),
+        "unreadable": errors,
+        "levels": rows,
+    }
+
+
+def print_stream_report(report: dict, console) -> None:
+    from rich.table import Table
+
+    title = f"{report['model']} on {report['gpu'] or report['device']}, {report['dtype']}, chunk {report['chunk']} s"
+    table = Table(title=title + f" (left {report['left']:.2f} s, right {report['right']:.2f} s)")
+    for name in ("streams", "pace", "kept up", "chunk p50/p95/p99 ms", "final p50/p95 ms", "RTFx", "busy"):
+        table.add_column(name)
+    for row in report["levels"]:
+        if row["pace"] == "max":
+            table.add_row(str(row["streams"]), "max", "", "", "", f"{row['rtfx']:.0f}", "")
+        else:
+            c, f = row["chunk_latency_ms"], row["final_latency_ms"]
+            table.add_row(
+                str(row["streams"]),
+                "realtime",
+                "yes" if row["kept_up"] else "no",
+                f"{c['p50']}/{c['p95']}/{c['p99']}",
+                f"{f['p50']}/{f['p95']}",
+                f"{row['audio_seconds'] / row['wall_seconds']:.0f}",
+                f"{row['busy_share']:.0%}",
+            )
+    console.print(table)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
