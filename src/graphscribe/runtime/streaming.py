@@ -58,8 +58,8 @@ class Stream:
         self.engine = engine
         self.slot = slot
         self.text = engine.new_text()
-        self.pending: list[np.ndarray] = []  # fed samples not yet stepped
-        self.pending_samples = 0
+        self.pending = np.zeros(0, dtype=np.float32)  # fed samples not yet stepped, from `taken` on
+        self.taken = 0
         self.fed = 0  # samples fed in all
         self.steps = 0
         self.left_pad = engine.geometry.buffer_samples  # samples of the buffer not yet audio (NeMo's left padding)
@@ -78,8 +78,9 @@ class Stream:
             raise ValueError("this stream is finished: open another for more audio")
         audio = _as_float(samples)
         if audio.size:
-            self.pending.append(audio)
-            self.pending_samples += audio.size
+            left = self.pending[self.taken :]
+            self.pending = np.concatenate([left, audio]) if left.size else audio
+            self.taken = 0
             self.fed += audio.size
         return self.engine.after_feed(self)
 
@@ -93,7 +94,7 @@ class Stream:
         """Whether a step can take this stream's next chunk: audio past it has come, or the stream is finished."""
         if self.closed:
             return False
-        return self.pending_samples > self.engine.geometry.frame_samples or self.finished
+        return self.pending.size - self.taken > self.engine.geometry.frame_samples or self.finished
 
     def take_events(self) -> list[StreamEvent]:
         events, self.events = self.events, []
@@ -102,11 +103,9 @@ class Stream:
     def take_chunk(self) -> tuple[np.ndarray, int, bool]:
         """The next chunk's samples (zero-padded to a chunk), how many are audio, and whether it is the last."""
         size = self.engine.geometry.frame_samples
-        joined = np.concatenate(self.pending) if self.pending else np.zeros(0, dtype=np.float32)
-        chunk, rest = joined[:size], joined[size:]
-        self.pending = [rest] if rest.size else []
-        self.pending_samples = rest.size
-        last = self.finished and rest.size == 0
+        chunk = self.pending[self.taken : self.taken + size]
+        self.taken += chunk.size
+        last = self.finished and self.taken == self.pending.size
         frame = np.zeros(size, dtype=np.float32)
         frame[: chunk.size] = chunk
         return frame, chunk.size, last
