@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import fields, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -78,17 +79,16 @@ class Model(LoadedModel):
 
 def load_model(
     source: str | os.PathLike,
-    device: str = "auto",
-    dtype: str = "auto",
-    graphs: bool = True,
-    batch_size: int | None = None,
-    batch_seconds: float | None = None,
-    attention: str = "auto",
-    attention_window: int = 256,
+    options: RunOptions | None = None,
+    *,
     on_config: Callable[[ModelConfig, torch.device, torch.dtype], None] | None = None,
+    **overrides,
 ) -> Model:
     """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
 
+    options: how to run it (`RunOptions`: device, dtype, graphs, batch_size, batch_seconds, attention,
+    attention_window; None: the defaults), and keywords of the same names over it:
+    `load_model(path, device="cpu")` is `load_model(path, RunOptions(device="cpu"))`.
     batch_size, batch_seconds: `transcribe`'s defaults (None: the device's, see `Model.transcribe_iter`).
     attention: auto | full | local, and attention_window (frames each side): see `Model.attention_for`.
     The weights go from the (memory-mapped) file straight to the device in their inference
@@ -98,6 +98,14 @@ def load_model(
     on_config(cfg, device, dtype): called once the config is read, before the weights are placed (the CLI
     starts reading audio there).
     """
+    if options is not None and not isinstance(options, RunOptions):
+        raise TypeError(
+            f"load_model: options must be a RunOptions, not {type(options).__name__} (device=...: a keyword)"
+        )
+    unknown = sorted(set(overrides) - {f.name for f in fields(RunOptions)})
+    if unknown:
+        raise TypeError(f"load_model() got an unexpected keyword argument {unknown[0]!r}")
+    options = replace(options or RunOptions(), **overrides)
     clock = StageClock(torch.device("cpu"))  # seconds per loading phase, on the host
     start = time.perf_counter()
     with clock.host("read"):
@@ -110,8 +118,8 @@ def load_model(
                 f"the decoder expects {cfg.prediction.vocab_size}"
             )
     with clock.host("device_init"):
-        target = resolve_device(device)
-        target_dtype = resolve_dtype(dtype, target)
+        target = resolve_device(options.device)
+        target_dtype = resolve_dtype(options.dtype, target)
         if on_config is not None:
             on_config(cfg, target, target_dtype)
         if target.type == "cuda":
@@ -123,16 +131,8 @@ def load_model(
         if target.type == "cuda":
             torch.cuda.synchronize(target)
     with clock.host("model"):
-        options = RunOptions(
-            device=str(target),
-            dtype=DTYPE_NAMES[target_dtype],
-            graphs=graphs,
-            batch_size=batch_size,
-            batch_seconds=batch_seconds,
-            attention=attention,
-            attention_window=attention_window,
-        )
-        model = Model(module, tokenizer, options, checkpoint.source)
+        resolved = replace(options, device=str(target), dtype=DTYPE_NAMES[target_dtype])
+        model = Model(module, tokenizer, resolved, checkpoint.source)
     phases = clock.seconds()
     weights = checkpoint.seconds["weights"]
     model.load_seconds = {

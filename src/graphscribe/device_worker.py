@@ -141,11 +141,7 @@ def _job(
         try:
             model = load_model(
                 source,
-                device=options.device,
-                dtype=options.dtype,
-                graphs=options.graphs,
-                attention=options.attention,
-                attention_window=options.attention_window,
+                options,
                 on_config=lambda cfg, device, dtype: reads.append(start(cfg.features.sample_rate, device, dtype)),
             )
         except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:

@@ -182,8 +182,9 @@ def _worker_context() -> multiprocessing.context.BaseContext:
 class DevicePool:
     """Worker processes, one per device, each loading its own model (all at once, at the first `transcribe`).
 
-    source: the checkpoint (`load_model`'s source); options: dtype, graphs, attention for every worker (its
-    device is its own). Use `transcribe` for each set of files, then `close`.
+    source: the checkpoint (`load_model`'s source); options: how every worker runs its model (`load_model`'s; its
+    device is its own) and the batching of each `transcribe` that gives none. Use `transcribe` for each set of
+    files, then `close`.
     """
 
     def __init__(self, source: str, devices: list[str], options: RunOptions = RunOptions()):
@@ -221,10 +222,14 @@ class DevicePool:
         render: tuple[str, ...] = (),
     ) -> DeviceRun:
         """(index, Transcript) for every file, in the order one device's `transcribe_stream` yields them, from the
-        first `workers` workers (None: all). batch_size, batch_seconds: the batching rule's (None: the devices'
-        defaults, the smallest of them); timings, render: `transcribe_stream`'s, run in each worker (so the
-        rendering is done beside each device, and light transcripts cross the pipes)."""
+        first `workers` workers (None: all). batch_size, batch_seconds: the batching rule's (None: the options',
+        whose None is the devices' defaults, the smallest of them); timings, render: `transcribe_stream`'s, run in
+        each worker (so the rendering is done beside each device, and light transcripts cross the pipes)."""
         files = [str(f) for f in files]
+        if batch_size is None:
+            batch_size = self.options.batch_size
+        if batch_seconds is None:
+            batch_seconds = self.options.batch_seconds
         return DeviceRun(self, files, batch_size, batch_seconds, timings, self.workers[:workers], tuple(render))
 
     def stop(self) -> None:
@@ -512,17 +517,15 @@ def transcribe_on_devices(
     devices: list[str],
     source: str,
     options: RunOptions = RunOptions(),
-    batch_size: int | None = None,
-    batch_seconds: float | None = None,
     timings: bool = True,
     render: tuple[str, ...] = (),
 ) -> DeviceRun:
     """Transcribe `files` on several devices of this host: (index, Transcript) in the order one device yields them,
-    each file once. One worker process per device loads its own model from `source` (options: dtype, graphs,
-    attention; see `load_model`); batch_size, batch_seconds: `transcribe`'s --batch, --batch-seconds. The run's
-    `stats` give each device's files, audio and busy seconds; `wait_loaded()` raises LoadError if no worker
-    could load the model. The workers end with the run."""
-    run = DevicePool(source, devices, options).transcribe(files, batch_size, batch_seconds, timings, render=render)
+    each file once. One worker process per device loads its own model from `source` to run with `options` (its
+    device its own; see `load_model`), batched by the options' batch_size and batch_seconds. The run's `stats`
+    give each device's files, audio and busy seconds; `wait_loaded()` raises LoadError if no worker could load
+    the model. The workers end with the run."""
+    run = DevicePool(source, devices, options).transcribe(files, timings=timings, render=render)
     run.close_pool = True
     return run
 

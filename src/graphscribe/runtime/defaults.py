@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from graphscribe.io.config import BATCH_FILES, CPU_BATCH_SECONDS, SECONDS_PER_GIB
+from graphscribe.io.config import CPU_BATCH_SECONDS, SECONDS_PER_GIB, default_batch_files
 
 # Reader threads at most: FLAC decodes at thousands of times real time per thread, and every reader's Python takes
 # the GIL from the main thread, which launches the GPU's work: 4 readers transcribed the 512-file folder in 2.24-2.59 s
@@ -32,11 +32,11 @@ PAD_SECONDS = 1.28
 def default_batching(device: torch.device, dtype: torch.dtype | None = None) -> tuple[int, float]:
     """Files and padded seconds per batch when not given: wide on CUDA (capped by its memory; fewer files in
     float32, dtype None), small on the CPU."""
+    files = default_batch_files(device.type, dtype is not None and dtype.itemsize == 2)
     if device.type == "cuda":
         gib = torch.cuda.get_device_properties(device).total_memory / 2**30
-        wide = dtype is not None and dtype.itemsize == 2
-        return BATCH_FILES["cuda-16bit" if wide else "cuda-float32"], round(SECONDS_PER_GIB * gib)
-    return BATCH_FILES["cpu"], CPU_BATCH_SECONDS
+        return files, round(SECONDS_PER_GIB * gib)
+    return files, CPU_BATCH_SECONDS
 
 
 def limit_host_threads(device: str, share: int | None = None) -> None:

@@ -39,6 +39,7 @@ import torch
 import typer
 
 from graphscribe.console import (
+    BATCH_DEFAULT,
     DEVICE_HELP,
     DTYPE_HELP,
     MODEL_DEFAULT,
@@ -49,6 +50,7 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.io.checkpoint import DEMO_NAME
+from graphscribe.io.config import RunOptions
 from graphscribe.serve.http_front import (
     DONE,
     LOG,
@@ -394,7 +396,7 @@ def serve_command(
         "--max-batch",
         min=1,
         metavar="N",
-        show_default="64 on CUDA, 8 on the CPU",
+        show_default=BATCH_DEFAULT,
         help="Requests per batch at most.",
     ),
     max_wait_ms: float = typer.Option(
@@ -456,7 +458,7 @@ def serve_command(
             err_console.print(f"error: cannot start the HTTP workers on {host}:{port} ({err.strerror or err})")
             raise typer.Exit(1) from None
         try:
-            loaded = load_or_exit(model, device, dtype, graphs=None, batch=max_batch)
+            loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, batch_size=max_batch))
         except BaseException:
             engine.stop_workers()
             raise
