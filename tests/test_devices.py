@@ -284,7 +284,7 @@ def test_results_come_in_one_process_order(mixed, model):
     from graphscribe.io.config import RunOptions
 
     files = sorted(p for p in mixed.rglob("*.wav"))
-    one = [(i, t.text, t.error) for i, t in model.transcribe_iter(files, batch_size=2, timings=False)]
+    one = [(i, t.text, t.error) for i, t in model.transcribe_iter(files, batch_size=2, word_times=False)]
     run = transcribe_on_devices(files, ["cpu", "cpu"], str(NEMO_PATH), RunOptions(graphs=False, batch_size=2), False)
     assert [(i, t.text, t.error) for i, t in run] == one
     assert one != sorted(one)  # longest first: not input order

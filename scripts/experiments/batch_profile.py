@@ -37,16 +37,16 @@ def main() -> None:
         rows, seconds = int(shape.split("x")[0]), float(shape.split("x")[1])
         audio = clip.repeat(int(seconds * rate) // clip.numel() + 1)[: int(seconds * rate)]
         batch = collate([(r, "<p>", audio) for r in range(rows)], HostBuffers(keep=0, pin=True), pad_to, True)
-        for _ in transcribe_stream(model, Repeat(batch, 3), timings=False):
+        for _ in transcribe_stream(model, Repeat(batch, 3), word_times=False):
             pass
         torch.cuda.synchronize()
         start = time.perf_counter()
-        for _ in transcribe_stream(model, Repeat(batch, args.times), timings=False):
+        for _ in transcribe_stream(model, Repeat(batch, args.times), word_times=False):
             pass
         torch.cuda.synchronize()
         plain = (time.perf_counter() - start) / args.times * 1e3
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in transcribe_stream(model, Repeat(batch, args.times), timings=False):
+            for _ in transcribe_stream(model, Repeat(batch, args.times), word_times=False):
                 pass
             torch.cuda.synchronize()
         events = prof.key_averages()

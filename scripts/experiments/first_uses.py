@@ -4,10 +4,10 @@
     python scripts/experiments/first_uses.py --model v3.nemo --folder /tmp/folder --dtype float32 --batch 32 --json F
 
 Loads the model (priming CUDA's libraries meanwhile, as the CLI does), then transcribes the folder `--passes`
-times in one process as the CLI does (reading ahead, longest first, txt: no timings), timing on the host every
+times in one process as the CLI does (reading ahead, longest first, txt: no word times), timing on the host every
 call of the main thread's stages for every batch:
 features, encoder (both only queue GPU work unless something blocks: a plan, a capture, a kernel load),
-decode (which waits for the GPU at its host reads) and finish (text). Also per pass: the wall time, the
+decode (which waits for the GPU at its host reads) and make_transcript (text). Also per pass: the wall time, the
 pipeline's StageClock (GPU seconds of features, encoder, decode; the main thread's wait for reads), and the
 seconds the decoder spent capturing graphs and loading its fused step, and the encoder's captured layers.
 Run it after one CLI run on the machine (Triton's kernel cache filled): the first pass is then what a user's
@@ -54,7 +54,7 @@ def sync(model) -> None:
 def one_pass(model, files, batch: int, profiles: dict | None = None, profiled: int = 0) -> dict:
     """One pass; `profiles`: a cProfile.Profile per stage, run around its first `profiled` calls."""
     calls: dict[str, list] = defaultdict(list)
-    originals = {name: getattr(model, name) for name in (*STAGES, "finish")}
+    originals = {name: getattr(model, name) for name in (*STAGES, "make_transcript")}
 
     def timed(name):
         fn = originals[name]
@@ -68,7 +68,7 @@ def one_pass(model, files, batch: int, profiles: dict | None = None, profiled: i
             if profile is not None:
                 profile.disable()
             seconds = time.perf_counter() - start
-            shape = list(args[0].shape) if name != "finish" else None
+            shape = list(args[0].shape) if name != "make_transcript" else None
             calls[name].append((seconds, shape))
             return out
 
@@ -81,7 +81,7 @@ def one_pass(model, files, batch: int, profiles: dict | None = None, profiled: i
     sync(model)
     start = time.perf_counter()
     try:
-        results = list(model.transcribe_iter(files, batch_size=batch, clock=clock, timings=False))
+        results = list(model.transcribe_iter(files, batch_size=batch, clock=clock, word_times=False))
         sync(model)
     finally:
         for name in originals:

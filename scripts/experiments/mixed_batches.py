@@ -79,12 +79,12 @@ def main() -> None:
             seconds = sum(map(sum, plan))
             for packing in ("packed", "unpacked"):
                 graphscribe.model.packing.Packing.MAX_SHARE = shipped if packing == "packed" else 0.0
-                for _ in transcribe_stream(model, Batches(batches), timings=False):  # captures the shapes' graphs
+                for _ in transcribe_stream(model, Batches(batches), word_times=False):  # captures the shapes' graphs
                     pass
                 clock = StageClock(model.device)
                 torch.cuda.synchronize() if cuda else None
                 start = time.perf_counter()
-                for _ in transcribe_stream(model, Batches(batches), clock=clock, timings=False):
+                for _ in transcribe_stream(model, Batches(batches), clock=clock, word_times=False):
                     pass
                 torch.cuda.synchronize() if cuda else None
                 wall = time.perf_counter() - start
@@ -113,7 +113,7 @@ def profile_pass(model, batches, title: str) -> None:
 
     model.use_graphs(False)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in transcribe_stream(model, Batches(batches), timings=False):
+        for _ in transcribe_stream(model, Batches(batches), word_times=False):
             pass
         torch.cuda.synchronize()
     model.use_graphs(True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import fields, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -34,8 +35,10 @@ class Model(LoadedModel):
         batch_size: int | None = None,
         batch_seconds: float | None = None,
         clock: StageClock | None = None,
-        timings: bool = True,
+        word_times: bool = True,
         render: tuple[str, ...] = (),
+        *,
+        timings: bool | None = None,
     ) -> Iterator[tuple[int, Transcript]]:
         """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
@@ -44,9 +47,11 @@ class Model(LoadedModel):
         (`pipeline.default_batching`). Files are read by threads a few batches ahead (pipeline.py). A bad
         input yields a Transcript with `error` set and the rest goes on. Padded frames are masked, so the
         batching changes a result only through rounding. `clock` collects seconds per stage (the benchmark's).
-        `timings=False` leaves out the token, word and segment times (text and token ids only: less host work).
+        `word_times=False` leaves out the token, word and segment times (text and token ids only: less host work).
         `render`: output formats made by worker processes instead, in light Transcripts (`transcribe_stream`).
+        `timings`: word_times' former name, still accepted.
         """
+        word_times = _word_times(word_times, timings)
         if batch_seconds is None:
             batch_seconds = self.options.batch_seconds
         reads = read_ahead(
@@ -59,22 +64,33 @@ class Model(LoadedModel):
             read=self.read,
             dtype=self.dtype,
         )
-        yield from transcribe_stream(self, reads, clock, timings, render)
+        yield from transcribe_stream(self, reads, clock, word_times, render)
 
     def transcribe(
         self,
         inputs: Input | Sequence[Input],
         batch_size: int | None = None,
         batch_seconds: float | None = None,
-        timings: bool = True,
+        word_times: bool = True,
+        *,
+        timings: bool | None = None,
     ) -> list[Transcript]:
-        """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order (`timings`: as
-        `transcribe_iter`)."""
+        """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order (`word_times`,
+        `timings`: as `transcribe_iter`)."""
+        word_times = _word_times(word_times, timings)
         items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         results: list[Transcript | None] = [None] * len(items)
-        for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds, timings=timings):
+        for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds, word_times=word_times):
             results[i] = transcript
         return results  # type: ignore[return-value]
+
+
+def _word_times(word_times: bool, timings: bool | None) -> bool:
+    """`word_times`, or `timings` where given: its former name, documented by earlier READMEs."""
+    if timings is None:
+        return word_times
+    warnings.warn("transcribe(timings=...) is now word_times=...", DeprecationWarning, stacklevel=3)
+    return timings
 
 
 def load_model(

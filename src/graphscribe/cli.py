@@ -250,12 +250,12 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], model, opt
 
     running: list = []  # what to close: the readers, or the device workers
     # txt needs the text alone: the token, word and segment times are left out (host work a file)
-    timings = any(f != "txt" for f in formats)
+    word_times = any(f != "txt" for f in formats)
     loaded = None
     try:
         with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
             loaded, results, start, writer = _results(
-                files, formats, targets, devices, model, options, graphs_asked, timings, running, status
+                files, formats, targets, devices, model, options, graphs_asked, word_times, running, status
             )
             tally = write_results(results, files, formats, targets, status, written=writer is not None)
             if writer is not None and tally.stopped is not None:
@@ -268,28 +268,28 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], model, opt
             r.close()
 
 
-def _results(files, formats, targets, devices, model, options: RunOptions, graphs_asked, timings, running, status):
+def _results(files, formats, targets, devices, model, options: RunOptions, graphs_asked, word_times, running, status):
     """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
     Transcript) in plan order; perf_counter() when the first device could take a batch; the RenderPool that writes
     the output files, or None). One device: this process, reading while the weights load and the model warms up;
     several: a worker process per device (`devices.transcribe_on_devices`), each warming up alike. What it starts is
     put in `running`, for the caller to close.
-    With timings and many files the outputs come rendered by worker processes of the process that feeds the device
-    (`finishing.RenderPool`): each file's timing and formatting would take its GIL from the GPU's launches. With one
+    With word times and many files the outputs come rendered by worker processes of the process that feeds the device
+    (`rendering.RenderPool`): each file's timing and formatting would take its GIL from the GPU's launches. With one
     device and `targets`, those workers write the files too: writing them here took the thread that launches the
     GPU's work 0.2 ms a file or more."""
-    render = tuple(formats) if timings and len(files) >= RENDER_POOL_MIN_FILES else ()
+    render = tuple(formats) if word_times and len(files) >= RENDER_POOL_MIN_FILES else ()
     if len(devices) > 1:
         from graphscribe.devices import LoadError, transcribe_on_devices
 
-        run = transcribe_on_devices(files, devices, model_source(model), options, timings, render)
+        run = transcribe_on_devices(files, devices, model_source(model), options, word_times, render)
         running.append(run)
         try:
             run.wait_loaded()
         except LoadError as err:
             fail_usage(str(err))
         return run, iter(run), run.transcribing_since, None
-    from graphscribe.output.finishing import RenderPool
+    from graphscribe.output.rendering import RenderPool
     from graphscribe.runtime.pipeline import transcribe_stream, warm_up_run
     from graphscribe.runtime.reading import read_ahead
 
@@ -308,9 +308,11 @@ def _results(files, formats, targets, devices, model, options: RunOptions, graph
         loaded.load_seconds = {**loaded.load_seconds, "warm_up": warm, "total": loaded.load_seconds["total"] + warm}
     writer = None
     if render and targets:  # per input, its files' paths in `formats`' order (targets' own)
-        writer = RenderPool(loaded.finishing, render, outputs=[tuple(map(str, p)) for p in zip(*targets.values())])
+        writer = RenderPool(
+            loaded.transcript_maker, render, outputs=[tuple(map(str, p)) for p in zip(*targets.values())]
+        )
         running.append(writer)
-    results = transcribe_stream(status.watch(loaded), reads[0], timings=timings, render=render, renderer=writer)
+    results = transcribe_stream(status.watch(loaded), reads[0], word_times=word_times, render=render, renderer=writer)
     return loaded, results, time.perf_counter(), writer
 
 
@@ -324,7 +326,7 @@ def write_results(
 ) -> _Tally:
     """Write each (index into `files`, Transcript) of `results` as it comes: its files (`targets[format][index]`,
     each whole or not at all) or, without targets, its stdout line, flushed at once; errors one line each on
-    stderr. written: the files come written already (by `finishing.RenderPool`'s workers), a Transcript's
+    stderr. written: the files come written already (by `rendering.RenderPool`'s workers), a Transcript's
     `write_error` naming one that could not be. SIGINT or SIGTERM stops it between two results (the tally keeps the
     signal) and closes `results`."""
     tally = _Tally()

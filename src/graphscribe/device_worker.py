@@ -101,7 +101,7 @@ def _job(
     options: RunOptions,
     marks: dict[str, float],
     files: list[str],
-    timings: bool,
+    word_times: bool,
     render: tuple[str, ...],
     batch_size: int | None,
     batch_seconds: float | None,
@@ -154,7 +154,7 @@ def _job(
     else:
         reads.append(start(model.sample_rate, model.device, model.dtype))
     groups: dict[int, list[tuple[int, Transcript]]] = {}
-    for i, transcript in transcribe_stream(model, reads[0], timings=timings, render=render):
+    for i, transcript in transcribe_stream(model, reads[0], word_times=word_times, render=render):
         seq = owner.pop(i)
         group = groups.setdefault(seq, [])
         group.append((i, transcript))

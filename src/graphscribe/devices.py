@@ -217,20 +217,20 @@ class DevicePool:
         files: list,
         batch_size: int | None = None,
         batch_seconds: float | None = None,
-        timings: bool = True,
+        word_times: bool = True,
         workers: int | None = None,
         render: tuple[str, ...] = (),
     ) -> DeviceRun:
         """(index, Transcript) for every file, in the order one device's `transcribe_stream` yields them, from the
         first `workers` workers (None: all). batch_size, batch_seconds: the batching rule's (None: the options',
-        whose None is the devices' defaults, the smallest of them); timings, render: `transcribe_stream`'s, run in
+        whose None is the devices' defaults, the smallest of them); word_times, render: `transcribe_stream`'s, run in
         each worker (so the rendering is done beside each device, and light transcripts cross the pipes)."""
         files = [str(f) for f in files]
         if batch_size is None:
             batch_size = self.options.batch_size
         if batch_seconds is None:
             batch_seconds = self.options.batch_seconds
-        return DeviceRun(self, files, batch_size, batch_seconds, timings, self.workers[:workers], tuple(render))
+        return DeviceRun(self, files, batch_size, batch_seconds, word_times, self.workers[:workers], tuple(render))
 
     def stop(self) -> None:
         """Tell the workers to end, without waiting: each leaves at once (`device_worker.work`), while the caller goes on."""
@@ -270,7 +270,7 @@ class DeviceRun:
         files: list[str],
         batch_size: int | None,
         batch_seconds: float | None,
-        timings: bool,
+        word_times: bool,
         workers,
         render: tuple = (),
     ):
@@ -278,7 +278,7 @@ class DeviceRun:
         self.stats = {w: DeviceStats(w.device, load_seconds=w.load_seconds) for w in self.workers}
         self.close_pool = False  # `transcribe_on_devices`: the pool is this run's alone
         self._batch_size, self._batch_seconds = batch_size, batch_seconds
-        self._timings, self._render = timings, render
+        self._word_times, self._render = word_times, render
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._loaded = threading.Event()
         self._load_error: str | None = None
@@ -348,7 +348,7 @@ class DeviceRun:
 
     def _job(self) -> tuple:
         """A worker's job message: the files, and the batching asked for (its warm-up batch's rows)."""
-        return ("job", self.files, self._timings, self._render, self._batch_size, self._batch_seconds)
+        return ("job", self.files, self._word_times, self._render, self._batch_size, self._batch_seconds)
 
     # ------------------------------------------------------------------ the dispatcher thread
     def _dispatch(self) -> None:
@@ -517,7 +517,7 @@ def transcribe_on_devices(
     devices: list[str],
     source: str,
     options: RunOptions = RunOptions(),
-    timings: bool = True,
+    word_times: bool = True,
     render: tuple[str, ...] = (),
 ) -> DeviceRun:
     """Transcribe `files` on several devices of this host: (index, Transcript) in the order one device yields them,
@@ -525,7 +525,7 @@ def transcribe_on_devices(
     device its own; see `load_model`), batched by the options' batch_size and batch_seconds. The run's `stats`
     give each device's files, audio and busy seconds; `wait_loaded()` raises LoadError if no worker could load
     the model. The workers end with the run."""
-    run = DevicePool(source, devices, options).transcribe(files, timings=timings, render=render)
+    run = DevicePool(source, devices, options).transcribe(files, word_times=word_times, render=render)
     run.close_pool = True
     return run
 

@@ -160,7 +160,7 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
         torch.cuda.synchronize(device)
     start = time.perf_counter()
     for i, transcript in model.transcribe_iter(
-        files, batch, batch_seconds, clock=clock, timings=False
+        files, batch, batch_seconds, clock=clock, word_times=False
     ):  # txt, as the CLI
         if transcript.error is not None:
             failed += 1
@@ -281,12 +281,12 @@ def run_device_scaling(
         texts_one = None
         for n in range(1, len(devices) + 1):
             start = time.perf_counter()
-            list(pool.transcribe(files, timings=False, workers=n))
+            list(pool.transcribe(files, word_times=False, workers=n))
             warmup = time.perf_counter() - start
             passes = []
             for _ in range(reps):
                 start = time.perf_counter()
-                run = pool.transcribe(files, timings=False, workers=n)
+                run = pool.transcribe(files, word_times=False, workers=n)
                 results = list(run)
                 passes.append((time.perf_counter() - start, run, results))
             seconds, run, results = sorted(passes, key=lambda p: p[0])[(len(passes) - 1) // 2]

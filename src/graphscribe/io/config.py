@@ -93,11 +93,6 @@ class ModelConfig:
     def blank_id(self) -> int:
         return self.prediction.vocab_size
 
-    @property
-    def frame_seconds(self) -> float:
-        """Duration of one encoder frame (hop times subsampling)."""
-        return self.features.hop_length * self.encoder.subsampling_factor / self.features.sample_rate
-
 
 # Default files per batch: on CUDA by the model's dtype, measured with the plain command (a 0.6b model on an H100,
 # LibriSpeech-like files, bench/2026-11-defaults): float32 32 rows (64: 4% slower), 16 bits 64 rows (128 and 256

@@ -32,7 +32,7 @@ class Batch:
     lengths: torch.Tensor  # (B,) int64 samples
     failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of unreadable inputs
     storage: torch.Tensor | None = None  # the (pinned) host buffer `audio` is a view of (`ReadAhead.recycle`)
-    timings: bool = True  # False: this batch's transcripts leave out the times even when the stream keeps them
+    word_times: bool = True  # False: this batch's transcripts leave out the times even when the stream keeps them
 
     def row(self, r: int) -> "Batch":
         n = int(self.lengths[r])
@@ -41,7 +41,7 @@ class Batch:
             [self.sources[r]],
             self.audio[r : r + 1, :n],
             self.lengths[r : r + 1],
-            timings=self.timings,
+            word_times=self.word_times,
         )
 
 

@@ -192,7 +192,7 @@ class Engine:
                 return
             kind = message[0]
             if kind == SUBMIT:
-                _, n, nbytes, timings, name = message
+                _, n, nbytes, word_times, name = message
                 try:
                     if nbytes < 0:  # receive_samples checks the rest against the message itself
                         raise ValueError(f"{nbytes} bytes announced")
@@ -205,7 +205,7 @@ class Engine:
                     worker.process.kill()  # check_workers starts another; its clients' connections close
                     return
                 try:
-                    self.service.submit(samples, timings, _answer_to(worker, n), name)
+                    self.service.submit(samples, word_times, _answer_to(worker, n), name)
                 except RuntimeError:  # closed: the server is stopping
                     worker.send((REFUSED, n))
             elif kind == LOG:

@@ -1,7 +1,7 @@
 """Transcription as a service: requests from many threads, batched across requests through the folder job's code.
 
     caller (the server's intake thread of an HTTP worker process):  samples received into samples_buffer (pinned
-      beside a GPU) -> submit(audio, timings, done) -> Scheduler.put(request, seconds)
+      beside a GPU) -> submit(audio, word_times, done) -> Scheduler.put(request, seconds)
     one batching thread:  Scheduler.take (the longest waiting first, at most `max_batch` rows and `batch_seconds`
       of padded audio; while the GPU is idle a batch waits up to `max_wait` for company)
       -> on CUDA each request's samples copied to the GPU into one padded batch (`gather`; on the CPU `collate`d
@@ -80,7 +80,7 @@ class Request:
 
     audio: torch.Tensor | None  # (L,) float32 at the model's rate; dropped once copied into its batch
     seconds: float
-    timings: bool  # token, word and segment times wanted
+    word_times: bool  # token, word and segment times wanted
     done: Callable[[Transcript, float], None]  # called once, on the batching thread: (transcript, queue seconds)
     name: str = "<upload>"  # names the input in error messages
     put_at: float = 0.0  # time.monotonic()
@@ -157,12 +157,12 @@ class Service:
         return torch.empty(n, dtype=torch.float32, pin_memory=pin)
 
     def submit(
-        self, audio: torch.Tensor, timings: bool, done: Callable[[Transcript, float], None], name: str = "<upload>"
+        self, audio: torch.Tensor, word_times: bool, done: Callable[[Transcript, float], None], name: str = "<upload>"
     ) -> Request:
         """Queue (L,) samples at the model's rate; `done(transcript, queue_seconds)` is called on the batching thread
         when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
         closed."""
-        request = Request(audio, audio.numel() / self.model.sample_rate, timings, done, name, time.monotonic())
+        request = Request(audio, audio.numel() / self.model.sample_rate, word_times, done, name, time.monotonic())
         n = next(self._numbers)
         self.requests[n] = request
         try:
@@ -171,10 +171,6 @@ class Service:
             del self.requests[n]
             raise
         return request
-
-    @property
-    def waiting(self) -> int:
-        return len(self.scheduler)
 
     @property
     def in_flight(self) -> int:
@@ -277,7 +273,7 @@ class Service:
             batch = gather(rows, self.model.device, self.model.copy_stream, self.pad_to)
         else:
             batch = collate(rows, self.buffers, self.pad_to)
-        batch.timings = any(r.timings for r in requests)
+        batch.word_times = any(r.word_times for r in requests)
         for r in requests:
             r.audio, r.taken_at = None, now
         if counted and self._on_batch is not None:
