@@ -167,8 +167,8 @@ def _worker_context() -> multiprocessing.context.BaseContext:
     torch (not CUDA: a forked child could not use it) while the parent imports its own: every worker is forked
     with torch imported, at the same moment. A spawned worker imports torch itself, side by side with the others,
     and that is the most variable step of its start-up (2.5-4.6 s on the lent 2-GPU machines): spawned workers
-    come ready up to 1.2 s apart, forked ones 0.02-0.03 s, and a run pays about half that gap
-    (bench/2026-11-devices/run8-run10). Elsewhere each worker is spawned."""
+    come ready up to 1.2 s apart, forked ones 0.02-0.03 s, and a run pays about half that gap. Elsewhere each
+    worker is spawned."""
     if not sys.platform.startswith("linux"):
         return multiprocessing.get_context("spawn")  # no fork server (Windows), or forking unsafe (macOS)
     from multiprocessing import forkserver

@@ -94,9 +94,9 @@ class ModelConfig:
         return self.prediction.vocab_size
 
 
-# Default files per batch: on CUDA by the model's dtype, measured with the plain command (a 0.6b model on an H100,
-# LibriSpeech-like files, bench/2026-11-defaults): float32 32 rows (64: 4% slower), 16 bits 64 rows (128 and 256
-# no faster, and a new size class's first uses cost more).
+# Default files per batch: on CUDA by the model's dtype, the fastest with the plain command (a 0.6b model on an
+# H100, LibriSpeech-like files; see bench/README.md): in float32 32 rows (64 are 4% slower), in 16 bits 64 rows
+# (128 and 256 are no faster, and a new size class's first uses cost more).
 BATCH_FILES = {"cuda-float32": 32, "cuda-16bit": 64, "cpu": 8}
 
 # Default caps on padded audio per batch. A 0.6b model's features and encoder take about 7 MB per padded second in

@@ -10,8 +10,8 @@ millisecond holds the GIL that launches its work (a thread does not help). The p
 hypotheses and send back light Transcripts (text, token ids, the rendered outputs), never the token, word and
 segment objects, whose pickling would cost as much as making them. Given the output files' paths, the workers
 write the files too (`writers.write_file`, whole or not at all) and send back no text: in the thread that feeds
-the GPU, writing them took 0.2 ms a file or more (mkdir, mkstemp, fchmod, write, rename; json ran at 0.83x txt's
-RTFx on an H100 for it).
+the GPU, writing them takes 0.2 ms a file or more (mkdir, mkstemp, fchmod, write, rename), enough to hold json
+output to about 0.83x txt's throughput on an H100.
 
 This module and what it imports (tokenizer, timestamps, transcript, writers) import no torch: a worker process
 starts in a fraction of a second and holds no CUDA state.

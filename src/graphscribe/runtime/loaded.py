@@ -161,8 +161,8 @@ class LoadedModel:
 
     def _copied(self, host: torch.Tensor) -> torch.Tensor:
         """A pinned host tensor on the device, copied on a stream of its own: the copy runs while the GPU works on
-        what was queued before it (the batch before: its copy waited behind that batch's encoder, ~1 ms of a
-        server's 25 ms batch, bench/2026-11-server/run26), and the current stream waits only for the copy."""
+        what was queued before it (on the current stream it would wait behind the batch before's encoder, about
+        1 ms of a server's 25 ms batch), and the current stream waits only for the copy."""
         if self.device.type != "cuda" or not host.is_pinned():
             return host.to(self.device, non_blocking=True)
         current = torch.cuda.current_stream(self.device)

@@ -338,7 +338,7 @@ def warm_up(model: LoadedModel, rows: int, batch_seconds: float | None = None) -
     captured decode graphs (whose buffers grow for longer inputs, as they would anyway).
 
     A process's first batch on CUDA pays ~0.85 s of such first uses in bfloat16 on an H100, most of it in that
-    batch (bench/2026-11-first-uses): the CLI pays it here, before the transcription's clock starts, on one device
+    batch: the CLI pays it here, before the transcription's clock starts, on one device
     and in every `--devices` worker alike, and the summary line gives it as part of the loading time."""
     start = time.perf_counter()
     rows = max(1, rows)

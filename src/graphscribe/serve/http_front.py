@@ -23,7 +23,7 @@ Messages on a worker's pipe are pickled tuples:
 A SUBMIT's samples follow it as a message of their own, raw float32 bytes, which the engine reads straight into an
 array (`receive_samples`): pickled with it, they would be copied four times over in the engine, each copy holding
 the GIL that its batching thread launches the GPU's work with (~0.7 ms a 7.5 s request on a 2-core machine against
-~0.15 ms raw, most of it in the kernel; bench/2026-11-server/run15-run16).
+~0.15 ms raw, most of it in the kernel).
 Workers start before the model loads (their imports overlap its loading) and answer 503 until READY.
 The engine keeps the counters and writes the access log: one writer for stderr and for /metrics.
 """

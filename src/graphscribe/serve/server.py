@@ -265,7 +265,7 @@ def _answer_to(worker: _Worker, n: int):
 # Linux spreads a port's new connections evenly over the sockets listening on it with SO_REUSEPORT (by a hash of
 # each connection's addresses). One socket shared by the workers is not spread: a worker woken by a burst of
 # connections accepts up to a hundred at once and keeps them (clients hold theirs open), and serves them all on its
-# one event loop while the other workers idle (bench/2026-11-server/run32).
+# one event loop while the other workers idle.
 PORT_PER_WORKER = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
 
 
