@@ -108,7 +108,7 @@ def stages(model, clip: Path) -> dict:
         decode_compile=model.decoder.compile_seconds - compile_s,
         decode_capture=model.decoder.capture_seconds - capture_s,
     )
-    model.finish(str(clip), audio.numel(), hyp, 0.0)
+    model.make_transcript(str(clip), audio.numel(), hyp, 0.0)
     lap("text")
     return seconds
 

@@ -365,3 +365,27 @@ def test_help_names_the_other_commands():
     assert result.returncode == 0
     for command in ("transcribe serve", "transcribe ray", "transcribe bench", "graphscribe[serve]"):
         assert command in result.stdout
+
+
+def test_every_command_shows_the_batch_defaults_the_runtime_uses():
+    """--batch (transcribe, ray) and --max-batch (serve) show one text, made from the constants that
+    `default_batching` takes its numbers from."""
+    import inspect
+
+    from graphscribe.cli import transcribe_command
+    from graphscribe.console import BATCH_DEFAULT
+    from graphscribe.io.config import BATCH_FILES, default_batch_files
+    from graphscribe.ray_data import ray_command
+    from graphscribe.serve.server import serve_command
+
+    shown = [
+        inspect.signature(transcribe_command).parameters["batch"].default.show_default,
+        inspect.signature(ray_command).parameters["batch"].default.show_default,
+        inspect.signature(serve_command).parameters["max_batch"].default.show_default,
+    ]
+    assert shown == [BATCH_DEFAULT] * 3
+    assert default_batch_files("cuda", sixteen_bit=False) == BATCH_FILES["cuda-float32"]
+    assert default_batch_files("cuda", sixteen_bit=True) == BATCH_FILES["cuda-16bit"]
+    assert default_batch_files("cpu", sixteen_bit=True) == BATCH_FILES["cpu"]
+    for files in BATCH_FILES.values():
+        assert f"{files} " in BATCH_DEFAULT

@@ -284,8 +284,8 @@ def test_results_come_in_one_process_order(mixed, model):
     from graphscribe.io.config import RunOptions
 
     files = sorted(p for p in mixed.rglob("*.wav"))
-    one = [(i, t.text, t.error) for i, t in model.transcribe_iter(files, batch_size=2, timings=False)]
-    run = transcribe_on_devices(files, ["cpu", "cpu"], str(NEMO_PATH), RunOptions(graphs=False), 2, None, False)
+    one = [(i, t.text, t.error) for i, t in model.transcribe_iter(files, batch_size=2, word_times=False)]
+    run = transcribe_on_devices(files, ["cpu", "cpu"], str(NEMO_PATH), RunOptions(graphs=False, batch_size=2), False)
     assert [(i, t.text, t.error) for i, t in run] == one
     assert one != sorted(one)  # longest first: not input order
     assert sum(s.files for s in run.device_stats) == 6  # each file on one device

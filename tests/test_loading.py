@@ -254,3 +254,18 @@ def test_summary_line_reports_the_load_time_apart(tmp_path):
     assert result.returncode == 0, result.stderr
     [summary] = [line for line in result.stderr.splitlines() if "transcribed" in line]
     assert summary.startswith("loaded in ") and " s; transcribed 2 of 2 files: " in summary
+
+
+def test_run_options_and_keywords_over_them_load_alike():
+    """One RunOptions carries how to run a model; keywords of its fields replace them; device and dtype come back
+    resolved."""
+    from graphscribe.io.config import RunOptions
+
+    model = load_model(NEMO_PATH, RunOptions(device="cpu", batch_size=3, attention="local"), graphs=False)
+    assert model.options == RunOptions(
+        device="cpu", dtype="float32", graphs=False, batch_size=3, attention="local", attention_window=256
+    )
+    with pytest.raises(TypeError, match="'batch'"):
+        load_model(NEMO_PATH, device="cpu", batch=3)
+    with pytest.raises(TypeError, match="RunOptions"):
+        load_model(NEMO_PATH, "cpu")

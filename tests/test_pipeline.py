@@ -19,7 +19,7 @@ from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
 from graphscribe.bench.folder import make_folder
 from graphscribe.io.audio import load_audio
-from graphscribe.output.finishing import RenderPool, Timed
+from graphscribe.output.rendering import PlainHypothesis, RenderPool
 from graphscribe.output.writers import WRITERS, render
 from graphscribe.runtime import defaults, pipeline, reading
 from graphscribe.runtime.clock import StageClock
@@ -91,7 +91,7 @@ def test_reading_stays_a_few_batches_ahead(model, short_folder, monkeypatch):
         most_ahead = max(most_ahead, -(-len(started) // batch) - batches_taken)
     assert taken == len(short_folder) == len(started)
     # the readers' READ_AHEAD batches, the one being transcribed, and one whose transcripts are still being made
-    # on the finisher thread (timings) while the next is decoded
+    # on the background thread (word_times) while the next is decoded
     assert 1 <= most_ahead <= READ_AHEAD + 2
 
 
@@ -195,14 +195,17 @@ def test_batching_does_not_change_results(model):
         assert [t.token_ids for t in got] == expected, (batch, seconds)
 
 
-def test_without_timings_the_text_and_token_ids_are_nemos(model):
-    """timings=False (what the CLI asks for txt output) keeps NeMo's text and token ids, and leaves the times out."""
+def test_without_word_times_the_text_and_token_ids_are_nemos(model):
+    """word_times=False (what the CLI asks for txt output) keeps NeMo's text and token ids, and leaves the times out."""
     paths = [CLIPS / name for name in CLIP_NAMES]
-    got = model.transcribe(paths, batch_size=3, timings=False)
+    got = model.transcribe(paths, batch_size=3, word_times=False)
     assert [(t.text, t.token_ids) for t in got] == [
         (reference_clip(n)["text"], reference_clip(n)["token_ids"]) for n in CLIP_NAMES
     ]
     assert all(t.tokens == t.words == t.segments == [] for t in got)
+    with pytest.warns(DeprecationWarning, match="word_times"):  # the keyword's former name, as READMEs gave it
+        [old] = model.transcribe(paths[:1], timings=False)
+    assert (old.text, old.token_ids, old.words) == (got[0].text, got[0].token_ids, [])
 
 
 def test_stage_clock_counts_every_stage_on_the_cpu(model):
@@ -243,7 +246,7 @@ def test_the_next_batch_queued_inside_the_decode_leaves_every_result_nemos(model
 
     monkeypatch.setattr(model.decoder, "decode", watched)
     paths = [CLIPS / name for name in CLIP_NAMES]
-    got = list(model.transcribe_iter([*paths, CLIPS / "missing.wav"], batch_size=2, timings=False))
+    got = list(model.transcribe_iter([*paths, CLIPS / "missing.wav"], batch_size=2, word_times=False))
     assert sorted(i for i, _ in got) == list(range(len(paths) + 1))
     results = dict(got)
     assert [results[i].token_ids for i in range(len(paths))] == [reference_clip(n)["token_ids"] for n in CLIP_NAMES]
@@ -310,7 +313,7 @@ def test_what_the_next_batch_raises_inside_the_decode_is_not_the_decoding_batchs
     transcribe_stream after that decode: it is not taken for the decoding batch's own failure, which would retry
     that batch alone and drop the next one's inputs."""
     monkeypatch.setattr(pipeline, "_Streams", _DecodeStreamHere)
-    stream = pipeline.transcribe_stream(model, _Source(model.sample_rate, error), timings=False)
+    stream = pipeline.transcribe_stream(model, _Source(model.sample_rate, error), word_times=False)
     with pytest.raises(type(error), match=str(error)):
         list(stream)
 
@@ -334,7 +337,7 @@ TIMED_FORMATS = ("json", "srt", "vtt", "tsv")
 
 
 def test_rendered_results_are_the_writers_bytes_in_the_same_order(model, tmp_path):
-    """render: worker processes make each input's outputs; they are what the writers make of `Model.finish`'s
+    """render: worker processes make each input's outputs; they are what the writers make of `Model.make_transcript`'s
     Transcript (the reference path), in the same order, with an unreadable input where it was, and light."""
     bad = tmp_path / "bad.wav"
     bad.write_text("not audio\n")
@@ -378,9 +381,9 @@ def test_rendered_results_of_one_at_a_time_batches(model, monkeypatch):
 def test_render_workers_import_no_torch(model):
     """The workers load the writers and the tokenizer (SentencePiece's library) only: no torch (seconds to import,
     CUDA state). Read from the workers' own memory maps, after they have rendered."""
-    pool = RenderPool(model.finishing, ("json",))
+    pool = RenderPool(model.transcript_maker, ("json",))
     try:
-        [light] = pool.transcripts(["x.wav"], [16000], [Timed([1, 2], [0, 3], [1, 1])])
+        [light] = pool.transcripts(["x.wav"], [16000], [PlainHypothesis([1, 2], [0, 3], [1, 1])])
         assert light.rendered["json"].startswith('{"path": "x.wav"')
         for process, _ in pool._children:
             libraries = Path(f"/proc/{process.pid}/maps").read_text()
@@ -395,13 +398,13 @@ def test_render_workers_write_the_files_they_are_given(model, tmp_path):
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     outputs = [(str(tmp_path / "a.json"), str(tmp_path / "a.srt")), (str(blocked / "b.json"), str(tmp_path / "b.srt"))]
-    hyp = Timed([1, 2], [0, 3], [1, 1])
-    pool = RenderPool(model.finishing, ("json", "srt"), outputs=outputs)
+    hyp = PlainHypothesis([1, 2], [0, 3], [1, 1])
+    pool = RenderPool(model.transcript_maker, ("json", "srt"), outputs=outputs)
     try:
         first, second = pool.transcripts(["a.wav", "b.wav"], [16000, 16000], [hyp, hyp], [0, 1])
     finally:
         pool.close()
-    expected = model.finish("a.wav", 16000, hyp, 0.0)
+    expected = model.make_transcript("a.wav", 16000, hyp, 0.0)
     assert (tmp_path / "a.json").read_text() == WRITERS["json"](expected)
     assert (tmp_path / "a.srt").read_text() == WRITERS["srt"](expected)
     assert first.write_error is None and first.rendered == {} and first.text == expected.text
@@ -412,11 +415,11 @@ def test_render_workers_write_the_files_they_are_given(model, tmp_path):
 
 
 def test_txt_alone_starts_no_worker_processes(model, monkeypatch):
-    """Without timings (txt) or without formats to render, nothing is spawned."""
+    """Without word_times (txt) or without formats to render, nothing is spawned."""
     started = []
     monkeypatch.setattr(pipeline, "RenderPool", lambda *args: started.append(args))
     paths = [CLIPS / name for name in CLIP_NAMES[:2]]
-    list(model.transcribe_iter(paths, timings=False, render=("txt",)))
+    list(model.transcribe_iter(paths, word_times=False, render=("txt",)))
     list(model.transcribe_iter(paths))
     assert started == []
 
@@ -426,9 +429,9 @@ def test_render_workers_end_with_their_parent():
     script = (
         "import os\n"
         "from graphscribe.api import load_model\n"
-        "from graphscribe.output.finishing import RenderPool, Timed\n"
-        f"pool = RenderPool(load_model({str(NEMO_PATH)!r}, device='cpu').finishing, ('json',))\n"
-        "pool.transcripts(['x.wav'], [16000], [Timed([1], [0], [1])])\n"
+        "from graphscribe.output.rendering import RenderPool, PlainHypothesis\n"
+        f"pool = RenderPool(load_model({str(NEMO_PATH)!r}, device='cpu').transcript_maker, ('json',))\n"
+        "pool.transcripts(['x.wav'], [16000], [PlainHypothesis([1], [0], [1])])\n"
         "print(*(process.pid for process, _ in pool._children), flush=True)\n"
         "os._exit(0)\n"
     )
@@ -444,10 +447,10 @@ def test_render_workers_end_with_their_parent():
 def test_warm_up_leaves_results_as_they_were(model, short_folder):
     """A warm-up batch runs anywhere (the CLI runs it on CUDA only) and changes no later result."""
     files = short_folder[:9]
-    before = [(i, t.text) for i, t in model.transcribe_iter(files, batch_size=3, timings=False)]
+    before = [(i, t.text) for i, t in model.transcribe_iter(files, batch_size=3, word_times=False)]
     assert pipeline.warm_up(model, 3) > 0
     assert pipeline.warm_up(model, 2, batch_seconds=1.0) > 0  # rows of half a second
-    assert [(i, t.text) for i, t in model.transcribe_iter(files, batch_size=3, timings=False)] == before
+    assert [(i, t.text) for i, t in model.transcribe_iter(files, batch_size=3, word_times=False)] == before
 
 
 @pytest.mark.parametrize(

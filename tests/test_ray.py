@@ -15,6 +15,7 @@ import ray
 from conftest import CLIPS, NEMO_PATH
 
 from graphscribe.cli import main
+from graphscribe.io.config import RunOptions
 from graphscribe.ray_data import build_pipeline
 
 
@@ -52,7 +53,8 @@ def cli_texts(inputs) -> dict[str, str]:
 
 def test_pipeline_rows_match_the_cli(inputs, cli_texts):
     paths = sorted(str(p) for p in inputs.iterdir())
-    rows = build_pipeline(paths, str(NEMO_PATH), 16000, "cpu", actors=1, gpus_per_actor=0, batch_size=2).take_all()
+    options = RunOptions(device="cpu", batch_size=2)
+    rows = build_pipeline(paths, str(NEMO_PATH), 16000, options, actors=1, gpus_per_actor=0).take_all()
     by_path = {r["path"]: r for r in rows}
     assert sorted(by_path) == paths
     bad = by_path.pop(str(inputs / "letter.wav"))

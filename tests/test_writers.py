@@ -158,8 +158,8 @@ def test_srt_and_json_for_every_input_of_a_folder(speech_tree, tmp_path):
 
 
 def test_written_files_are_the_in_process_writers_bytes(speech_tree, written):
-    """The CLI's files are what the writers make here of `Model.finish`'s Transcripts (the reference path), byte
-    for byte, with the same batching."""
+    """The CLI's files are what the writers make here of `Model.make_transcript`'s Transcripts (the reference path),
+    byte for byte, with the same batching."""
     files = sorted(speech_tree.rglob("*.flac"))
     model = load_model(DEMO_PATH, device="cpu")
     for path, transcript in zip(files, model.transcribe([str(p) for p in files], batch_size=3)):
@@ -282,7 +282,7 @@ def test_help_lists_choices_defaults_and_examples():
 
 def test_a_large_folder_is_rendered_by_worker_processes_to_the_same_bytes(tmp_path):
     """From RENDER_POOL_MIN_FILES files on, the CLI's outputs with times come from worker processes
-    (`finishing.RenderPool`): each file the bytes the writers make here of `Model.finish`'s Transcript."""
+    (`rendering.RenderPool`): each file the bytes the writers make here of `Model.make_transcript`'s Transcript."""
     from graphscribe.cli import RENDER_POOL_MIN_FILES
 
     clip = STAMPS / "clips" / "demo0.flac"

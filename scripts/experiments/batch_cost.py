@@ -64,11 +64,11 @@ def main() -> None:
             if rows * seconds > cap:
                 continue
             batch = collate([(r, "<grid>", audio) for r in range(rows)], HostBuffers(keep=0, pin=cuda), pad_to, cuda)
-            for _ in transcribe_stream(model, Repeat(batch, 2), timings=False):  # captures this shape's graphs
+            for _ in transcribe_stream(model, Repeat(batch, 2), word_times=False):  # captures this shape's graphs
                 pass
             sync()
             start = time.perf_counter()
-            for _ in transcribe_stream(model, Repeat(batch, args.times), timings=False):
+            for _ in transcribe_stream(model, Repeat(batch, args.times), word_times=False):
                 pass
             sync()
             ms = (time.perf_counter() - start) / args.times * 1e3

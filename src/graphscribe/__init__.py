@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from graphscribe.api import Model, load_model
     from graphscribe.io.audio import AudioError
     from graphscribe.io.checkpoint import CheckpointError
-    from graphscribe.io.config import UnsupportedModelError
+    from graphscribe.io.config import RunOptions, UnsupportedModelError
     from graphscribe.output.timestamps import Segment, Word
     from graphscribe.output.transcript import Transcript
 
@@ -19,6 +19,7 @@ _EXPORTS = {
     "AudioError": "io.audio",
     "CheckpointError": "io.checkpoint",
     "Model": "api",
+    "RunOptions": "io.config",
     "Segment": "output.timestamps",
     "Transcript": "output.transcript",
     "UnsupportedModelError": "io.config",
@@ -29,6 +30,7 @@ __all__ = [
     "AudioError",
     "CheckpointError",
     "Model",
+    "RunOptions",
     "Segment",
     "Transcript",
     "UnsupportedModelError",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
+from dataclasses import fields, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -41,8 +43,10 @@ class Model(LoadedModel):
         batch_size: int | None = None,
         batch_seconds: float | None = None,
         clock: StageClock | None = None,
-        timings: bool = True,
+        word_times: bool = True,
         render: tuple[str, ...] = (),
+        *,
+        timings: bool | None = None,
     ) -> Iterator[tuple[int, Transcript]]:
         """Yield (index, Transcript) for paths or sample arrays, a batch at a time, longest first.
 
@@ -51,9 +55,11 @@ class Model(LoadedModel):
         (`pipeline.default_batching`). Files are read by threads a few batches ahead (pipeline.py). A bad
         input yields a Transcript with `error` set and the rest goes on. Padded frames are masked, so the
         batching changes a result only through rounding. `clock` collects seconds per stage (the benchmark's).
-        `timings=False` leaves out the token, word and segment times (text and token ids only: less host work).
+        `word_times=False` leaves out the token, word and segment times (text and token ids only: less host work).
         `render`: output formats made by worker processes instead, in light Transcripts (`transcribe_stream`).
+        `timings`: word_times' former name, still accepted.
         """
+        word_times = _word_times(word_times, timings)
         if batch_seconds is None:
             batch_seconds = self.options.batch_seconds
         reads = read_ahead(
@@ -66,7 +72,7 @@ class Model(LoadedModel):
             read=self.read,
             dtype=self.dtype,
         )
-        yield from transcribe_stream(self, reads, clock, timings, render)
+        yield from transcribe_stream(self, reads, clock, word_times, render)
 
     def stream(
         self,
@@ -86,30 +92,40 @@ class Model(LoadedModel):
         inputs: Input | Sequence[Input],
         batch_size: int | None = None,
         batch_seconds: float | None = None,
-        timings: bool = True,
+        word_times: bool = True,
+        *,
+        timings: bool | None = None,
     ) -> list[Transcript]:
-        """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order (`timings`: as
-        `transcribe_iter`)."""
+        """Paths or sample arrays (at the model's rate) -> one Transcript each, in input order (`word_times`,
+        `timings`: as `transcribe_iter`)."""
+        word_times = _word_times(word_times, timings)
         items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         results: list[Transcript | None] = [None] * len(items)
-        for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds, timings=timings):
+        for i, transcript in self.transcribe_iter(items, batch_size, batch_seconds, word_times=word_times):
             results[i] = transcript
         return results  # type: ignore[return-value]
 
 
+def _word_times(word_times: bool, timings: bool | None) -> bool:
+    """`word_times`, or `timings` where given: its former name, documented by earlier READMEs."""
+    if timings is None:
+        return word_times
+    warnings.warn("transcribe(timings=...) is now word_times=...", DeprecationWarning, stacklevel=3)
+    return timings
+
+
 def load_model(
     source: str | os.PathLike,
-    device: str = "auto",
-    dtype: str = "auto",
-    graphs: bool = True,
-    batch_size: int | None = None,
-    batch_seconds: float | None = None,
-    attention: str = "auto",
-    attention_window: int = 256,
+    options: RunOptions | None = None,
+    *,
     on_config: Callable[[ModelConfig, torch.device, torch.dtype], None] | None = None,
+    **overrides,
 ) -> Model:
     """Load a `.nemo` file, an extracted checkpoint folder or a Hugging Face repo id.
 
+    options: how to run it (`RunOptions`: device, dtype, graphs, batch_size, batch_seconds, attention,
+    attention_window; None: the defaults), and keywords of the same names over it:
+    `load_model(path, device="cpu")` is `load_model(path, RunOptions(device="cpu"))`.
     batch_size, batch_seconds: `transcribe`'s defaults (None: the device's, see `Model.transcribe_iter`).
     attention: auto | full | local, and attention_window (frames each side): see `Model.attention_for`.
     The weights go from the (memory-mapped) file straight to the device in their inference
@@ -119,6 +135,14 @@ def load_model(
     on_config(cfg, device, dtype): called once the config is read, before the weights are placed (the CLI
     starts reading audio there).
     """
+    if options is not None and not isinstance(options, RunOptions):
+        raise TypeError(
+            f"load_model: options must be a RunOptions, not {type(options).__name__} (device=...: a keyword)"
+        )
+    unknown = sorted(set(overrides) - {f.name for f in fields(RunOptions)})
+    if unknown:
+        raise TypeError(f"load_model() got an unexpected keyword argument {unknown[0]!r}")
+    options = replace(options or RunOptions(), **overrides)
     clock = StageClock(torch.device("cpu"))  # seconds per loading phase, on the host
     start = time.perf_counter()
     with clock.host("read"):
@@ -131,8 +155,8 @@ def load_model(
                 f"the decoder expects {cfg.prediction.vocab_size}"
             )
     with clock.host("device_init"):
-        target = resolve_device(device)
-        target_dtype = resolve_dtype(dtype, target)
+        target = resolve_device(options.device)
+        target_dtype = resolve_dtype(options.dtype, target)
         if on_config is not None:
             on_config(cfg, target, target_dtype)
         if target.type == "cuda":
@@ -144,16 +168,8 @@ def load_model(
         if target.type == "cuda":
             torch.cuda.synchronize(target)
     with clock.host("model"):
-        options = RunOptions(
-            device=str(target),
-            dtype=DTYPE_NAMES[target_dtype],
-            graphs=graphs,
-            batch_size=batch_size,
-            batch_seconds=batch_seconds,
-            attention=attention,
-            attention_window=attention_window,
-        )
-        model = Model(module, tokenizer, options, checkpoint.source)
+        resolved = replace(options, device=str(target), dtype=DTYPE_NAMES[target_dtype])
+        model = Model(module, tokenizer, resolved, checkpoint.source)
     phases = clock.seconds()
     weights = checkpoint.seconds["weights"]
     model.load_seconds = {

@@ -48,7 +48,7 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.devices import devices_or_exit
-from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
+from graphscribe.io.config import ATTENTION_WINDOW, CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS, RunOptions
 from graphscribe.signals import SIGNALS, Interrupted
 from graphscribe.targets import check_output_dir, check_outputs, output_paths, parse_formats
 
@@ -139,7 +139,7 @@ def transcribe_command(
     ),
     attention: str = typer.Option("auto", metavar="auto|full|local", help=ATTENTION_HELP),
     attention_window: int = typer.Option(
-        256,
+        ATTENTION_WINDOW,
         min=1,
         metavar="W",
         help="Local attention: encoder frames (80 ms) seen on each side (NeMo's att_context_size [W, W]).",
@@ -196,8 +196,16 @@ def transcribe_command(
     targets = {f: [paths[i] for i in todo] for f, paths in targets.items()}
     loaded, tally, elapsed = None, _Tally(), 0.0
     if files:
-        choice = _ModelChoice(model, device, dtype, graphs, batch, batch_seconds, attention, attention_window)
-        loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, choice)
+        options = RunOptions(
+            device=device,
+            dtype=dtype,
+            graphs=graphs is not False,
+            batch_size=batch,
+            batch_seconds=batch_seconds,
+            attention=attention,
+            attention_window=attention_window,
+        )
+        loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, model, options, graphs is True)
 
     tally.failed += len(input_errors)
     total = len(files) + skipped + len(input_errors)
@@ -227,7 +235,7 @@ def _stream(inputs, model, device, dtype, graphs, fmt, output_dir, realtime, raw
     from graphscribe.live import check_stream_options, run_stream
 
     fmt = check_stream_options(inputs, fmt, output_dir, raw_rate)
-    loaded = load_or_exit(model, device, dtype, graphs)
+    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=graphs is not False))
     raise typer.Exit(run_stream(loaded, str(inputs[0]), fmt, raw_rate, realtime, chunk, left, right))
 
 
@@ -249,7 +257,7 @@ def listen_command(
     setup_logging()
     if fmt not in STREAM_FORMATS:
         fail_usage(f"--format {fmt}: listen prints txt or jsonl")
-    loaded = load_or_exit(model, device, dtype, None)
+    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype))
     raise typer.Exit(listen(loaded, fmt, chunk, left, right, microphone))
 
 
@@ -279,36 +287,22 @@ class _Tally:
     stopped: Optional[Interrupted] = None  # the signal that stopped the run
 
 
-@dataclass(frozen=True)
-class _ModelChoice:
-    """The model and how to run it, as the options gave them (None: the defaults)."""
-
-    model: Optional[str]
-    device: str
-    dtype: str
-    graphs: Optional[bool]
-    batch: Optional[int]
-    batch_seconds: Optional[float]
-    attention: str
-    attention_window: int
-
-
-def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _ModelChoice):
-    """Load the model (reading starts meanwhile), or start a worker per device, and transcribe `files` ->
-    (model, or the run on several devices, or None; tally; seconds). The seconds run from the moment a device
+def _load_and_transcribe(files, formats, targets, devices: list[str], model, options: RunOptions, graphs_asked: bool):
+    """Load --model to run with `options` (reading starts meanwhile), or start a worker per device, and transcribe
+    `files` -> (model, or the run on several devices, or None; tally; seconds). The seconds run from the moment a device
     could take its first batch (its model loaded and warmed up: `pipeline.warm_up`), on one device or several, to
     the last result written; starting and stopping the worker processes is off the clock, as loading and leaving
-    are on one device."""
+    are on one device. graphs_asked: --graphs given, noted where there is no CUDA."""
     from graphscribe.io.audio import NATIVE_STDERR
 
     running: list = []  # what to close: the readers, or the device workers
     # txt needs the text alone: the token, word and segment times are left out (host work a file)
-    timings = any(f != "txt" for f in formats)
+    word_times = any(f != "txt" for f in formats)
     loaded = None
     try:
         with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
             loaded, results, start, writer = _results(
-                files, formats, targets, devices, choice, timings, running, status
+                files, formats, targets, devices, model, options, graphs_asked, word_times, running, status
             )
             tally = write_results(results, files, formats, targets, status, written=writer is not None)
             if writer is not None and tally.stopped is not None:
@@ -321,52 +315,51 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _M
             r.close()
 
 
-def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timings: bool, running: list, status):
+def _results(files, formats, targets, devices, model, options: RunOptions, graphs_asked, word_times, running, status):
     """-> (the model, or the run on several devices: the summary reads its `load_seconds`; an iterator of (index,
     Transcript) in plan order; perf_counter() when the first device could take a batch; the RenderPool that writes
     the output files, or None). One device: this process, reading while the weights load and the model warms up;
     several: a worker process per device (`devices.transcribe_on_devices`), each warming up alike. What it starts is
     put in `running`, for the caller to close.
-    With timings and many files the outputs come rendered by worker processes of the process that feeds the device
-    (`finishing.RenderPool`): each file's timing and formatting would take its GIL from the GPU's launches. With one
+    With word times and many files the outputs come rendered by worker processes of the process that feeds the device
+    (`rendering.RenderPool`): each file's timing and formatting would take its GIL from the GPU's launches. With one
     device and `targets`, those workers write the files too: writing them here took the thread that launches the
     GPU's work 0.2 ms a file or more."""
-    render = tuple(formats) if timings and len(files) >= RENDER_POOL_MIN_FILES else ()
+    render = tuple(formats) if word_times and len(files) >= RENDER_POOL_MIN_FILES else ()
     if len(devices) > 1:
         from graphscribe.devices import LoadError, transcribe_on_devices
-        from graphscribe.io.config import RunOptions
 
-        options = RunOptions(
-            dtype=c.dtype, graphs=c.graphs is not False, attention=c.attention, attention_window=c.attention_window
-        )
-        run = transcribe_on_devices(
-            files, devices, model_source(c.model), options, c.batch, c.batch_seconds, timings, render
-        )
+        run = transcribe_on_devices(files, devices, model_source(model), options, word_times, render)
         running.append(run)
         try:
             run.wait_loaded()
         except LoadError as err:
             fail_usage(str(err))
         return run, iter(run), run.transcribing_since, None
-    from graphscribe.output.finishing import RenderPool
+    from graphscribe.output.rendering import RenderPool
     from graphscribe.runtime.pipeline import transcribe_stream, warm_up_run
     from graphscribe.runtime.reading import read_ahead
 
     reads: list = []
 
     def start_reading(cfg, target, target_dtype) -> None:  # the first batches are read while the weights load
-        reads.append(read_ahead(files, cfg.features.sample_rate, target, c.batch, c.batch_seconds, dtype=target_dtype))
+        if graphs_asked and target.type != "cuda":
+            err_console.print("note: CUDA graphs need a CUDA device; decoding eagerly on the CPU")
+        rate, rows, seconds = cfg.features.sample_rate, options.batch_size, options.batch_seconds
+        reads.append(read_ahead(files, rate, target, rows, seconds, dtype=target_dtype))
         running.append(reads[-1])
 
-    loaded = load_or_exit(c.model, c.device, c.dtype, c.graphs, c.batch, c.attention, c.attention_window, start_reading)
-    warm = warm_up_run(loaded, len(files), c.batch, c.batch_seconds)  # first uses off the transcription's clock
+    loaded = load_or_exit(model, options, start_reading)
+    warm = warm_up_run(loaded, len(files), options.batch_size, options.batch_seconds)  # first uses off the clock
     if warm:
         loaded.load_seconds = {**loaded.load_seconds, "warm_up": warm, "total": loaded.load_seconds["total"] + warm}
     writer = None
     if render and targets:  # per input, its files' paths in `formats`' order (targets' own)
-        writer = RenderPool(loaded.finishing, render, outputs=[tuple(map(str, p)) for p in zip(*targets.values())])
+        writer = RenderPool(
+            loaded.transcript_maker, render, outputs=[tuple(map(str, p)) for p in zip(*targets.values())]
+        )
         running.append(writer)
-    results = transcribe_stream(status.watch(loaded), reads[0], timings=timings, render=render, renderer=writer)
+    results = transcribe_stream(status.watch(loaded), reads[0], word_times=word_times, render=render, renderer=writer)
     return loaded, results, time.perf_counter(), writer
 
 
@@ -380,7 +373,7 @@ def write_results(
 ) -> _Tally:
     """Write each (index into `files`, Transcript) of `results` as it comes: its files (`targets[format][index]`,
     each whole or not at all) or, without targets, its stdout line, flushed at once; errors one line each on
-    stderr. written: the files come written already (by `finishing.RenderPool`'s workers), a Transcript's
+    stderr. written: the files come written already (by `rendering.RenderPool`'s workers), a Transcript's
     `write_error` naming one that could not be. SIGINT or SIGTERM stops it between two results (the tally keeps the
     signal) and closes `results`."""
     tally = _Tally()

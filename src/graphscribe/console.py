@@ -16,7 +16,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from graphscribe.io.config import BATCH_FILES, CPU_BATCH_SECONDS, DEMO_NAME, SECONDS_PER_GIB, UnsupportedModelError
+from graphscribe.io.config import (
+    BATCH_FILES,
+    CPU_BATCH_SECONDS,
+    DEMO_NAME,
+    SECONDS_PER_GIB,
+    RunOptions,
+    UnsupportedModelError,
+)
 from graphscribe.io.tokenizer import TokenizerError
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
@@ -60,37 +67,19 @@ def model_source(model: Optional[str]) -> str:
     return source
 
 
-def load_or_exit(
-    model: Optional[str],
-    device: str,
-    dtype: str,
-    graphs: Optional[bool],
-    batch: Optional[int] = None,
-    attention: str = "auto",
-    attention_window: int = 256,
-    on_config=None,
-):
-    """Load the model for a command, or print one line and exit 2. graphs=None: on where CUDA is.
+def load_or_exit(model: Optional[str], options: RunOptions, on_config=None):
+    """Load the model a command's --model names (`model_source`) to run with `options`, or print one line and exit 2.
     on_config: see `load_model`."""
     from graphscribe.api import load_model
     from graphscribe.io.checkpoint import CheckpointError
     from graphscribe.runtime.defaults import limit_host_threads
     from graphscribe.runtime.priming import prime
 
-    primer = prime(device, dtype)  # CUDA's libraries load while the checkpoint does
+    primer = prime(options.device, options.dtype)  # CUDA's libraries load while the checkpoint does
     source = model_source(model)
     try:
-        limit_host_threads(device)
-        loaded = load_model(
-            source,
-            device=device,
-            dtype=dtype,
-            graphs=graphs is not False,
-            batch_size=batch,
-            attention=attention,
-            attention_window=attention_window,
-            on_config=on_config,
-        )
+        limit_host_threads(options.device)
+        loaded = load_model(source, options, on_config=on_config)
     except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
         if primer is not None:
             primer.join()  # not exiting while it is inside a CUDA library
@@ -98,8 +87,6 @@ def load_or_exit(
         if isinstance(err, UnsupportedModelError):
             message = f"{source}: {message}"
         fail_usage(message)
-    if graphs and loaded.device.type != "cuda":  # asked for explicitly
-        err_console.print("note: CUDA graphs need a CUDA device; decoding eagerly on the CPU")
     return loaded  # the primer may still be at work: what it loads is locked, the first use waits for it
 
 

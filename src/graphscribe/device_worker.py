@@ -101,7 +101,7 @@ def _job(
     options: RunOptions,
     marks: dict[str, float],
     files: list[str],
-    timings: bool,
+    word_times: bool,
     render: tuple[str, ...],
     batch_size: int | None,
     batch_seconds: float | None,
@@ -141,11 +141,7 @@ def _job(
         try:
             model = load_model(
                 source,
-                device=options.device,
-                dtype=options.dtype,
-                graphs=options.graphs,
-                attention=options.attention,
-                attention_window=options.attention_window,
+                options,
                 on_config=lambda cfg, device, dtype: reads.append(start(cfg.features.sample_rate, device, dtype)),
             )
         except (CheckpointError, UnsupportedModelError, TokenizerError, ValueError) as err:
@@ -158,7 +154,7 @@ def _job(
     else:
         reads.append(start(model.sample_rate, model.device, model.dtype))
     groups: dict[int, list[tuple[int, Transcript]]] = {}
-    for i, transcript in transcribe_stream(model, reads[0], timings=timings, render=render):
+    for i, transcript in transcribe_stream(model, reads[0], word_times=word_times, render=render):
         seq = owner.pop(i)
         group = groups.setdefault(seq, [])
         group.append((i, transcript))

@@ -167,8 +167,8 @@ def _worker_context() -> multiprocessing.context.BaseContext:
     torch (not CUDA: a forked child could not use it) while the parent imports its own: every worker is forked
     with torch imported, at the same moment. A spawned worker imports torch itself, side by side with the others,
     and that is the most variable step of its start-up (2.5-4.6 s on the lent 2-GPU machines): spawned workers
-    come ready up to 1.2 s apart, forked ones 0.02-0.03 s, and a run pays about half that gap
-    (bench/2026-11-devices/run8-run10). Elsewhere each worker is spawned."""
+    come ready up to 1.2 s apart, forked ones 0.02-0.03 s, and a run pays about half that gap. Elsewhere each
+    worker is spawned."""
     if not sys.platform.startswith("linux"):
         return multiprocessing.get_context("spawn")  # no fork server (Windows), or forking unsafe (macOS)
     from multiprocessing import forkserver
@@ -182,8 +182,9 @@ def _worker_context() -> multiprocessing.context.BaseContext:
 class DevicePool:
     """Worker processes, one per device, each loading its own model (all at once, at the first `transcribe`).
 
-    source: the checkpoint (`load_model`'s source); options: dtype, graphs, attention for every worker (its
-    device is its own). Use `transcribe` for each set of files, then `close`.
+    source: the checkpoint (`load_model`'s source); options: how every worker runs its model (`load_model`'s; its
+    device is its own) and the batching of each `transcribe` that gives none. Use `transcribe` for each set of
+    files, then `close`.
     """
 
     def __init__(self, source: str, devices: list[str], options: RunOptions = RunOptions()):
@@ -216,16 +217,20 @@ class DevicePool:
         files: list,
         batch_size: int | None = None,
         batch_seconds: float | None = None,
-        timings: bool = True,
+        word_times: bool = True,
         workers: int | None = None,
         render: tuple[str, ...] = (),
     ) -> DeviceRun:
         """(index, Transcript) for every file, in the order one device's `transcribe_stream` yields them, from the
-        first `workers` workers (None: all). batch_size, batch_seconds: the batching rule's (None: the devices'
-        defaults, the smallest of them); timings, render: `transcribe_stream`'s, run in each worker (so the
-        rendering is done beside each device, and light transcripts cross the pipes)."""
+        first `workers` workers (None: all). batch_size, batch_seconds: the batching rule's (None: the options',
+        whose None is the devices' defaults, the smallest of them); word_times, render: `transcribe_stream`'s, run in
+        each worker (so the rendering is done beside each device, and light transcripts cross the pipes)."""
         files = [str(f) for f in files]
-        return DeviceRun(self, files, batch_size, batch_seconds, timings, self.workers[:workers], tuple(render))
+        if batch_size is None:
+            batch_size = self.options.batch_size
+        if batch_seconds is None:
+            batch_seconds = self.options.batch_seconds
+        return DeviceRun(self, files, batch_size, batch_seconds, word_times, self.workers[:workers], tuple(render))
 
     def stop(self) -> None:
         """Tell the workers to end, without waiting: each leaves at once (`device_worker.work`), while the caller goes on."""
@@ -265,7 +270,7 @@ class DeviceRun:
         files: list[str],
         batch_size: int | None,
         batch_seconds: float | None,
-        timings: bool,
+        word_times: bool,
         workers,
         render: tuple = (),
     ):
@@ -273,7 +278,7 @@ class DeviceRun:
         self.stats = {w: DeviceStats(w.device, load_seconds=w.load_seconds) for w in self.workers}
         self.close_pool = False  # `transcribe_on_devices`: the pool is this run's alone
         self._batch_size, self._batch_seconds = batch_size, batch_seconds
-        self._timings, self._render = timings, render
+        self._word_times, self._render = word_times, render
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._loaded = threading.Event()
         self._load_error: str | None = None
@@ -343,7 +348,7 @@ class DeviceRun:
 
     def _job(self) -> tuple:
         """A worker's job message: the files, and the batching asked for (its warm-up batch's rows)."""
-        return ("job", self.files, self._timings, self._render, self._batch_size, self._batch_seconds)
+        return ("job", self.files, self._word_times, self._render, self._batch_size, self._batch_seconds)
 
     # ------------------------------------------------------------------ the dispatcher thread
     def _dispatch(self) -> None:
@@ -512,17 +517,15 @@ def transcribe_on_devices(
     devices: list[str],
     source: str,
     options: RunOptions = RunOptions(),
-    batch_size: int | None = None,
-    batch_seconds: float | None = None,
-    timings: bool = True,
+    word_times: bool = True,
     render: tuple[str, ...] = (),
 ) -> DeviceRun:
     """Transcribe `files` on several devices of this host: (index, Transcript) in the order one device yields them,
-    each file once. One worker process per device loads its own model from `source` (options: dtype, graphs,
-    attention; see `load_model`); batch_size, batch_seconds: `transcribe`'s --batch, --batch-seconds. The run's
-    `stats` give each device's files, audio and busy seconds; `wait_loaded()` raises LoadError if no worker
-    could load the model. The workers end with the run."""
-    run = DevicePool(source, devices, options).transcribe(files, batch_size, batch_seconds, timings, render=render)
+    each file once. One worker process per device loads its own model from `source` to run with `options` (its
+    device its own; see `load_model`), batched by the options' batch_size and batch_seconds. The run's `stats`
+    give each device's files, audio and busy seconds; `wait_loaded()` raises LoadError if no worker could load
+    the model. The workers end with the run."""
+    run = DevicePool(source, devices, options).transcribe(files, word_times=word_times, render=render)
     run.close_pool = True
     return run
 

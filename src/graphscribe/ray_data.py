@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -37,6 +38,7 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.io.audio import AudioError, find_audio_files, prepare_audio, read_input
+from graphscribe.io.config import RunOptions, default_batch_files
 
 DECODED = pa.schema([("path", pa.string()), ("samples", pa.binary()), ("error", pa.string())])  # samples: float32
 _SPAN = pa.struct([("start", pa.float64()), ("end", pa.float64())])
@@ -96,33 +98,15 @@ class Transcriber:
     """GPU stage, for `Dataset.map_batches` (a class: each actor loads the model once, in its constructor).
 
     Rows from `decode_batch` (or rows of paths, or of bytes and path, decoded here) -> RESULTS columns. Within a
-    Ray batch the rows are transcribed longest first in sub-batches of at most `batch_size` inputs and
-    `batch_seconds` of padded audio, the CLI's rule (`Model.transcribe`). fn_constructor_kwargs: load_model's.
+    Ray batch the rows are transcribed longest first in sub-batches of at most the options' `batch_size` inputs
+    and `batch_seconds` of padded audio, the CLI's rule (`Model.transcribe`). fn_constructor_kwargs: load_model's
+    (model: its source; options, a RunOptions, and keywords over it).
     """
 
-    def __init__(
-        self,
-        model: str,
-        device: str = "auto",
-        dtype: str = "auto",
-        graphs: bool = True,
-        batch_size: int | None = None,
-        batch_seconds: float | None = None,
-        attention: str = "auto",
-        attention_window: int = 256,
-    ):
+    def __init__(self, model: str, options: RunOptions | None = None, **overrides):
         from graphscribe.api import load_model
 
-        self.model = load_model(
-            model,
-            device=device,
-            dtype=dtype,
-            graphs=graphs,
-            batch_size=batch_size,
-            batch_seconds=batch_seconds,
-            attention=attention,
-            attention_window=attention_window,
-        )
+        self.model = load_model(model, options, **overrides)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
@@ -175,30 +159,23 @@ def done_paths(output_dir: str | os.PathLike) -> set[str]:
 
 
 def build_pipeline(
-    paths: list[str],
-    model: str,
-    sample_rate: int,
-    device: str,
-    actors: int,
-    gpus_per_actor: float,
-    dtype: str = "auto",
-    batch_size: int | None = None,
-    batch_seconds: float | None = None,
+    paths: list[str], model: str, sample_rate: int, options: RunOptions, actors: int, gpus_per_actor: float
 ):
-    """The Ray Dataset of RESULTS rows for `paths`: decoding in CPU tasks, then `actors` Transcriber actors (each
-    with `gpus_per_actor` GPUs on CUDA). Nothing runs until it is consumed (write_parquet, take, ...)."""
+    """The Ray Dataset of RESULTS rows for `paths`: decoding in CPU tasks, then `actors` Transcriber actors running
+    `model` with `options` (each with `gpus_per_actor` GPUs unless options.device is cpu). Nothing runs until it is
+    consumed (write_parquet, take, ...)."""
     import ray.data
 
-    on_gpu = device != "cpu"
-    rows = (batch_size or (64 if on_gpu else 8)) * ROWS_PER_MODEL_BATCH
+    on_gpu = options.device != "cpu"
+    # the actors' own batches as the device's default gives them; dtype auto is bfloat16 on the GPUs that have it
+    files = options.batch_size or default_batch_files("cuda" if on_gpu else "cpu", options.dtype != "float32")
+    rows = files * ROWS_PER_MODEL_BATCH
     decoded = ray.data.from_items([{"path": p} for p in paths]).map_batches(
         decode_batch, fn_kwargs={"sample_rate": sample_rate}, batch_size=DECODE_ROWS, batch_format="pyarrow"
     )
     return decoded.map_batches(
         Transcriber,
-        fn_constructor_kwargs=dict(
-            model=model, device=device, dtype=dtype, batch_size=batch_size, batch_seconds=batch_seconds
-        ),
+        fn_constructor_kwargs=dict(model=model, options=options),
         batch_size=rows,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=actors),
@@ -219,17 +196,14 @@ def transcribe_ray(
     source: str,
     output_dir: str,
     model: str,
-    device: str = "auto",
+    options: RunOptions = RunOptions(),
     actors: int | None = None,
     gpus_per_actor: float = 1.0,
-    dtype: str = "auto",
-    batch_size: int | None = None,
-    batch_seconds: float | None = None,
 ) -> tuple[int, int]:
     """`transcribe ray`: the inputs of `source` not done in `output_dir` through `build_pipeline`, written there as
     Parquet parts, on the cluster `ray.init()` finds (a local one when there is none). -> (inputs skipped as
-    done, inputs written). device auto: CUDA where the cluster has GPUs; actors None: GPUs / gpus_per_actor (1 on
-    CPUs)."""
+    done, inputs written). options.device auto: CUDA where the cluster has GPUs; actors None: GPUs /
+    gpus_per_actor (1 on CPUs)."""
     import ray
 
     paths = list_inputs(source)
@@ -240,13 +214,11 @@ def transcribe_ray(
     if not ray.is_initialized():
         ray.init()
     gpus = ray.cluster_resources().get("GPU", 0)
-    if device == "auto":
-        device = "cuda" if gpus else "cpu"
+    if options.device == "auto":
+        options = replace(options, device="cuda" if gpus else "cpu")
     if actors is None:
-        actors = max(1, int(gpus / gpus_per_actor)) if device != "cpu" and gpus_per_actor > 0 else 1
-    pipeline = build_pipeline(
-        todo, model, model_sample_rate(model), device, actors, gpus_per_actor, dtype, batch_size, batch_seconds
-    )
+        actors = max(1, int(gpus / gpus_per_actor)) if options.device != "cpu" and gpus_per_actor > 0 else 1
+    pipeline = build_pipeline(todo, model, model_sample_rate(model), options, actors, gpus_per_actor)
     pipeline.write_parquet(str(output_dir))
     return len(paths) - len(todo), len(todo)
 
@@ -284,9 +256,8 @@ def ray_command(
     except ImportError:
         fail_usage("transcribe ray needs Ray: pip install 'graphscribe[ray]'")
     try:
-        skipped, written = transcribe_ray(
-            source, output_dir, model_source(model), device, actors, gpus_per_actor, dtype, batch, batch_seconds
-        )
+        options = RunOptions(device=device, dtype=dtype, batch_size=batch, batch_seconds=batch_seconds)
+        skipped, written = transcribe_ray(source, output_dir, model_source(model), options, actors, gpus_per_actor)
     except (ValueError, OSError) as err:
         fail_usage(str(err))
     if skipped:

@@ -26,7 +26,7 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.devices import devices_or_exit
-from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
+from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS, RunOptions
 
 if TYPE_CHECKING:
     pass
@@ -141,7 +141,7 @@ def bench_command(
             report = _bench_devices(several, model, dtype, graphs, folder, files, batch, reps, batch_seconds)
         _write_report(report, json_path)
         return
-    loaded = load_or_exit(model, device, dtype, graphs=False)
+    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=False))  # rows set graphs on and off
     want_graphs = graphs is not False
     modes = [False, True] if want_graphs and loaded.device.type == "cuda" else [False]
     if loaded.device.type != "cuda":
@@ -172,14 +172,13 @@ def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, ba
     import tempfile
 
     from graphscribe.bench.folder import make_folder, print_device_scaling, run_device_scaling
-    from graphscribe.io.config import RunOptions
 
     with tempfile.TemporaryDirectory(prefix="graphscribe-folder-") as generated:
         paths = make_folder(generated, files) if folder is None else find_audio_files(folder) if folder.is_dir() else []
         if not paths:
             fail_usage(f"--folder {folder}: no audio files there")
-        options = RunOptions(dtype=dtype, graphs=graphs is not False)
-        report = run_device_scaling(model_source(model), devices, paths, options, batch, batch_seconds, reps)
+        options = RunOptions(dtype=dtype, graphs=graphs is not False, batch_size=batch, batch_seconds=batch_seconds)
+        report = run_device_scaling(model_source(model), devices, paths, options, reps)
     print_device_scaling(report, Console(width=None if sys.stdout.isatty() else 240))
     return report
 
@@ -241,7 +240,7 @@ def _bench_streams(levels, folder, pace, model, device, dtype, graphs, chunk, le
     paths = find_audio_files(folder)
     if not paths:
         fail_usage(f"--folder {folder}: no audio files")
-    loaded = load_or_exit(model, device, dtype, graphs)
+    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=graphs is not False))
     try:
         report = run_stream_bench(loaded, paths, _batch_sizes(levels), pace, chunk, left, right)
     except ValueError as err:

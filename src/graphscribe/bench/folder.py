@@ -16,6 +16,7 @@ from rich.table import Table
 from graphscribe import __version__
 from graphscribe.bench.decode import SPEECH, graphs_name, header, peak_mb, reset_peak, timed
 from graphscribe.io.audio import AudioError, load_audio, speech_path
+from graphscribe.io.config import RunOptions
 from graphscribe.output.writers import WRITERS
 from graphscribe.runtime.clock import StageClock
 from graphscribe.runtime.defaults import default_batching, default_workers
@@ -159,7 +160,7 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
         torch.cuda.synchronize(device)
     start = time.perf_counter()
     for i, transcript in model.transcribe_iter(
-        files, batch, batch_seconds, clock=clock, timings=False
+        files, batch, batch_seconds, clock=clock, word_times=False
     ):  # txt, as the CLI
         if transcript.error is not None:
             failed += 1
@@ -252,13 +253,12 @@ def run_device_scaling(
     source: str,
     devices: list[str],
     files: list[Path],
-    options,
-    batch_size: int | None,
-    batch_seconds: float | None,
+    options: RunOptions,
     reps: int,
 ) -> dict:
     """RTFx on the first 1, 2, ... n of `devices` (`devices.DevicePool`: one worker process and model each, one
-    shared plan): files in, transcripts back in the parent (text only, no output files). Per device count: a
+    shared plan, the batching of `options`): files in, transcripts back in the parent (text only, no output files).
+    Per device count: a
     warm-up pass (the new worker's model load, its captures, the OS's file cache), then the median of `reps`
     timed passes, with each device's files, audio seconds and busy seconds in the median pass."""
     from graphscribe.devices import DevicePool
@@ -273,20 +273,20 @@ def run_device_scaling(
         "graphscribe": __version__,
         "reps": reps,
         "files": len(files),
-        "batch": batch_size,
-        "batch_seconds": batch_seconds,
+        "batch": options.batch_size,
+        "batch_seconds": options.batch_seconds,
         "scaling": [],
     }
     try:
         texts_one = None
         for n in range(1, len(devices) + 1):
             start = time.perf_counter()
-            list(pool.transcribe(files, batch_size, batch_seconds, timings=False, workers=n))
+            list(pool.transcribe(files, word_times=False, workers=n))
             warmup = time.perf_counter() - start
             passes = []
             for _ in range(reps):
                 start = time.perf_counter()
-                run = pool.transcribe(files, batch_size, batch_seconds, timings=False, workers=n)
+                run = pool.transcribe(files, word_times=False, workers=n)
                 results = list(run)
                 passes.append((time.perf_counter() - start, run, results))
             seconds, run, results = sorted(passes, key=lambda p: p[0])[(len(passes) - 1) // 2]

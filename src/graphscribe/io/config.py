@@ -93,15 +93,10 @@ class ModelConfig:
     def blank_id(self) -> int:
         return self.prediction.vocab_size
 
-    @property
-    def frame_seconds(self) -> float:
-        """Duration of one encoder frame (hop times subsampling)."""
-        return self.features.hop_length * self.encoder.subsampling_factor / self.features.sample_rate
 
-
-# Default files per batch: on CUDA by the model's dtype, measured with the plain command (a 0.6b model on an H100,
-# LibriSpeech-like files, bench/2026-11-defaults): float32 32 rows (64: 4% slower), 16 bits 64 rows (128 and 256
-# no faster, and a new size class's first uses cost more).
+# Default files per batch: on CUDA by the model's dtype, the fastest with the plain command (a 0.6b model on an
+# H100, LibriSpeech-like files; see bench/README.md): in float32 32 rows (64 are 4% slower), in 16 bits 64 rows
+# (128 and 256 are no faster, and a new size class's first uses cost more).
 BATCH_FILES = {"cuda-float32": 32, "cuda-16bit": 64, "cpu": 8}
 
 # Default caps on padded audio per batch. A 0.6b model's features and encoder take about 7 MB per padded second in
@@ -109,6 +104,15 @@ BATCH_FILES = {"cuda-float32": 32, "cuda-16bit": 64, "cpu": 8}
 # of GPU memory uses about a quarter of it (3200 s, ~22 GB, on an 80 GB H100).
 SECONDS_PER_GIB = 40.0
 CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
+ATTENTION_WINDOW = 256  # encoder frames on each side when a full-attention checkpoint runs local attention
+
+
+def default_batch_files(device_type: str, sixteen_bit: bool) -> int:
+    """Files per batch when not given (BATCH_FILES) for a model on `device_type` ("cuda" or "cpu") in 16 bits or
+    float32."""
+    if device_type == "cuda":
+        return BATCH_FILES["cuda-16bit" if sixteen_bit else "cuda-float32"]
+    return BATCH_FILES["cpu"]
 
 
 # NVIDIA's streaming config for parakeet-tdt-0.6b-v3 (NeMo's examples/asr/conf/asr_streaming_inference)
@@ -121,15 +125,16 @@ RESIDUE_TOKENS = 2  # frames at a step's end not counted as silence yet (endpoin
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How to run a model: changed with `dataclasses.replace`, never mutated."""
+    """How to run a model: changed with `dataclasses.replace`, never mutated. The commands build one from their
+    flags and hand it down to `load_model`, the `--devices` workers and the Ray actors."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     graphs: bool = True  # replay captured CUDA graphs for decoding (CUDA only)
     batch_size: int | None = None  # inputs per batch; None: the device's default
     batch_seconds: float | None = None  # padded audio seconds per batch at most; 0: no cap; None: the device's default
-    attention: str = "auto"  # auto | full | local (see encoder.py and model.py `Model.attention_for`)
-    attention_window: int = 256  # encoder frames on each side when a full-attention checkpoint runs local
+    attention: str = "auto"  # auto | full | local (see encoder.py and loaded.py `LoadedModel.attention_for`)
+    attention_window: int = ATTENTION_WINDOW
 
 
 # ---------------------------------------------------------------------------- reading NeMo's config

@@ -18,7 +18,7 @@ class TokenizerError(ValueError):
 
 class Tokenizer:
     def __init__(self, model_proto: bytes, source: str = "checkpoint"):
-        self.model_proto = model_proto  # what a worker process builds its own from (`finishing.Finishing`)
+        self.model_proto = model_proto  # what a worker process builds its own from (`rendering.TranscriptMaker`)
         self._sp = spm.SentencePieceProcessor()
         try:
             self._sp.LoadFromSerializedProto(model_proto)

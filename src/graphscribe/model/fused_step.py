@@ -95,16 +95,16 @@ class Tiles:
 
 # Chosen from H100 sweeps (scripts/experiments/tune_step.py): k 64, a 4-warp advance kernel, and 32 projection
 # columns, the best single change at B = 1, 8 and 128 in float32. 3xTF32: 2.7x faster than IEEE FMA
-# products, the same tokens. 64-row tiles were faster at B = 128 and slower at B = 1: 16 rows up to 32-row batches,
+# products, the same tokens. 64-row tiles are faster at B = 128 and slower at B = 1: 16 rows up to 32-row batches,
 # taller ones from 64 (`TALL`).
 FP32_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32="tf32x3", advance_warps=4)
 HALF_TILES = Tiles(joint_cols=64, units=8, proj_cols=32, k=64, fp32=None, advance_warps=4)
 # One batch row (the 1-row size class, a single clip): a tensor-core tile of 16 rows would carry 15 empty ones, and
 # the prediction net's products read their weights at ~1 TB/s. On the CUDA cores, 8 gate rows and 128 k per
-# program, 8 warps, an LSTM layer's 6.5 MB took 3.2 us instead of 6.7. So a clip
-# decoded alone and the same clip in a batch of 2 or more differ in the last bits of the LSTM state (both float32
-# products, summed in different orders), as NeMo's cuBLAS GEMMs of different shapes do. The joint's programs get
-# 8 warps: 77 s decoded in 9.6 instead of 12.5 ms in bfloat16, 14.5 instead of 14.9 in float32 (alternating rounds).
+# program, 8 warps, an LSTM layer's 6.5 MB takes 3.2 us instead of 6.7. So a clip decoded alone and the same clip
+# in a batch of 2 or more differ in the last bits of the LSTM state (both float32 products, summed in different
+# orders), as NeMo's cuBLAS GEMMs of different shapes do. The joint's programs get 8 warps: 77 s decode in 9.6
+# instead of 12.5 ms in bfloat16, 14.5 instead of 14.9 in float32.
 ONE_ROW = dict(units=2, proj_cols=8, net="fma", net_k=128, net_warps=8, warps=8)
 # Batches of 64 rows and more, by the least size class: taller tiles, so that each weight tile is read from L2 once
 # for 64 or 128 batch rows rather than once per 16 (at 128 rows a step read its 42 MB of weights 8 times from L2).
@@ -154,8 +154,8 @@ class FusedStep:
                 weight("bias_ih_l0").float() + weight("bias_hh_l0").float(), embed, weight("weight_ih_l0").float().t()
             ).contiguous()  # (V + 1, 4H)
             # The prediction net stays float32 whatever the dtype, as `Transducer.to_inference` keeps it: with
-            # 16-bit LSTM weights a long recording's state drifted until blank won every frame (38 of 180
-            # minutes transcribed in bfloat16, all 180 with these weights in float32; bench/2026-11-long-audio/).
+            # 16-bit LSTM weights a long recording's state drifts until blank wins every frame, and most of three
+            # hours of audio comes out empty (see bench/README.md).
             self.w_hh = torch.stack([weight(f"weight_hh_l{i}") for i in range(self.layers)]).float().contiguous()
             self.w_ih = [weight(f"weight_ih_l{i}").float().contiguous() for i in range(1, self.layers)]
             self.bias = [

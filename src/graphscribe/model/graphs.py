@@ -102,21 +102,21 @@ class LayerGraphs:
     layer's weights are packed into one buffer (`_pack`), so that copy is one block.
     The same kernels on the same shapes and the same values as the eager loop: the output is bit-equal to it.
 
-    Only for full attention, and in float32 on batches of at most `MAX_FRAMES` encoder frames: on larger ones the
-    GPU is the bottleneck, and copying the weights (one layer's, every layer) costs more than the launches save (the
-    encoder alone on the H100: float32 B=8 x 4 s 39.7 -> 24.5 ms; past the limit B=8 x 10 s 39.9 -> 41.4 ms). In 16
-    bits on every batch: the encoder alone at B=32 x 20 s lost 2% (55.0 -> 56.2 ms), but a whole run's host, which
-    launches the next batch's work while the GPU runs this one, is the tighter limit (the CLI on 4096 files in
-    bfloat16 on an H200: 9428 -> 10143 RTFx, bench/2026-11-server/run17). The graphs kept share one memory pool;
-    replays run in stream order, and what one layer hands the next lives in the static input, outside the pool.
+    Only for full attention, and in float32 on batches of at most `MAX_FRAMES` encoder frames: there the launches
+    bound the encoder (replayed, 8 clips of 4 s take about 60% of their eager time on an H100), while on larger
+    batches the GPU is the bottleneck and copying every layer's weights costs more than the launches save. In 16
+    bits on every batch: the encoder alone runs about 2% slower replayed, but the host, which launches the next
+    batch's work while the GPU runs this one, is the tighter limit of a whole run, and replays free it (a folder in
+    bfloat16 runs about 8% faster). The graphs kept share one memory pool; replays run in stream order, and what
+    one layer hands the next lives in the static input, outside the pool.
     """
 
     # batch x encoder frames at most, by bytes per element (None: any); 16-bit products are ~4x faster
     MAX_FRAMES = {4: 768, 2: None}
     # Captured shapes are kept, most recently used, up to KEEP_SHAPES: a server's batches come in many shapes (rows
     # x padded length; its warm-up captures every packed shape of up to 36 s, ~220), and a shape dropped is captured
-    # again when it comes back (bench/2026-11-server/run17). Their static buffers are views of one set (`_Statics`),
-    # so a shape kept costs its graph, not its own copy of a batch's input and masks (~2 GB for those ~220).
+    # again when it comes back. Their static buffers are views of one set (`_Statics`), so a shape kept costs its
+    # graph, not its own copy of a batch's input and masks (~2 GB for those ~220).
     KEEP_SHAPES = 512
 
     def __init__(self, layers: nn.ModuleList):

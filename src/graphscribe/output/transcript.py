@@ -30,10 +30,10 @@ class Transcript:
     audio_seconds: float = 0.0
     seconds: float = 0.0  # processing time: its batch's time divided by the batch size
     error: str | None = None
-    # format -> its writer's text, made in a worker process (`finishing.RenderPool`), which leaves tokens, words and
+    # format -> its writer's text, made in a worker process (`rendering.RenderPool`), which leaves tokens, words and
     # segments empty; `writers.render` takes it from here
     rendered: dict[str, str] = field(default_factory=dict)
-    # the line naming an output file that a worker process could not write (`finishing.RenderPool` given the paths)
+    # the line naming an output file that a worker process could not write (`rendering.RenderPool` given the paths)
     write_error: str | None = None
 
     @property

@@ -143,7 +143,7 @@ LINE_FORMATS = ("txt", "json")  # one line per input: several inputs can share s
 
 
 def render(transcript: Transcript, fmt: str) -> str:
-    """The text of `transcript`'s `fmt` output: as a worker process rendered it (`finishing.RenderPool`), else
+    """The text of `transcript`'s `fmt` output: as a worker process rendered it (`rendering.RenderPool`), else
     made here by the format's writer."""
     if fmt in transcript.rendered:
         return transcript.rendered[fmt]

@@ -6,17 +6,18 @@ import os
 
 import torch
 
-from graphscribe.io.config import BATCH_FILES, CPU_BATCH_SECONDS, SECONDS_PER_GIB
+from graphscribe.io.config import CPU_BATCH_SECONDS, SECONDS_PER_GIB, default_batch_files
 
 # Reader threads at most: FLAC decodes at thousands of times real time per thread, and every reader's Python takes
-# the GIL from the main thread, which launches the GPU's work: 4 readers transcribed the 512-file folder in 2.24-2.59 s
-# against 2.76-2.84 s with 8 on an H100 (bfloat16, batch 128, alternating CLI runs; 16 were slower than 8 again).
+# the GIL from the main thread, which launches the GPU's work: with 8 readers, or 16, a folder takes longer than
+# with 4 (about 15% in bfloat16 at batch 128 on an H100).
 MAX_READERS = 4
 
 
 # Torch's intra-op threads in a process whose model is on a GPU: the host side only copies and resamples, and
-# one thread per core spins against the readers and the thread that feeds the GPU (a float32 folder ran 3x slower
-# with two such processes on one host; bfloat16 on 4096 files 6761 -> 7535 RTFx with 4, loading 2.2 -> 1.1 s).
+# one thread per core spins against the readers and the thread that feeds the GPU (two such processes on one host
+# run a float32 folder 3x slower; with 4 threads a bfloat16 folder runs about 10% faster and loads in half the
+# time).
 GPU_HOST_THREADS = 4
 
 
@@ -24,19 +25,19 @@ GPU_HOST_THREADS = 4
 # frames), so batches of nearby lengths share one shape (cuDNN makes a plan, the encoder's layer graphs a capture,
 # per new shape), and one clip at a time in a long-lived process reuses shapes too. Padded frames are masked, so
 # they change a result only through rounding: not in float32, whose results are NeMo's own products on NeMo's
-# shapes (the GPU tests' tiny model then gave other tokens than NeMo). The CLI in bfloat16 at batch 128 went from
-# 5.73-5.94 to 5.42-5.58 s on 4096 files on an H100.
+# shapes (the GPU tests' tiny model would give other tokens than NeMo). In bfloat16 at batch 128 a folder runs
+# about 5% faster for it.
 PAD_SECONDS = 1.28
 
 
 def default_batching(device: torch.device, dtype: torch.dtype | None = None) -> tuple[int, float]:
     """Files and padded seconds per batch when not given: wide on CUDA (capped by its memory; fewer files in
     float32, dtype None), small on the CPU."""
+    files = default_batch_files(device.type, dtype is not None and dtype.itemsize == 2)
     if device.type == "cuda":
         gib = torch.cuda.get_device_properties(device).total_memory / 2**30
-        wide = dtype is not None and dtype.itemsize == 2
-        return BATCH_FILES["cuda-16bit" if wide else "cuda-float32"], round(SECONDS_PER_GIB * gib)
-    return BATCH_FILES["cpu"], CPU_BATCH_SECONDS
+        return files, round(SECONDS_PER_GIB * gib)
+    return files, CPU_BATCH_SECONDS
 
 
 def limit_host_threads(device: str, share: int | None = None) -> None:

@@ -22,7 +22,7 @@ from graphscribe.model.graphs import LayerGraphs
 from graphscribe.model.packing import PackedFront, Packing
 from graphscribe.model.subsampling import subsampled_lengths
 from graphscribe.model.transducer import Transducer, available_memory, cudnn_without_tf32, resolve_device, resolve_dtype
-from graphscribe.output.finishing import Finishing
+from graphscribe.output.rendering import TranscriptMaker
 from graphscribe.output.timestamps import WordRules
 from graphscribe.output.transcript import Transcript
 
@@ -80,7 +80,7 @@ class LoadedModel:
             decoding.segment_separators,
             decoding.segment_gap,
         )
-        self.finishing = Finishing(
+        self.transcript_maker = TranscriptMaker(
             tokenizer.model_proto,
             self.word_rules,
             decoding.is_tdt,
@@ -161,8 +161,8 @@ class LoadedModel:
 
     def _copied(self, host: torch.Tensor) -> torch.Tensor:
         """A pinned host tensor on the device, copied on a stream of its own: the copy runs while the GPU works on
-        what was queued before it (the batch before: its copy waited behind that batch's encoder, ~1 ms of a
-        server's 25 ms batch, bench/2026-11-server/run26), and the current stream waits only for the copy."""
+        what was queued before it (on the current stream it would wait behind the batch before's encoder, about
+        1 ms of a server's 25 ms batch), and the current stream waits only for the copy."""
         if self.device.type != "cuda" or not host.is_pinned():
             return host.to(self.device, non_blocking=True)
         current = torch.cuda.current_stream(self.device)
@@ -269,11 +269,13 @@ class LoadedModel:
 
     def frame_seconds(self, frame: int) -> float:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
-        return self.finishing.frame_seconds(frame)
+        return self.transcript_maker.frame_seconds(frame)
 
-    def finish(self, source: str, samples: int, hyp: Hypothesis, seconds: float, timings: bool = True) -> Transcript:
-        """A hypothesis of `samples` samples of audio as a Transcript; `timings=False`: text and token ids only
+    def make_transcript(
+        self, source: str, samples: int, hyp: Hypothesis, seconds: float, word_times: bool = True
+    ) -> Transcript:
+        """A hypothesis of `samples` samples of audio as a Transcript; `word_times=False`: text and token ids only
         (no tokens, words, segments)."""
-        return self.finishing.transcript(self.tokenizer, source, samples, hyp, seconds, timings)
+        return self.transcript_maker.make(self.tokenizer, source, samples, hyp, seconds, word_times)
 
     # ------------------------------------------------------------------ API

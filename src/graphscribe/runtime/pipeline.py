@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 import torch
 
 from graphscribe.io.audio import read_input, speech_path
-from graphscribe.output.finishing import RenderPool
+from graphscribe.output.rendering import RenderPool
 from graphscribe.output.transcript import Transcript
 from graphscribe.runtime.clock import StageClock
 from graphscribe.runtime.defaults import default_batching, pad_samples
@@ -56,32 +56,32 @@ def transcribe_stream(
     model: LoadedModel,
     reads: ReadAhead,
     clock: StageClock | None = None,
-    timings: bool = True,
+    word_times: bool = True,
     render: Sequence[str] = (),
     renderer: RenderPool | None = None,
 ) -> Iterator[tuple[int, Transcript]]:
-    """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `timings=False`
+    """Yield (index, Transcript) for every input of `reads`, a batch at a time, longest first; `word_times=False`
     leaves out the token, word and segment times (text and token ids only: less host work a file), as does a
-    batch's own `timings=False`.
+    batch's own `word_times=False`.
 
     reads: a ReadAhead, or any source of Batches with `items`, `recycle` and `close` (the server's). The next
     batch is taken, and queued up to its encoder, while one decodes (on CUDA once its first steps are queued);
     an empty Batch (no rows) has the one before it finished at once, so a source that is about to wait for
     inputs yields one first.
 
-    With timings, a batch's transcripts are made on a thread of their own (`_Finisher`) while this one queues and
-    decodes the next batches: this thread spends most of a batch waiting for the GPU. `render`, output formats
-    (`writers.WRITERS`' names): with timings, transcripts are made and rendered by worker processes instead
-    (`finishing.RenderPool`), and come light: text, token ids and `rendered`, no token, word or segment objects.
+    With word times, a batch's transcripts are made on a thread of their own (`_TranscriptThread`) while this one
+    queues and decodes the next batches: this thread spends most of a batch waiting for the GPU. `render`, output
+    formats (`writers.WRITERS`' names): with word times, transcripts are made and rendered by worker processes instead
+    (`rendering.RenderPool`), and come light: text, token ids and `rendered`, no token, word or segment objects.
     Their millisecond of Python a file would otherwise hold the GIL that this thread launches the GPU's work with.
     `renderer`: the caller's pool instead of one made for `render` (the CLI's writes the output files too), to
-    use with timings; the caller closes it."""
+    use with word times; the caller closes it."""
     clock = clock or StageClock(model.device, enabled=False)
     items = reads.items
     streams = _Streams(model.device)
-    own = renderer is None and bool(render) and timings  # what it makes, it closes
-    renderer = RenderPool(model.finishing, render) if own else renderer
-    finisher = _Finisher(model, clock, timings, renderer) if timings else None
+    own = renderer is None and bool(render) and word_times  # what it makes, it closes
+    renderer = RenderPool(model.transcript_maker, render) if own else renderer
+    background = _TranscriptThread(model, clock, word_times, renderer) if word_times else None
     source = iter(reads)
 
     def queue_next() -> _Job | None:  # the next batch, queued up to its encoder; None at the end
@@ -92,55 +92,57 @@ def transcribe_stream(
         return [(i, Transcript(source=input_name(items[i]), error=error)) for i, error in job.batch.failed]
 
     try:
-        encoded = queue_next()  # queued up to its encoder, not decoded yet
-        if encoded is not None:
-            yield from failed(encoded)
-        while encoded is not None:
+        job = queue_next()  # queued up to its encoder, not decoded yet
+        if job is not None:
+            yield from failed(job)
+        while job is not None:
             # the next batch is queued while this one decodes: on CUDA once the decode's first steps are on the GPU
             # (its encoder runs beside them), so this one's answer waits for no launch of the next one's
             upcoming: list[_Job | None] = []
-            decoded = _decode(model, encoded, clock, streams, then=lambda: upcoming.append(queue_next()))
+            _decode(model, job, clock, streams, then=lambda: upcoming.append(queue_next()))
             if not upcoming:  # not called: nothing decoded on a GPU (no rows, out of memory, the CPU)
                 upcoming.append(queue_next())
             following = upcoming[0]
             last = following is None
             # here, in order: one at a time runs the GPU; a batch without times is text only (tens of microseconds
             # a row), answered now rather than a batch later
-            if finisher is None or decoded.out_of_memory or not decoded.batch.timings:
-                yield from finisher.drain() if finisher else ()
-                yield from _finish(model, decoded, clock, streams, timings, renderer)
+            if background is None or job.out_of_memory or not job.batch.word_times:
+                yield from background.drain() if background else ()
+                yield from _transcripts(model, job, clock, streams, word_times, renderer)
             else:
-                finisher.submit(decoded)
+                background.submit(job)
                 # the end, or an empty batch (the source is about to wait): everything answered now
-                yield from finisher.drain() if last or not following.batch.indices else finisher.ready()
+                yield from background.drain() if last or not following.batch.indices else background.ready()
             if not last:
-                reads.recycle(encoded.batch)  # decoded, so copied to the GPU long ago
-                if finisher is None:
+                reads.recycle(job.batch)  # decoded, so copied to the GPU long ago
+                if background is None:
                     yield from failed(following)
                 else:
-                    finisher.add(failed(following))
-            encoded = following
-        yield from finisher.drain() if finisher else ()
+                    background.add(failed(following))
+            job = following
+        yield from background.drain() if background else ()
     finally:  # also when the caller stops early: reads not started are dropped
-        if finisher is not None:
-            finisher.close()
+        if background is not None:
+            background.close()
         if own:
             renderer.close()
         reads.close()
 
 
-class _Finisher:
+class _TranscriptThread:
     """Decoded batches made into transcripts on one thread (or by `renderer`'s processes, which that thread waits
     for), handed back in the order they were given."""
 
-    def __init__(self, model: LoadedModel, clock: StageClock, timings: bool, renderer: RenderPool | None = None):
-        self.model, self.clock, self.timings, self.renderer = model, clock, timings, renderer
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="graphscribe-finish")
+    def __init__(self, model: LoadedModel, clock: StageClock, word_times: bool, renderer: RenderPool | None = None):
+        self.model, self.clock, self.word_times, self.renderer = model, clock, word_times, renderer
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="graphscribe-transcripts")
         self._queue: collections.deque[Future] = collections.deque()
 
     def submit(self, job: _Job) -> None:
         self._queue.append(
-            self._pool.submit(lambda: list(_finish(self.model, job, self.clock, None, self.timings, self.renderer)))
+            self._pool.submit(
+                lambda: list(_transcripts(self.model, job, self.clock, None, self.word_times, self.renderer))
+            )
         )
 
     def add(self, results: list[tuple[int, Transcript]]) -> None:
@@ -250,19 +252,21 @@ def _decode(
     return job
 
 
-def _finish(
+def _transcripts(
     model: LoadedModel,
     job: _Job,
     clock: StageClock,
     streams: _Streams,
-    timings: bool,
+    word_times: bool,
     renderer: RenderPool | None = None,
 ) -> Iterator[tuple[int, Transcript]]:
     """A decoded job's transcripts (light and rendered by `renderer` when given); one that ran out of memory is
     redone one input at a time."""
     batch = job.batch
     if job.out_of_memory:
-        yield from (_alone(model, batch.row(r), clock, streams, timings, renderer) for r in range(len(batch.indices)))
+        yield from (
+            _alone(model, batch.row(r), clock, streams, word_times, renderer) for r in range(len(batch.indices))
+        )
         return
     if job.hyps is None:
         return
@@ -272,7 +276,7 @@ def _finish(
             transcripts = renderer.transcripts(batch.sources, batch.lengths.tolist(), job.hyps, batch.indices)
         else:
             transcripts = [
-                model.finish(source, int(n), hyp, 0.0, timings and batch.timings)
+                model.make_transcript(source, int(n), hyp, 0.0, word_times and batch.word_times)
                 for n, source, hyp in zip(batch.lengths.tolist(), batch.sources, job.hyps)
             ]
     seconds = (job.seconds + time.perf_counter() - start) / len(transcripts)  # its batch's host time, shared
@@ -282,12 +286,17 @@ def _finish(
 
 
 def _alone(
-    model: LoadedModel, batch: Batch, clock: StageClock, streams: _Streams, timings: bool, renderer: RenderPool | None
+    model: LoadedModel,
+    batch: Batch,
+    clock: StageClock,
+    streams: _Streams,
+    word_times: bool,
+    renderer: RenderPool | None,
 ) -> tuple[int, Transcript]:
     """One input, start to end; an error if it does not fit in memory either."""
     job = _decode(model, _start(model, batch, clock), clock, streams)
     if not job.out_of_memory:
-        [result] = _finish(model, job, clock, streams, timings, renderer)
+        [result] = _transcripts(model, job, clock, streams, word_times, renderer)
         return result
     minutes = int(batch.lengths[0]) / model.sample_rate / 60
     source = batch.sources[0]
@@ -329,7 +338,7 @@ def warm_up(model: LoadedModel, rows: int, batch_seconds: float | None = None) -
     captured decode graphs (whose buffers grow for longer inputs, as they would anyway).
 
     A process's first batch on CUDA pays ~0.85 s of such first uses in bfloat16 on an H100, most of it in that
-    batch (bench/2026-11-first-uses): the CLI pays it here, before the transcription's clock starts, on one device
+    batch: the CLI pays it here, before the transcription's clock starts, on one device
     and in every `--devices` worker alike, and the summary line gives it as part of the loading time."""
     start = time.perf_counter()
     rows = max(1, rows)
@@ -341,7 +350,7 @@ def warm_up(model: LoadedModel, rows: int, batch_seconds: float | None = None) -
     batch = collate([(r, "<warm-up>", clip) for r in range(rows)], HostBuffers(keep=0, pin=pin), pad_to, pin)
     clock = StageClock(model.device, enabled=False)
     streams = _Streams(model.device)
-    for _ in _finish(model, _decode(model, _start(model, batch, clock), clock, streams), clock, streams, False):
+    for _ in _transcripts(model, _decode(model, _start(model, batch, clock), clock, streams), clock, streams, False):
         pass
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)

@@ -32,7 +32,7 @@ class Batch:
     lengths: torch.Tensor  # (B,) int64 samples
     failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of unreadable inputs
     storage: torch.Tensor | None = None  # the (pinned) host buffer `audio` is a view of (`ReadAhead.recycle`)
-    timings: bool = True  # False: this batch's transcripts leave out the times even when the stream keeps them
+    word_times: bool = True  # False: this batch's transcripts leave out the times even when the stream keeps them
 
     def row(self, r: int) -> "Batch":
         n = int(self.lengths[r])
@@ -41,7 +41,7 @@ class Batch:
             [self.sources[r]],
             self.audio[r : r + 1, :n],
             self.lengths[r : r + 1],
-            timings=self.timings,
+            word_times=self.word_times,
         )
 
 
@@ -189,8 +189,8 @@ def gather(
     """`collate` for a CUDA device, with no copy on the host: each row's samples, in pinned memory where they were
     received (`Service.samples_buffer`), copied straight into a zeroed (B, L) tensor on `device`, on `stream` (the
     GPU runs the copies beside the work queued before them); the current stream waits for them. The server's
-    batching thread then only launches copies: copying every row into one pinned buffer takes a fifth of its time,
-    while the GPU waits (bench/2026-11-server/run34, run38, run39)."""
+    batching thread then only launches copies: copying every row into one pinned buffer would take a fifth of its
+    time, while the GPU waits."""
     lengths = torch.tensor([a.numel() for _, _, a in rows], dtype=torch.long)  # (B,)
     width = max((a.numel() for _, _, a in rows), default=0)
     if pad_to:
@@ -207,9 +207,9 @@ def gather(
 
 class HostBuffers:
     """Host buffers for the batches' audio, reused batch after batch (pinned ones when the model is on CUDA):
-    pinning new memory (cudaHostAlloc) took 5-30 ms a batch and holds up the main thread's CUDA calls meanwhile
-    on an H100, and PyTorch's pinned-memory cache keeps blocks by power-of-two size, so batches
-    shrinking longest-first asked it for new ones. At most `keep` free buffers are kept (the largest)."""
+    pinning new memory (cudaHostAlloc) takes 5-30 ms a batch on an H100 and holds up the main thread's CUDA calls
+    meanwhile, and PyTorch's pinned-memory cache keeps blocks by power-of-two size, so batches shrinking
+    longest-first would ask it for new ones. At most `keep` free buffers are kept (the largest)."""
 
     def __init__(self, keep: int, pin: bool):
         self.keep, self.pin = keep, pin

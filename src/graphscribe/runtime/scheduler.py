@@ -75,14 +75,6 @@ class Scheduler(Generic[K]):
             self._closed = True
             self._changed.notify_all()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def __len__(self) -> int:
-        with self._changed:
-            return len(self._waiting)
-
     def take(
         self, wait: float = 0.0, timeout: float | None = None, company: Callable[[], int] | None = None
     ) -> list[K] | None:

@@ -16,14 +16,14 @@ the GPU's work (on 2 cores, the HTTP side alone managed ~300 requests a second).
 resampling, with one thread.
 
 Messages on a worker's pipe are pickled tuples:
-    worker -> engine   (UP,)   (SUBMIT, id, bytes, timings, name) + the samples, raw   (METRICS, id)
+    worker -> engine   (UP,)   (SUBMIT, id, bytes, word_times, name) + the samples, raw   (METRICS, id)
                        (LOG, path, status, seconds, audio seconds, access-log line)
     engine -> worker   (READY, health, max_queue, sample_rate)   (DONE, id, transcript, queue seconds)
                        (REFUSED, id)   (METRICS, id, text)
 A SUBMIT's samples follow it as a message of their own, raw float32 bytes, which the engine reads straight into an
 array (`receive_samples`): pickled with it, they would be copied four times over in the engine, each copy holding
 the GIL that its batching thread launches the GPU's work with (~0.7 ms a 7.5 s request on a 2-core machine against
-~0.15 ms raw, most of it in the kernel; bench/2026-11-server/run15-run16).
+~0.15 ms raw, most of it in the kernel).
 Workers start before the model loads (their imports overlap its loading) and answer 503 until READY.
 The engine keeps the counters and writes the access log: one writer for stderr and for /metrics.
 """
@@ -164,10 +164,10 @@ class Link:
         except OSError:
             raise EngineLost from None
 
-    def submit(self, n: int, samples: np.ndarray, timings: bool, name: str) -> None:
-        """(SUBMIT, n, bytes, timings, name), then the float32 samples themselves, raw (`receive_samples`)."""
+    def submit(self, n: int, samples: np.ndarray, word_times: bool, name: str) -> None:
+        """(SUBMIT, n, bytes, word_times, name), then the float32 samples themselves, raw (`receive_samples`)."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
-        self.send((SUBMIT, n, samples.nbytes, timings, name), samples)
+        self.send((SUBMIT, n, samples.nbytes, word_times, name), samples)
 
     def expect(self) -> tuple[int, asyncio.Future]:
         """A new id and the future its answer will settle (on the event loop)."""
@@ -272,7 +272,7 @@ class Front:
         try:
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    self.uploads, self._submit, n, form.file, form.filename, options.timings
+                    self.uploads, self._submit, n, form.file, form.filename, options.word_times
                 )
             except AudioError as err:
                 raise ApiError(400, str(err), "file") from None
@@ -288,10 +288,10 @@ class Front:
             raise ApiError(500, transcript.error)
         return answer(transcript, options)
 
-    def _submit(self, n: int, data: memoryview, name: str, timings: bool) -> None:
+    def _submit(self, n: int, data: memoryview, name: str, word_times: bool) -> None:
         """On an upload thread: decode, resample, send to the engine."""
         audio = read_bytes(data, self.link.sample_rate, name)
-        self.link.submit(n, audio.numpy(), timings, name)
+        self.link.submit(n, audio.numpy(), word_times, name)
 
     async def _refuse(self, request: Request, err: ApiError) -> Response:
         response = err.response()

@@ -8,8 +8,8 @@ and failed requests (any answer but 200, or none).
 
 With `--client-processes P` the clients run in P processes, each with its share of the clients and every P-th
 file, started together at every level: for a server that one client process cannot keep busy (a remote one, a
-machine of many cores). Against `transcribe serve` on the lent H100 one process was not the limit: 128 clients
-7500-8604 RTFx from one, 7456-7943 from four (bench/2026-11-server/run36).
+machine of many cores). Against `transcribe serve` on an H100, one process is not the limit: 128 clients get as
+much from one process as from four (see bench/README.md).
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ class Options:
     language: str | None = None
 
     @property
-    def timings(self) -> bool:
+    def word_times(self) -> bool:
         """Whether the answer needs token, word and segment times."""
         return self.stream or self.response_format in ("srt", "vtt", "verbose_json")
 

@@ -39,6 +39,7 @@ import torch
 import typer
 
 from graphscribe.console import (
+    BATCH_DEFAULT,
     DEVICE_HELP,
     DTYPE_HELP,
     MODEL_DEFAULT,
@@ -49,6 +50,7 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.io.checkpoint import DEMO_NAME
+from graphscribe.io.config import RunOptions
 from graphscribe.serve.http_front import (
     DONE,
     LOG,
@@ -190,7 +192,7 @@ class Engine:
                 return
             kind = message[0]
             if kind == SUBMIT:
-                _, n, nbytes, timings, name = message
+                _, n, nbytes, word_times, name = message
                 try:
                     if nbytes < 0:  # receive_samples checks the rest against the message itself
                         raise ValueError(f"{nbytes} bytes announced")
@@ -203,7 +205,7 @@ class Engine:
                     worker.process.kill()  # check_workers starts another; its clients' connections close
                     return
                 try:
-                    self.service.submit(samples, timings, _answer_to(worker, n), name)
+                    self.service.submit(samples, word_times, _answer_to(worker, n), name)
                 except RuntimeError:  # closed: the server is stopping
                     worker.send((REFUSED, n))
             elif kind == LOG:
@@ -263,7 +265,7 @@ def _answer_to(worker: _Worker, n: int):
 # Linux spreads a port's new connections evenly over the sockets listening on it with SO_REUSEPORT (by a hash of
 # each connection's addresses). One socket shared by the workers is not spread: a worker woken by a burst of
 # connections accepts up to a hundred at once and keeps them (clients hold theirs open), and serves them all on its
-# one event loop while the other workers idle (bench/2026-11-server/run32).
+# one event loop while the other workers idle.
 PORT_PER_WORKER = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
 
 
@@ -394,7 +396,7 @@ def serve_command(
         "--max-batch",
         min=1,
         metavar="N",
-        show_default="64 on CUDA, 8 on the CPU",
+        show_default=BATCH_DEFAULT,
         help="Requests per batch at most.",
     ),
     max_wait_ms: float = typer.Option(
@@ -456,7 +458,7 @@ def serve_command(
             err_console.print(f"error: cannot start the HTTP workers on {host}:{port} ({err.strerror or err})")
             raise typer.Exit(1) from None
         try:
-            loaded = load_or_exit(model, device, dtype, graphs=None, batch=max_batch)
+            loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, batch_size=max_batch))
         except BaseException:
             engine.stop_workers()
             raise

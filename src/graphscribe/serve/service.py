@@ -1,7 +1,7 @@
 """Transcription as a service: requests from many threads, batched across requests through the folder job's code.
 
     caller (the server's intake thread of an HTTP worker process):  samples received into samples_buffer (pinned
-      beside a GPU) -> submit(audio, timings, done) -> Scheduler.put(request, seconds)
+      beside a GPU) -> submit(audio, word_times, done) -> Scheduler.put(request, seconds)
     one batching thread:  Scheduler.take (the longest waiting first, at most `max_batch` rows and `batch_seconds`
       of padded audio; while the GPU is idle a batch waits up to `max_wait` for company)
       -> on CUDA each request's samples copied to the GPU into one padded batch (`gather`; on the CPU `collate`d
@@ -13,7 +13,7 @@ load requests pile up while a batch runs, so batches fill by themselves; it bloc
 nothing is waiting, and then first hands transcribe_stream an empty batch so the last one is finished and
 answered. A batch decodes as a batch, as long as its longest request: a decode step costs about the same for 3
 rows as for 60, so rows joining a running decode as others finish (continuous batching) would run more steps
-beside the encoder and serve less (bench/2026-11-server/run46). An hour of audio (local attention) runs alone; a batch
+beside the encoder and serve less. An hour of audio (local attention) runs alone; a batch
 that runs out of memory is retried one request at a time (transcribe_stream), and the request that alone does
 not fit gets an error, not its neighbours.
 """
@@ -56,15 +56,14 @@ SHORT_FRAMES = 8  # encoder frames: the clip beside each long one in the batches
 WARM_UP_SECONDS = {"cuda": PACKED_WARM_UP_SECONDS, "cpu": 1.0}
 # Requests come in every length at once. In 16 bits the encoder packs a batch's clips end to end in fewer rows
 # (packing.Packing), so a batch costs about its audio plus fixed costs: batches are whole, the longest requests
-# waiting first (bench/2026-11-server/run22). In float32 each clip keeps a row (its numbers are the CLI's), and a
+# waiting first. In float32 each clip keeps a row (its numbers are the CLI's), and a
 # batch costs the GPU its rows times its longest request's length plus fixed costs: a batch is the run of the waiting
 # requests (sorted by length) with the most audio per cost, where n rows whose longest lasts T seconds cost
 # `fixed + (extra + n) * T` padded seconds (Scheduler's `cost`; fixed: a batch's own costs, extra: those that grow
 # with its length whatever its rows, such as the decode loop's steps), fitted to the GPU's time per batch by rows and
-# length (scripts/experiments/batch_cost.py, bench/2026-11-server/run13). While no more than half a batch waits,
-# batches are whole: there one batch's fixed costs weigh more than its padding (run8). A request waiting over
-# OVERDUE_SECONDS heads the next batch, whatever its length. The CPU's: the demo model on a 2-core machine
-# (bench/2026-11-server/cpu-cost).
+# length (scripts/experiments/batch_cost.py). While no more than half a batch waits, batches are whole: there one
+# batch's fixed costs weigh more than its padding. A request waiting over OVERDUE_SECONDS heads the next batch,
+# whatever its length. The CPU's: fitted alike, for the demo model on a 2-core machine.
 BATCH_COST = {"cuda-float32": (12.4, 0.58), "cpu": (2.9, 3.97)}
 OVERDUE_SECONDS = 0.2
 # Beside a GPU, a request of up to this many seconds is received into pinned memory (`samples_buffer`), which its
@@ -80,7 +79,7 @@ class Request:
 
     audio: torch.Tensor | None  # (L,) float32 at the model's rate; dropped once copied into its batch
     seconds: float
-    timings: bool  # token, word and segment times wanted
+    word_times: bool  # token, word and segment times wanted
     done: Callable[[Transcript, float], None]  # called once, on the batching thread: (transcript, queue seconds)
     name: str = "<upload>"  # names the input in error messages
     put_at: float = 0.0  # time.monotonic()
@@ -157,12 +156,12 @@ class Service:
         return torch.empty(n, dtype=torch.float32, pin_memory=pin)
 
     def submit(
-        self, audio: torch.Tensor, timings: bool, done: Callable[[Transcript, float], None], name: str = "<upload>"
+        self, audio: torch.Tensor, word_times: bool, done: Callable[[Transcript, float], None], name: str = "<upload>"
     ) -> Request:
         """Queue (L,) samples at the model's rate; `done(transcript, queue_seconds)` is called on the batching thread
         when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
         closed."""
-        request = Request(audio, audio.numel() / self.model.sample_rate, timings, done, name, time.monotonic())
+        request = Request(audio, audio.numel() / self.model.sample_rate, word_times, done, name, time.monotonic())
         n = next(self._numbers)
         self.requests[n] = request
         try:
@@ -171,10 +170,6 @@ class Service:
             del self.requests[n]
             raise
         return request
-
-    @property
-    def waiting(self) -> int:
-        return len(self.scheduler)
 
     @property
     def in_flight(self) -> int:
@@ -277,7 +272,7 @@ class Service:
             batch = gather(rows, self.model.device, self.model.copy_stream, self.pad_to)
         else:
             batch = collate(rows, self.buffers, self.pad_to)
-        batch.timings = any(r.timings for r in requests)
+        batch.word_times = any(r.word_times for r in requests)
         for r in requests:
             r.audio, r.taken_at = None, now
         if counted and self._on_batch is not None:
@@ -289,8 +284,8 @@ def warm_up_plans(model: Model, max_batch: int, batch_seconds: float) -> list[li
     """The warm-up's batches, each a list of its inputs' seconds: on CUDA one batch per decode size class up to
     max_batch (the classes the scheduler's batches fall in), and in 16 bits two of mixed lengths, whose clips share
     rows from the samples on (`Model.front_packing`): the kernels of those paths compile at the warm-up, not under
-    the first requests, which with Triton's cache empty (a fresh machine) would wait about 2 s for them
-    (bench/2026-11-server/run55). On the CPU one input of a second."""
+    the first requests, which with Triton's cache empty (a fresh machine) would wait about 2 s for them. On the CPU
+    one input of a second."""
     longest = WARM_UP_SECONDS[model.device.type]
     if model.device.type != "cuda":
         return [[min(longest, batch_seconds)]]
@@ -307,8 +302,8 @@ def packed_shape_plans(model: Model, max_batch: int, batch_seconds: float) -> li
     requests of up to PACKED_WARM_UP_SECONDS can take (`Packing`: R rows of L frames, L a multiple of
     `Packing.ALIGN`, R up to half of max_batch), largest first; none elsewhere. Each has 2R clips: R of nearly L
     frames, each alone in a row with one of SHORT_FRAMES beside it. A shape met for the first time costs its layer
-    graph's capture and the first uses of its products (~15-20 ms on the H100): a server's first pass over a folder
-    met a new shape in about 30 of 100 batches and ran at 83% of its second (bench/2026-11-server/run54)."""
+    graph's capture and the first uses of its products (~15-20 ms on the H100): without them a server's first pass
+    over a folder meets a new shape in about 30 of 100 batches and runs at about 83% of a later pass's speed."""
     if model.device.type != "cuda" or not model.packs_rows:
         return []
     cfg = model.cfg

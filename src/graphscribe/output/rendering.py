@@ -1,17 +1,17 @@
 """Hypotheses -> transcripts, and their output files' text rendered in a small pool of worker processes.
 
-    token ids, frames, durations -> text, token times, NeMo's words and segments   [`Finishing.transcript`]
+    token ids, frames, durations -> text, token times, NeMo's words and segments   [`TranscriptMaker.make`]
     -> a writer's text per output format                                              [`writers.WRITERS`]
 
-`Model.finish` runs `Finishing.transcript` in its own process; `RenderPool` runs it and the writers in worker
-processes, for the pipeline of a run that writes json, srt, vtt or tsv: the token, word and segment times and
+`Model.make_transcript` runs `TranscriptMaker.make` in its own process; `RenderPool` runs it and the writers in
+worker processes, for the pipeline of a run that writes json, srt, vtt or tsv: the token, word and segment times and
 their formatting cost about a millisecond of Python a file, and in the process that feeds the GPU every such
 millisecond holds the GIL that launches its work (a thread does not help). The pool's workers get plain
 hypotheses and send back light Transcripts (text, token ids, the rendered outputs), never the token, word and
 segment objects, whose pickling would cost as much as making them. Given the output files' paths, the workers
 write the files too (`writers.write_file`, whole or not at all) and send back no text: in the thread that feeds
-the GPU, writing them took 0.2 ms a file or more (mkdir, mkstemp, fchmod, write, rename; json ran at 0.83x txt's
-RTFx on an H100 for it).
+the GPU, writing them takes 0.2 ms a file or more (mkdir, mkstemp, fchmod, write, rename), enough to hold json
+output to about 0.83x txt's throughput on an H100.
 
 This module and what it imports (tokenizer, timestamps, transcript, writers) import no torch: a worker process
 starts in a fraction of a second and holds no CUDA state.
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 RENDER_WORKERS = 2
 
 
-class Timed(NamedTuple):
+class PlainHypothesis(NamedTuple):
     """A hypothesis as it crosses to a worker: `decoding.Hypothesis`'s fields, without importing decoding (torch)."""
 
     token_ids: list[int]
@@ -49,7 +49,7 @@ class Timed(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Finishing:
+class TranscriptMaker:
     """What makes a hypothesis a Transcript besides the hypothesis: picklable, so a worker process can hold it."""
 
     tokenizer_model: bytes  # the checkpoint's SentencePiece model proto
@@ -63,10 +63,16 @@ class Finishing:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
         return frame * self.window_stride * self.subsampling
 
-    def transcript(
-        self, tokenizer: Tokenizer, source: str, samples: int, hyp: Hypothesis | Timed, seconds: float, timings: bool
+    def make(
+        self,
+        tokenizer: Tokenizer,
+        source: str,
+        samples: int,
+        hyp: Hypothesis | PlainHypothesis,
+        seconds: float,
+        word_times: bool,
     ) -> Transcript:
-        """A hypothesis of `samples` samples of audio as a Transcript; `timings=False`: text and token ids only
+        """A hypothesis of `samples` samples of audio as a Transcript; `word_times=False`: text and token ids only
         (no tokens, words, segments). `tokenizer` is the one built from `tokenizer_model`."""
         common = dict(
             source=source,
@@ -75,7 +81,7 @@ class Finishing:
             audio_seconds=samples / self.sample_rate,
             seconds=seconds,
         )
-        if not timings:
+        if not word_times:
             return Transcript(**common)
         pieces = [tokenizer.piece(i) for i in hyp.token_ids]
         spans = token_spans(hyp.frames, hyp.durations, self.tdt)
@@ -91,7 +97,7 @@ class Finishing:
 
 class RenderPool:
     """Worker processes that make hypotheses into light Transcripts whose `rendered` holds each of `formats`'
-    writer's text (`writers.render` uses it), byte for byte what the writers make of `Finishing.transcript`'s.
+    writer's text (`writers.render` uses it), byte for byte what the writers make of `TranscriptMaker.make`'s.
     With `outputs` (per input, one path per format, in `formats`' order) the workers write those files instead,
     in that order, and send no text back: a file that cannot be written is the Transcript's `write_error` line,
     and the input's later files are not written (as the CLI does); `written` counts the inputs written whole.
@@ -104,7 +110,7 @@ class RenderPool:
 
     def __init__(
         self,
-        finishing: Finishing,
+        maker: TranscriptMaker,
         formats: Sequence[str],
         workers: int = RENDER_WORKERS,
         outputs: Sequence[Sequence[str]] | None = None,
@@ -116,7 +122,7 @@ class RenderPool:
         pipes = [context.Pipe() for _ in range(workers)]
         self._conns: list[Connection] = [conn for conn, _ in pipes]
         self._children = [
-            (context.Process(target=_serve, args=(child, finishing), name="graphscribe-render", daemon=True), child)
+            (context.Process(target=_serve, args=(child, maker), name="graphscribe-render", daemon=True), child)
             for _, child in pipes
         ]
         # Starting a worker writes the tokenizer's model (~250 KB) into its pipe, which blocks until that worker's
@@ -138,7 +144,8 @@ class RenderPool:
         self._starter.join()
         paths = [self.outputs[i] for i in indices] if self.outputs is not None else [None] * len(sources)
         rows = [
-            (s, n, Timed(h.token_ids, h.frames, h.durations), p) for s, n, h, p in zip(sources, samples, hyps, paths)
+            (s, n, PlainHypothesis(h.token_ids, h.frames, h.durations), p)
+            for s, n, h, p in zip(sources, samples, hyps, paths)
         ]
         size = -(-len(rows) // len(self._conns))  # a share each: a batch's wait is its slowest share
         shares = [rows[k : k + size] for k in range(0, len(rows), size)]
@@ -163,19 +170,19 @@ def _received(conn: Connection) -> list[Transcript]:
         raise RuntimeError("a render worker process ended unexpectedly") from None
 
 
-def _serve(conn: Connection, finishing: Finishing) -> None:
+def _serve(conn: Connection, maker: TranscriptMaker) -> None:
     """A worker's main: its tokenizer, once; then (rows, formats) in, light Transcripts out, till the pipe ends."""
     # Ctrl-C reaches the whole process group, and a job's end often sends SIGTERM to all of it: the parent decides,
     # and waits for a share being written (a worker killed mid-file would leave its temporary file behind)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
-    tokenizer = Tokenizer(finishing.tokenizer_model)
+    tokenizer = Tokenizer(maker.tokenizer_model)
     while True:
         try:
             rows, formats = conn.recv()
         except EOFError:
             return
-        light = _render(finishing, tokenizer, rows, formats)
+        light = _render(maker, tokenizer, rows, formats)
         try:
             conn.send(light)
         except (BrokenPipeError, ConnectionResetError):  # the parent is gone (os._exit after a second signal)
@@ -183,14 +190,14 @@ def _serve(conn: Connection, finishing: Finishing) -> None:
 
 
 def _render(
-    finishing: Finishing,
+    maker: TranscriptMaker,
     tokenizer: Tokenizer,
-    rows: list[tuple[str, int, Timed, Sequence[str] | None]],
+    rows: list[tuple[str, int, PlainHypothesis, Sequence[str] | None]],
     formats: tuple[str, ...],
 ) -> list[Transcript]:
     light = []
     for source, samples, hyp, paths in rows:
-        full = finishing.transcript(tokenizer, source, samples, hyp, 0.0, timings=True)
+        full = maker.make(tokenizer, source, samples, hyp, 0.0, word_times=True)
         texts = [WRITERS[fmt](full) for fmt in formats]
         done = replace(full, tokens=[], words=[], segments=[])
         if paths is None:
