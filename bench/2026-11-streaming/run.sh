@@ -6,26 +6,26 @@
 set -uo pipefail
 source scripts/gpu_setup.sh
 [ -d /tmp/nemo-site ] || tar xJf .nemo-site.tar.xz -C /tmp
-nemo() { PYTHONPATH=/tmp/nemo-site:/tmp/site python3 scripts/nemo_stream.py "$@"; }
+nemo() { step "$1" "$2" env PYTHONPATH=/tmp/nemo-site:/tmp/site python3 scripts/nemo_stream.py "${@:3}"; }
 parts=${*:-smoke parity nemo max realtime}
 for part in $parts; do case $part in
 smoke)
     step "gpu tests" 240 python3 -m pytest -q -x tests/test_gpu.py
     step "one stream" 60 python3 -m graphscribe.cli $speech/librispeech_2086-149220-0033.wav --stream -f jsonl -m $ckpt --dtype bfloat16 ;;
 parity)
-    step "nemo float32 64" 240 nemo $ckpt /tmp/f512 --streams 64 --limit 64 --dtype float32 --out $OUT/nemo-f32
+    nemo "nemo float32 64" 240 $ckpt /tmp/f512 --streams 64 --limit 64 --dtype float32 --out $OUT/nemo-f32
     step "ours float32 64" 120 python3 scripts/compare_stream.py $ckpt /tmp/f512 --streams 64 --limit 64 --dtype float32 \
         --out $OUT/ours-f32 --nemo $OUT/nemo-f32/transcripts.json ;;
 nemo)
-    step "nemo bfloat16 256" 240 nemo $ckpt /tmp/f512 --streams 256 --dtype bfloat16 --out $OUT/nemo-bf16-256 ;;
+    nemo "nemo bfloat16 256" 240 $ckpt /tmp/f512 --streams 256 --dtype bfloat16 --out $OUT/nemo-bf16-256 ;;
 max)
     util max
-    step "ours bfloat16 max" 240 python3 -m graphscribe.cli bench --streams 64,256,512 --pace max --folder /tmp/f512 \
+    step "ours bfloat16 max" 240 python3 -m graphscribe.cli bench --streams 64,256,512 --pace max --folder /tmp/f512 ${PROFILE:-} \
         -m $ckpt --dtype bfloat16 --json $OUT/ours-max.json
     unutil max ;;
 realtime)
     util rt
-    step "ours bfloat16 realtime" 400 python3 -m graphscribe.cli bench --streams ${LEVELS:-256,512,768} --folder /tmp/f512 \
+    step "ours bfloat16 realtime" 400 python3 -m graphscribe.cli bench --streams ${LEVELS:-256,512,768} --folder /tmp/f512 ${PROFILE:-} \
         -m $ckpt --dtype bfloat16 --json $OUT/ours-realtime.json
     unutil rt ;;
 esac; done

@@ -105,6 +105,7 @@ def bench_command(
     chunk: float = typer.Option(CHUNK_SECONDS, "--chunk", metavar="S", help="--streams: seconds per step."),
     left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="--streams: seconds of left context."),
     right: float = typer.Option(RIGHT_SECONDS, "--right", metavar="S", help="--streams: seconds of right context."),
+    profile: bool = typer.Option(False, "--profile", help="--streams: once more, seconds per stage of the steps."),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
     --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
@@ -123,7 +124,7 @@ def bench_command(
             json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         return
     if streams is not None:
-        _bench_streams(streams, folder, pace, model, device, dtype, graphs, chunk, left, right, json_path)
+        _bench_streams(streams, folder, pace, model, device, dtype, graphs, chunk, left, right, profile, json_path)
         return
     folder_mode = folder is not None or throughput
     if folder_mode and clips:
@@ -229,7 +230,7 @@ def _bench_folder(
     return report
 
 
-def _bench_streams(levels, folder, pace, model, device, dtype, graphs, chunk, left, right, json_path) -> None:
+def _bench_streams(levels, folder, pace, model, device, dtype, graphs, chunk, left, right, profile, json_path) -> None:
     from graphscribe.bench.streams import print_stream_report, run_stream_bench
     from graphscribe.io.audio import find_audio_files
 
@@ -242,7 +243,7 @@ def _bench_streams(levels, folder, pace, model, device, dtype, graphs, chunk, le
         fail_usage(f"--folder {folder}: no audio files")
     loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=graphs is not False))
     try:
-        report = run_stream_bench(loaded, paths, _batch_sizes(levels), pace, chunk, left, right)
+        report = run_stream_bench(loaded, paths, _batch_sizes(levels), pace, chunk, left, right, profile)
     except ValueError as err:
         fail_usage(str(err))
     print_stream_report(report, Console(width=None if sys.stdout.isatty() else 240))

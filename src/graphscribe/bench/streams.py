@@ -154,7 +154,16 @@ def max_pace_level(engine: StreamEngine, audios: list[np.ndarray], n: int) -> di
     }
 
 
-def run_stream_bench(model, paths: list[Path], levels: list[int], pace: str, chunk: float, left: float, right: float):
+def run_stream_bench(
+    model,
+    paths: list[Path],
+    levels: list[int],
+    pace: str,
+    chunk: float,
+    left: float,
+    right: float,
+    profile: bool = False,
+):
     """One report: a row per level (`realtime_level` or `max_pace_level`), after a warm-up level of the largest N
     on a second of each stream (capture and first uses off the clock)."""
     audios, errors = read_folder(paths, model.sample_rate)
@@ -189,6 +198,9 @@ def print_stream_report(report: dict, console) -> None:
     for name in ("streams", "pace", "kept up", "chunk p50/p95/p99 ms", "final p50/p95 ms", "RTFx", "busy"):
         table.add_column(name)
     for row in report["levels"]:
+        if "profile_seconds" in row:
+            console.print(f"{row['streams']} streams, seconds per stage (each waited for): {row['profile_seconds']}")
+            continue
         if row["pace"] == "max":
             table.add_row(str(row["streams"]), "max", "", "", "", f"{row['rtfx']:.0f}", "")
         else:

@@ -20,6 +20,7 @@ give the same tokens.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +28,7 @@ import torch
 
 from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RESIDUE_TOKENS, RIGHT_SECONDS, STOP_HISTORY_MS
 from graphscribe.model.decoding import DecodeState
-from graphscribe.output.timestamps import Word, WordRules, token_spans, words_and_segments
+from graphscribe.output.timestamps import Word, token_spans, words_and_segments
 from graphscribe.runtime.loaded import LoadedModel
 from graphscribe.runtime.stream_text import StreamGeometry, StreamText, Vocabulary
 
@@ -148,6 +149,7 @@ class StreamEngine:
         self._write = torch.zeros(0, dtype=torch.long)  # (slots,) where each ring's next sample goes (host)
         self._state: DecodeState | None = None  # (slots) rows
         self._zero_encoded: torch.Tensor | None = None  # (T, D) the encoder's output for a buffer of silence
+        self.profile: dict[str, float] | None = None  # {}: seconds per stage of the steps, each waited for (slower)
 
     # ------------------------------------------------------------------ streams
     def new_text(self) -> StreamText:
@@ -215,8 +217,19 @@ class StreamEngine:
             self._step(streams[start : start + self.max_rows])
         return len(streams)
 
+    def _stage(self, name: str, since: float) -> float:
+        """With `profile`: wait for the device and add the seconds since `since` to the stage; the time now."""
+        if self.profile is None:
+            return since
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.profile[name] = self.profile.get(name, 0.0) + now - since
+        return now
+
     def _step(self, streams: list[Stream]) -> None:
         g, model = self.geometry, self.model
+        mark = time.perf_counter()
         chunks = [s.take_chunk() for s in streams]
         frames = torch.from_numpy(np.stack([c[0] for c in chunks]))  # (B, F)
         valid = [c[1] for c in chunks]
@@ -227,7 +240,9 @@ class StreamEngine:
         lengths = [g.buffer_samples - (g.frame_samples - v) - p for v, p in zip(valid, left_pad)]
         slots = torch.tensor([s.slot for s in streams])
         buffers = self._buffers(slots, frames, left_pad, lengths)  # (B, S) audio first, zeros after
+        mark = self._stage("buffers", mark)
         encoded, enc_lengths = self._encode(buffers, torch.tensor(lengths))
+        mark = self._stage("features and encoder", mark)
         # the buffer's left padding back in place, as the encoder's output for silence (NeMo's zero_encoded)
         roll = torch.tensor([int(int(p / g.hop_length) / g.subsampling) for p in left_pad], device=self.device)
         encoded = self._rolled(encoded, roll)
@@ -244,6 +259,7 @@ class StreamEngine:
             right_hyps, _ = decoder.decode_chunk(_shifted(window, chunk), decodable - chunk, after)
         for pool, value in zip(self._pools(), (after.h, after.c, after.g, after.skip)):
             pool.index_copy_(-2 if pool.dim() == 3 else 0, index, value)
+        mark = self._stage("decode", mark)
         chunk_frames = chunk.tolist()
         for i, s in enumerate(streams):
             tokens = chunk_hyps[i].token_ids + right_hyps[i].token_ids
@@ -254,6 +270,7 @@ class StreamEngine:
             self._said(s, s.text.step(tokens, at, last[i]), last[i])
             if last[i]:
                 self.close(s)
+        self._stage("text", mark)
 
     def _buffers(self, slots: torch.Tensor, frames: torch.Tensor, left_pad: list[int], lengths: list[int]):
         """Write each stream's chunk into its ring, then gather each ring's samples oldest first, rolled by the
@@ -324,13 +341,10 @@ class StreamEngine:
         model = self.model
         seconds = self.geometry.stride_seconds
         whole = [int(round(f)) for f in frames]
-        rules = model.word_rules if isinstance(model.word_rules, WordRules) else None
-        if rules is None:
-            return []
         pieces = [model.tokenizer.piece(t) for t in tokens]
         spans = token_spans(whole, [1] * len(whole), tdt=False)
         words, _ = words_and_segments(
-            pieces, spans, model.tokenizer.decode_pieces, rules, False, lambda f: round(f * seconds, 6)
+            pieces, spans, model.tokenizer.decode_pieces, model.word_rules, False, lambda f: round(f * seconds, 6)
         )
         return words
 
