@@ -152,29 +152,75 @@ def test_stream_settings_out_of_range_are_refused(model):
             model.stream(*bad)
 
 
-def _oracle() -> dict:
-    path = STREAM_FIXTURES / "reference.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+ORACLE = json.loads((STREAM_FIXTURES / "reference.json").read_text())
+CHECKPOINTS = {"tdt-tiny": NEMO_PATH, "rnnt-tiny": RNNT_PATH}
+ROOT = Path(__file__).parent.parent
 
 
-def _checkpoint(name: str) -> Path:
-    return NEMO_PATH if name.startswith("tdt") else RNNT_PATH
+@pytest.fixture(scope="module")
+def models() -> dict:
+    return {name: gs.load_model(path, device="cpu", dtype="float32") for name, path in CHECKPOINTS.items()}
 
 
-def test_the_oracle_is_there():
-    assert _oracle(), f"{STREAM_FIXTURES}/reference.json: run scripts/fixtures/make_nemo_stream_fixtures.py"
+def _settings(geometry: dict) -> tuple[float, float, float]:
+    return geometry["chunk_s"], geometry["left_s"], geometry["right_s"]
 
 
-def _cases():
-    oracle = _oracle()
-    return [(run["model"], run["settings"], run["clips"]) for run in oracle.get("runs", [])]
+def _audio(model, clip: str) -> torch.Tensor:
+    return model.read(ROOT / ORACLE["clips"][clip]["file"])
 
 
-@pytest.mark.parametrize("name,settings,clips", _cases())
-def test_one_stream_gives_nemos_token_ids(name, settings, clips):
-    model = gs.load_model(_checkpoint(name), device="cpu", dtype="float32")
-    for clip in clips:
-        audio = model.read(STREAM_FIXTURES / clip["path"]) if (STREAM_FIXTURES / clip["path"]).exists() else None
-        audio = model.read(Path(clip["path"])) if audio is None else audio
-        done = _whole(model.stream(*settings), audio)[-1]
-        assert done.token_ids == clip["token_ids"], clip["path"]
+def _said(events: list) -> dict:
+    """What a stream said, in the oracle's terms: its tokens, text, finals and the partial after each step."""
+    done = events[-1]
+    finals = [(e.token_ids, e.text, round(e.start, 6), round(e.end, 6)) for e in events if e.type == "final"]
+    return {"token_ids": done.token_ids, "text": done.text, "finals": finals}
+
+
+def _nemo_said(stream: dict) -> dict:
+    finals = [(f["token_ids"], f["text"].strip(), round(f["start"], 6), round(f["end"], 6)) for f in stream["finals"]]
+    return {"token_ids": stream["token_ids"], "text": stream["text"], "finals": finals}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
+@pytest.mark.parametrize("setting", ["v3", "small"])
+def test_one_stream_says_what_nemos_pipeline_says(models, name, setting):
+    """Every clip alone: NeMo's token ids, text, finals (tokens, text, times) and the partial after every step."""
+    model, runs = models[name], ORACLE["models"][name]["settings"][setting]
+    for clip, nemo in runs["streams"].items():
+        stream = model.stream(*_settings(runs["geometry"]))
+        audio, step = _audio(model, clip), stream.engine.geometry.frame_samples
+        events, partials = [], []
+        for start in range(0, audio.numel(), step):  # a chunk at a time, to see the partial after each step
+            events += stream.feed(audio[start : start + step])
+            partials.append(stream.text.partial())
+        events += stream.finish()
+        partials = partials[1:] + [stream.text.partial()]  # a chunk is stepped when audio past it comes
+        assert _said(events) == _nemo_said(nemo), clip
+        assert partials == [s[2] for s in nemo["steps"]], clip
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
+def test_streams_batched_with_staggered_starts_say_what_nemo_says(models, name):
+    """All nine clips as streams of one engine, joining a step apart and fed 0.3 s a step: NeMo's results."""
+    model, runs = models[name], ORACLE["models"][name]["settings"]["v3"]
+    clips = sorted(runs["streams"])
+    audios = [_audio(model, c) for c in clips]
+    engine = StreamEngine(model, *_settings(runs["geometry"]))
+    streams, fed, events = [], [], {}
+    while len(streams) < len(audios) or not all(s.closed for s in streams):
+        if len(streams) < len(audios):
+            streams.append(engine.open())
+            fed.append(0)
+        for i, s in enumerate(streams):
+            if not s.finished:
+                end = min(audios[i].numel(), fed[i] + 4800)
+                s.feed(audios[i][fed[i] : end])
+                fed[i] = end
+                if end == audios[i].numel():
+                    s.finish()
+        engine.step()
+        for i, s in enumerate(streams):
+            events.setdefault(i, []).extend(s.take_events())
+    for i, clip in enumerate(clips):
+        assert _said(events[i]) == _nemo_said(runs["streams"][clip]), clip
