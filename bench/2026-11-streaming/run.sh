@@ -13,9 +13,13 @@ smoke)
     step "gpu tests" 240 python3 -m pytest -q -x tests/test_gpu.py
     step "one stream" 60 python3 -m graphscribe.cli $speech/librispeech_2086-149220-0033.wav --stream -f jsonl -m $ckpt --dtype bfloat16 ;;
 parity)
-    nemo "nemo float32 64" 240 $ckpt /tmp/f512 --streams 64 --limit 64 --dtype float32 --out $OUT/nemo-f32
+    # float32 as float32: NVIDIA's config runs float32 matrix products in TF32 ("high"), which is not NeMo's float32
+    nemo "nemo float32 64" 240 $ckpt /tmp/f512 --streams 64 --limit 64 --dtype float32 --matmul-precision highest \
+        --out $OUT/nemo-f32
     step "ours float32 64" 120 python3 scripts/compare_stream.py $ckpt /tmp/f512 --streams 64 --limit 64 --dtype float32 \
-        --out $OUT/ours-f32 --nemo $OUT/nemo-f32/transcripts.json ;;
+        --out $OUT/ours-f32 --nemo $OUT/nemo-f32/transcripts.json
+    step "ours float32 8 cpu" 300 python3 scripts/compare_stream.py $ckpt /tmp/f512 --streams 8 --limit 8 --dtype float32 \
+        --device cpu --out $OUT/ours-f32-cpu --nemo $OUT/nemo-f32/transcripts.json ;;
 nemo)
     nemo "nemo bfloat16 256" 240 $ckpt /tmp/f512 --streams 256 --dtype bfloat16 --out $OUT/nemo-bf16-256 ;;
 max)

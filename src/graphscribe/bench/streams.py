@@ -175,6 +175,10 @@ def run_stream_bench(
     rows = [
         realtime_level(engine, audios, n) if pace == "realtime" else max_pace_level(engine, audios, n) for n in levels
     ]
+    if profile:  # once more, each stage waited for: where a step's time goes
+        engine.profile = {}
+        max_pace_level(engine, audios, max(levels))
+        rows.append({"streams": max(levels), "profile_seconds": {k: round(v, 3) for k, v in engine.profile.items()}})
     g = engine.geometry
     return {
         "model": model.source,

@@ -274,18 +274,19 @@ class StreamEngine:
 
     def _buffers(self, slots: torch.Tensor, frames: torch.Tensor, left_pad: list[int], lengths: list[int]):
         """Write each stream's chunk into its ring, then gather each ring's samples oldest first, rolled by the
-        left padding (the audio starts at 0) and zero after the audio (NeMo's right padding mode)."""
-        size, f = self.geometry.buffer_samples, self.geometry.frame_samples
+        left padding (the audio starts at 0) and zero after the audio (NeMo's right padding mode). The indices
+        are made on the device: a batch's (B, S) gather index is hundreds of MB."""
+        size, f, device = self.geometry.buffer_samples, self.geometry.frame_samples, self.device
         write = self._write[slots]  # (B,) host
-        columns = (write[:, None] + torch.arange(f)) % size  # (B, F)
-        rows = slots[:, None].expand(-1, f)
-        self._ring.index_put_((rows.to(self.device), columns.to(self.device)), frames.to(self.device))
         self._write[slots] = (write + f) % size
-        oldest = self._write[slots] + torch.tensor(left_pad)  # (B,) first audio sample's column
-        index = (oldest[:, None] + torch.arange(size)) % size  # (B, S)
-        buffers = self._ring[slots.to(self.device)[:, None], index.to(self.device)]
-        inside = torch.arange(size, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
-        return buffers * inside
+        step = torch.stack([write, self._write[slots] + torch.tensor(left_pad), torch.tensor(lengths)])
+        write, oldest, length = step.to(device, non_blocking=True)  # (B,) each
+        rows = slots.to(device, non_blocking=True)[:, None]  # (B, 1)
+        columns = (write[:, None] + torch.arange(f, device=device)) % size  # (B, F)
+        self._ring.index_put_((rows.expand(-1, f), columns), frames.to(device, non_blocking=True))
+        positions = torch.arange(size, device=device)
+        buffers = self._ring[rows, (oldest[:, None] + positions) % size]  # (B, S)
+        return buffers.masked_fill_(positions[None, :] >= length[:, None], 0.0)
 
     def _encode(self, buffers: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S) buffers and (B,) sample counts -> (B, T, D) encoder output and (B,) frames: the features of each
