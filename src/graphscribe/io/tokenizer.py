@@ -43,6 +43,10 @@ class Tokenizer:
             text = self._space_before_punct.sub(r"\2", text)
         return text
 
+    @property
+    def unk_id(self) -> int:
+        return self._sp.unk_id()
+
     def sp_decode(self, ids: list[int]) -> str:
         """SentencePiece's own decode, without NeMo's hypothesis clean-up (its streaming finals clean up apart)."""
         return self._sp.decode_ids(ids)

@@ -83,19 +83,25 @@ class Vocabulary:
     moved_ids: frozenset[int]  # punctuation and language tags: their times move to the token before
 
     @classmethod
-    def of(cls, pieces: list[str], punctuation: frozenset[str]) -> Vocabulary:
+    def of(cls, pieces: list[str], punctuation: frozenset[str], unk_id: int) -> Vocabulary:
+        """As NeMo's inference wrapper makes them: a mark or tag looked up as a piece, and a mark that is no piece
+        of its own (it only occurs inside others) taken as the unknown piece's id, as SentencePiece answers."""
         marks = frozenset(punctuation) - {"'"}
         index = {p: i for i, p in enumerate(pieces)}
-        punct_ids = frozenset(index[p] for p in marks if p in index)
+        punct_ids = frozenset(index.get(p, unk_id) for p in marks)
         tags = frozenset(i for i, p in enumerate(pieces) if p.startswith("<") and p.endswith(">") and p != "<unk>")
-        return cls(tuple(pieces), marks, punct_ids, index.get(SPM_UNDERSCORE), punct_ids | tags)
+        return cls(tuple(pieces), marks, punct_ids, index.get(SPM_UNDERSCORE, unk_id), punct_ids | tags)
 
     def starts_word(self, token: int) -> bool:
         return self.pieces[token].startswith(SPM_UNDERSCORE)
 
+    def is_mark(self, token: int) -> bool:
+        """The piece is a punctuation mark (by its text, as NeMo's BPE decoder checks it)."""
+        return self.pieces[token] in self.punctuation
+
     def is_blank_like(self, token: int) -> bool:
-        """A punctuation mark or the lone "▁": a segment's times skip them."""
-        return token in self.punctuation_ids or token == self.underscore_id
+        """The piece is a punctuation mark or the lone "▁": a segment's times skip them."""
+        return self.pieces[token] in self.punctuation or self.pieces[token] == SPM_UNDERSCORE
 
 
 @dataclass
@@ -262,13 +268,9 @@ class StreamText:
         start, end = self.frames[0], self.frames[-1]
         if self.vocab.is_blank_like(self.tokens[0]):
             start = next((f for f, t in zip(self.frames, self.tokens) if not self.vocab.is_blank_like(t)), start)
-        if self.tokens[-1] in self.vocab.punctuation_ids:
+        if self.vocab.is_mark(self.tokens[-1]):
             end = next(
-                (
-                    self.frames[i]
-                    for i in reversed(range(len(self.tokens)))
-                    if self.tokens[i] not in self.vocab.punctuation_ids
-                ),
+                (self.frames[i] for i in reversed(range(len(self.tokens))) if not self.vocab.is_mark(self.tokens[i])),
                 end,
             )
         end += 1 if start == end else 0

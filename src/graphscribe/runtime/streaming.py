@@ -140,7 +140,8 @@ class StreamEngine:
         self.max_rows = max_rows
         self.steps_on_feed = steps_on_feed
         tokenizer = model.tokenizer
-        self.vocab = Vocabulary.of([tokenizer.piece(i) for i in range(tokenizer.vocab_size)], tokenizer.punctuation)
+        pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+        self.vocab = Vocabulary.of(pieces, tokenizer.punctuation, tokenizer.unk_id)
         self.device = model.device
         self.streams: dict[int, Stream] = {}  # by slot
         self._free: list[int] = []
