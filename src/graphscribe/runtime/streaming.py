@@ -212,10 +212,19 @@ class StreamEngine:
     @torch.inference_mode()
     def step(self, streams: list[Stream] | None = None) -> int:
         """Step every ready stream (or these) once, in batches of at most `max_rows`: the events go to each
-        stream's queue. Returns the number of streams stepped."""
+        stream's queue. Returns the number of streams stepped.
+
+        A batch's encoder is queued on the device before the text of the batch before it is made on the host, so
+        the two run side by side."""
         streams = [s for s in (self.ready() if streams is None else streams) if s.ready]
+        decoded = None
         for start in range(0, len(streams), self.max_rows):
-            self._step(streams[start : start + self.max_rows])
+            launched = self._launch(streams[start : start + self.max_rows])
+            if decoded is not None:
+                self._say(*decoded)
+            decoded = self._decode(*launched)
+        if decoded is not None:
+            self._say(*decoded)
         return len(streams)
 
     def _stage(self, name: str, since: float) -> float:
@@ -228,29 +237,36 @@ class StreamEngine:
         self.profile[name] = self.profile.get(name, 0.0) + now - since
         return now
 
-    def _step(self, streams: list[Stream]) -> None:
-        g, model = self.geometry, self.model
+    def _launch(self, streams: list[Stream]):
+        """Queue a batch's buffers, features and encoder on the device -> what `_decode` takes."""
+        g = self.geometry
         mark = time.perf_counter()
         chunks = [s.take_chunk() for s in streams]
         frames = torch.from_numpy(np.stack([c[0] for c in chunks]))  # (B, F)
-        valid = [c[1] for c in chunks]
         last = [c[2] for c in chunks]
         for s in streams:
             s.left_pad = max(0, s.left_pad - g.frame_samples)
         left_pad = [s.left_pad for s in streams]
-        lengths = [g.buffer_samples - (g.frame_samples - v) - p for v, p in zip(valid, left_pad)]
+        lengths = [g.buffer_samples - (g.frame_samples - c[1]) - p for c, p in zip(chunks, left_pad)]
         slots = torch.tensor([s.slot for s in streams])
         buffers = self._buffers(slots, frames, left_pad, lengths)  # (B, S) audio first, zeros after
         mark = self._stage("buffers", mark)
         encoded, enc_lengths = self._encode(buffers, torch.tensor(lengths))
-        mark = self._stage("features and encoder", mark)
         # the buffer's left padding back in place, as the encoder's output for silence (NeMo's zero_encoded)
-        roll = torch.tensor([int(int(p / g.hop_length) / g.subsampling) for p in left_pad], device=self.device)
+        roll = torch.tensor([int(int(p / g.hop_length) / g.subsampling) for p in left_pad])
+        roll = roll.to(self.device, non_blocking=True)
         encoded = self._rolled(encoded, roll)
-        enc_lengths = enc_lengths + roll
+        self._stage("features and encoder", mark)
+        return streams, slots, last, encoded, enc_lengths + roll
+
+    def _decode(self, streams, slots, last, encoded, enc_lengths):
+        """Decode a launched batch's chunks and right contexts from the streams' states; keep the states after
+        the chunks -> what `_say` takes."""
+        g, model = self.geometry, self.model
+        mark = time.perf_counter()
         window = encoded[:, g.left :]  # (B, C + R, D) the chunk and the right context
         decodable = (enc_lengths - g.left).clamp(min=0)
-        is_last = torch.tensor(last, device=self.device)
+        is_last = torch.tensor(last).to(self.device, non_blocking=True)
         chunk = torch.where(is_last, decodable, decodable.clamp(max=g.chunk)).clamp(max=window.shape[1])
         index = slots.to(self.device)
         state = DecodeState(*(p.index_select(-2 if p.dim() == 3 else 0, index) for p in self._pools()))
@@ -260,8 +276,13 @@ class StreamEngine:
             right_hyps, _ = decoder.decode_chunk(_shifted(window, chunk), decodable - chunk, after)
         for pool, value in zip(self._pools(), (after.h, after.c, after.g, after.skip)):
             pool.index_copy_(-2 if pool.dim() == 3 else 0, index, value)
-        mark = self._stage("decode", mark)
         chunk_frames = chunk.tolist()
+        self._stage("decode", mark)
+        return streams, last, chunk_hyps, right_hyps, chunk_frames
+
+    def _say(self, streams, last, chunk_hyps, right_hyps, chunk_frames) -> None:
+        """Each stream's step through its text state, as events."""
+        mark = time.perf_counter()
         for i, s in enumerate(streams):
             tokens = chunk_hyps[i].token_ids + right_hyps[i].token_ids
             at = [f + s.decoded for f in chunk_hyps[i].frames]
