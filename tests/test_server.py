@@ -501,6 +501,9 @@ def test_a_killed_http_worker_is_replaced(server, expected):
     workers = _http_workers(server.process.pid)
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while _running(workers[0]) and time.monotonic() < deadline:
+        time.sleep(0.01)  # until it has exited: a connection queued on its socket meanwhile is reset when it closes
     # a new client: the connections the dead worker held are gone with it
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=REQUEST_SECONDS)
     for _ in range(4):  # whichever worker takes them, while the dead one is replaced
