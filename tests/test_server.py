@@ -541,8 +541,9 @@ def _queue_depth(url: str, wanted: int, seconds: float = STARTUP_SECONDS) -> flo
 
 def test_a_killed_workers_places_are_freed(lone_server, expected):
     """Five uploads in flight fill --max-queue 5; their worker killed, the engine frees their places (the clients'
-    connections are closed with it) and the next request is admitted, where before the places stayed taken for
-    good and every request got 503."""
+    connections are closed with it), and the first request to reach its replacement, queued on its socket before it
+    runs, is transcribed: before, the places stayed taken for good (503, queue full, for ever after), and a
+    replacement could answer its first connections 503 "warming up" from a warm server."""
     served = lone_server
     uploads = [_start_upload(served.url, timeout=30, sent=1000) for _ in range(5)]
     try:
@@ -551,12 +552,20 @@ def test_a_killed_workers_places_are_freed(lone_server, expected):
         (worker,) = _http_workers(served.process.pid)
         os.kill(worker, signal.SIGKILL)
         assert all(map(_closed, uploads))
-        assert _queue_depth(served.url, 0) == 0
     finally:
         for s in uploads:
             s.close()
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while True:  # refused until the engine has made the replacement's socket
+        try:
+            _connect(served.url, timeout=5).close()
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0, timeout=REQUEST_SECONDS)
     assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+    assert _queue_depth(served.url, 0) == 0
     assert "was killed by signal 9; starting another (the 5 requests it held dropped)" in served.log.read_text()
 
 

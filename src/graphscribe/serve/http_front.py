@@ -74,7 +74,7 @@ class Link:
     """A worker's end of its pipe to the engine: requests out (from any thread), answers in on a thread of its own,
     each handed to the asyncio future waiting for it."""
 
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: Connection, ready: tuple | None = None):
         self.conn = conn
         self._lock = threading.Lock()
         self._waiting: dict[int, asyncio.Future] = {}  # id -> future, touched on the event loop only
@@ -85,6 +85,8 @@ class Link:
         self.lost = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_lost = lambda: None
+        if ready is not None:  # a worker started for a warm engine (one replacing a dead worker)
+            self._settle(ready)
 
     def start(self, loop: asyncio.AbstractEventLoop, on_lost) -> None:
         self._loop, self._on_lost = loop, on_lost
@@ -394,15 +396,21 @@ class _Uvicorn(uvicorn.Server):
 
 
 def worker_main(
-    listening: socket.socket, conn: Connection, admission: Admission, slot: int, settings: FrontSettings
+    listening: socket.socket,
+    conn: Connection,
+    admission: Admission,
+    slot: int,
+    settings: FrontSettings,
+    ready: tuple | None = None,
 ) -> None:
     """An HTTP worker process: serve on `listening` until SIGTERM or SIGINT (or the engine goes), then exit 0 once
     its admitted requests are answered (an upload that sends nothing is cut after STOP_STALL_SECONDS then). It
-    counts its requests in `admission`'s `slot`."""
+    counts its requests in `admission`'s `slot`. `ready`: the engine's READY, when it is warm already (a worker
+    replacing one that died), so that the connections queued on `listening` meanwhile are served, not told 503."""
     import torch
 
     torch.set_num_threads(1)  # resampling only; the upload threads are the parallelism
-    link = Link(conn)
+    link = Link(conn, ready)
     front = Front(settings, link, admission, slot)
 
     def stop() -> None:

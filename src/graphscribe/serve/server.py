@@ -149,10 +149,12 @@ class Engine:
         from graphscribe.serve.http_front import worker_main  # the serve extra: imported once the server runs
 
         mine, theirs = self._context.Pipe()
-        accepting = worker_socket(self.listening)
+        accepting = worker_socket(self.listening)  # connections queue on it from here on
+        with self._lock:
+            ready = self.ready  # a warm engine's, given at the start: its first connections are served
         process = self._context.Process(
             target=worker_main,
-            args=(accepting, theirs, self.admission, slot, self.settings),
+            args=(accepting, theirs, self.admission, slot, self.settings, ready),
             name="graphscribe-http",
             daemon=True,
         )
