@@ -497,13 +497,21 @@ def _http_workers(pid: int) -> list[int]:
     return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
+def _kill_and_wait_for_the_engine_to_reap(pid: int) -> None:
+    """SIGKILL, then wait until the engine has reaped the worker: by then every thread of it has exited and its
+    listening socket is closed (its main thread shows as a zombie earlier, while the others still hold the socket,
+    and a connection queued on that socket meanwhile is reset when it closes)."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def test_a_killed_http_worker_is_replaced(server, expected):
     workers = _http_workers(server.process.pid)
     assert len(workers) == 2
-    os.kill(workers[0], signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while _running(workers[0]) and time.monotonic() < deadline:
-        time.sleep(0.01)  # until it has exited: a connection queued on its socket meanwhile is reset when it closes
+    _kill_and_wait_for_the_engine_to_reap(workers[0])
     # a new client: the connections the dead worker held are gone with it
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=REQUEST_SECONDS)
     for _ in range(4):  # whichever worker takes them, while the dead one is replaced
@@ -550,7 +558,7 @@ def test_a_killed_workers_places_are_freed(lone_server, expected):
         assert _queue_depth(served.url, 5) == 5
         assert post(served.url, files={"file": ("a.wav", SPEECH_CLIP.read_bytes())}).status_code == 503  # full
         (worker,) = _http_workers(served.process.pid)
-        os.kill(worker, signal.SIGKILL)
+        _kill_and_wait_for_the_engine_to_reap(worker)
         assert all(map(_closed, uploads))
     finally:
         for s in uploads:
