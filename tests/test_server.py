@@ -263,21 +263,54 @@ def test_bad_fields(server):
     assert "multipart/form-data" in answer.json()["error"]["message"]
 
 
+def _connect(url: str, timeout: float) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=timeout)
+
+
+def _start_upload(url: str, timeout: float, sent: int = 100_000) -> socket.socket:
+    """A raw connection that declares 500 000 bytes of multipart body and sends `sent` of them (the head included)."""
+    boundary = "graphscribe-test"
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'.encode()
+    s = _connect(url, timeout)
+    s.sendall(
+        b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n".encode()
+        + b"Content-Length: 500000\r\n\r\n"
+        + (head + SPEECH_CLIP.read_bytes())[:sent]
+    )
+    return s
+
+
 @contextlib.contextmanager
 def _half_an_upload(server, timeout: float):
     """A raw connection that declares 500 000 bytes of multipart body and sends a fifth of them."""
-    boundary = "graphscribe-test"
-    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'.encode()
-    port = int(server.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(
-            b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
-            + f"Authorization: Bearer {KEY}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n".encode()
-            + b"Content-Length: 500000\r\n\r\n"
-            + head
-            + SPEECH_CLIP.read_bytes()[:100_000]
-        )
+    with _start_upload(server.url, timeout) as s:
         yield s
+
+
+def _read_answer(s: socket.socket) -> tuple[int, dict, dict]:
+    """A raw connection's answer: status, headers (lower-case names), JSON body; read until its Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        assert chunk, f"closed after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    while len(body) < int(fields["content-length"]):
+        chunk = s.recv(65536)
+        assert chunk, f"closed after {data + body!r}"
+        body += chunk
+    return int(status_line.split()[1]), fields, json.loads(body)
+
+
+def _closed(s: socket.socket) -> bool:
+    """Whether the server closed the connection (the socket's timeout: how long to wait for that)."""
+    try:
+        return s.recv(65536) == b""
+    except ConnectionResetError:
+        return True
 
 
 def test_client_gone_mid_upload(server, client, expected):
@@ -303,6 +336,80 @@ def test_a_stalled_upload_is_refused_and_frees_its_place(server, client, expecte
     body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
     assert body["error"]["code"] == "upload_timeout" and f"{STALL_SECONDS:g} s" in body["error"]["message"]
     assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+
+
+def test_a_stalled_upload_gets_408_when_its_timeout_has_passed_once(server):
+    """--upload-timeout is one clock: 408 comes that long after the last byte (not twice that: the refusal does not
+    wait for the rest of the body all over again), and the connection is closed."""
+    with _start_upload(server.url, timeout=30) as s:
+        last_byte = time.monotonic()
+        status, fields, body = _read_answer(s)
+        waited = time.monotonic() - last_byte
+        assert status == 408 and body["error"]["code"] == "upload_timeout", body
+        assert STALL_SECONDS - 1 <= waited <= STALL_SECONDS + 1, waited
+        assert fields["connection"] == "close" and _closed(s)
+
+
+def test_a_connection_that_never_finishes_its_head_is_closed(server, client, expected):
+    """A client that opens connections and sends part of a request head, or nothing, loses them HEADERS_SECONDS
+    later; the server answers others meanwhile and after."""
+    from graphscribe.serve.http_front import HEADERS_SECONDS
+
+    opened = time.monotonic()
+    with _connect(server.url, timeout=HEADERS_SECONDS + 10) as silent, _connect(server.url, HEADERS_SECONDS + 10) as s:
+        s.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\nContent-Type: multip")
+        assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]  # meanwhile
+        assert _closed(s) and _closed(silent)
+        assert HEADERS_SECONDS - 1 <= time.monotonic() - opened <= HEADERS_SECONDS + 5
+    assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+
+
+def test_errors_are_in_openais_shape(server, client):
+    """Every error status the server sends has OpenAI's body, so the official client shows its message: a path that
+    does not exist (404), a method a path does not take (405), a request uvicorn cannot parse (400)."""
+
+    def error_of(answer: httpx.Response) -> dict:
+        assert answer.headers["content-type"] == "application/json", answer.text
+        error = answer.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+        return error
+
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.files.list()
+    assert raised.value.code == "unknown_url"
+    assert "Invalid URL (GET /v1/files)" in str(raised.value)
+    assert error_of(httpx.get(f"{server.url}/v2/models", headers=headers()))["code"] == "unknown_url"
+    for method, path in [("GET", "/v1/audio/transcriptions"), ("DELETE", "/v1/models")]:
+        answer = httpx.request(method, f"{server.url}{path}", headers=headers())
+        assert answer.status_code == 405
+        assert error_of(answer)["code"] == "method_not_allowed" and answer.headers["allow"]
+    with _connect(server.url, timeout=30) as s:
+        s.sendall(b"NOT AN HTTP REQUEST\r\n\r\n")
+        status, fields, body = _read_answer(s)
+    assert status == 400 and body["error"]["code"] == "invalid_http", body
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_an_upload_far_past_the_limit_gets_413_not_a_reset(server, client, framing):
+    """A client that sends its whole body before it reads (curl and most others without Expect: 100-continue) sends
+    it all without a reset, then reads the 413 in OpenAI's shape, however far past the limit the body goes (the
+    server used to close the connection on the body's unread part: the client's next write met a reset)."""
+    size, piece = 32 * UPLOAD_MB * 2**20, b"\0" * 2**16  # past what the kernel buffers on both ends
+    framed = f"Content-Length: {size}" if framing == "content-length" else "Transfer-Encoding: chunked"
+    with _connect(server.url, timeout=30) as s:
+        s.sendall(
+            b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
+            + f"Authorization: Bearer {KEY}\r\nContent-Type: multipart/form-data; boundary=b\r\n{framed}\r\n\r\n".encode()
+        )
+        for _ in range(size // len(piece)):
+            s.sendall(piece if framing == "content-length" else b"10000\r\n" + piece + b"\r\n")
+        if framing == "chunked":
+            s.sendall(b"0\r\n\r\n")
+        status, _, body = _read_answer(s)
+    assert status == 413 and body["error"]["code"] == "file_too_large", body
+    with pytest.raises(openai.APIStatusError) as raised:  # the official client, for its message
+        client.audio.transcriptions.create(file=("big.wav", b"\0" * size), model="tdt-tiny")
+    assert raised.value.status_code == 413 and raised.value.code == "file_too_large"
 
 
 # ============================================================================ many clients at once
@@ -333,7 +440,9 @@ def test_32_clients_get_their_own_transcripts(server, client, expected, tmp_path
 
 def _metric_samples(url: str, name: str) -> dict[str, float]:
     """Samples of one metric: labels text -> value; every line of /metrics must be a comment or a sample."""
-    text = httpx.get(f"{url}/metrics").text
+    answer = httpx.get(f"{url}/metrics", headers=headers(), timeout=REQUEST_SECONDS)
+    assert answer.status_code == 200, answer.text
+    text = answer.text
     sample = re.compile(r"^([a-z_]+)(\{[^}]*\})? (-?[0-9.e+]+|\+Inf)$")
     found = {}
     for line in text.splitlines():
@@ -359,6 +468,18 @@ def test_metrics_count_requests(server, client, expected):
     assert _metric_samples(server.url, "graphscribe_request_seconds_count")[""] > before
 
 
+def test_metrics_need_the_key(server):
+    for key in ("sk-wrong", None):
+        answer = httpx.get(f"{server.url}/metrics", headers=headers(key))
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{server.url}/metrics", headers=headers()).status_code == 200
+
+
+def test_warm_up_says_what_it_does_on_the_cpu(server):
+    lines = server.log.read_text().splitlines()
+    assert "warming up tdt-tiny on cpu float32: one 1 s clip through every stage" in lines
+
+
 def test_access_log(server, client):
     transcribe(client, SPEECH_CLIP)
     lines = server.log.read_text().splitlines()
@@ -376,10 +497,21 @@ def _http_workers(pid: int) -> list[int]:
     return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
+def _kill_and_wait_for_the_engine_to_reap(pid: int) -> None:
+    """SIGKILL, then wait until the engine has reaped the worker: by then every thread of it has exited and its
+    listening socket is closed (its main thread shows as a zombie earlier, while the others still hold the socket,
+    and a connection queued on that socket meanwhile is reset when it closes)."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def test_a_killed_http_worker_is_replaced(server, expected):
     workers = _http_workers(server.process.pid)
     assert len(workers) == 2
-    os.kill(workers[0], signal.SIGKILL)
+    _kill_and_wait_for_the_engine_to_reap(workers[0])
     # a new client: the connections the dead worker held are gone with it
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=REQUEST_SECONDS)
     for _ in range(4):  # whichever worker takes them, while the dead one is replaced
@@ -389,6 +521,64 @@ def test_a_killed_http_worker_is_replaced(server, expected):
         time.sleep(0.2)
     assert len(now) == 2 and workers[0] not in now
     assert "error: an HTTP worker was killed by signal 9; starting another" in server.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def lone_server(tmp_path_factory):
+    """One HTTP worker, five places, /metrics for anyone."""
+    log = tmp_path_factory.mktemp("lone") / "stderr.txt"
+    served = start_server(log, "--http-workers", "1", "--max-queue", "5", "--metrics-public")
+    yield served
+    assert served.stop() == 0, served.log.read_text()
+
+
+def _queue_depth(url: str, wanted: int, seconds: float = STARTUP_SECONDS) -> float:
+    """Polls /metrics until the queue depth is `wanted` or `seconds` pass (while no worker answers, it is retried);
+    the last depth read."""
+    deadline, depth = time.monotonic() + seconds, None
+    while time.monotonic() < deadline:
+        try:
+            depth = _metric_samples(url, "graphscribe_queue_depth")[""]
+        except httpx.TransportError:
+            pass  # the worker is being replaced
+        if depth == wanted:
+            break
+        time.sleep(0.1)
+    return depth
+
+
+def test_a_killed_workers_places_are_freed(lone_server, expected):
+    """Five uploads in flight fill --max-queue 5; their worker killed, the engine frees their places (the clients'
+    connections are closed with it), and the first request to reach its replacement, queued on its socket before it
+    runs, is transcribed: before, the places stayed taken for good (503, queue full, for ever after), and a
+    replacement could answer its first connections 503 "warming up" from a warm server."""
+    served = lone_server
+    uploads = [_start_upload(served.url, timeout=30, sent=1000) for _ in range(5)]
+    try:
+        assert _queue_depth(served.url, 5) == 5
+        assert post(served.url, files={"file": ("a.wav", SPEECH_CLIP.read_bytes())}).status_code == 503  # full
+        (worker,) = _http_workers(served.process.pid)
+        _kill_and_wait_for_the_engine_to_reap(worker)
+        assert all(map(_closed, uploads))
+    finally:
+        for s in uploads:
+            s.close()
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while True:  # refused until the engine has made the replacement's socket
+        try:
+            _connect(served.url, timeout=5).close()
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0, timeout=REQUEST_SECONDS)
+    assert transcribe(client, SPEECH_CLIP).text == expected[SPEECH_CLIP.name]["text"]
+    assert _queue_depth(served.url, 0) == 0
+    assert "was killed by signal 9; starting another (the 5 requests it held dropped)" in served.log.read_text()
+
+
+def test_metrics_public(lone_server):
+    assert httpx.get(f"{lone_server.url}/metrics").status_code == 200  # no key
 
 
 def _running(pid: int) -> bool:
@@ -448,6 +638,24 @@ def test_sigterm_answers_admitted_requests_then_exits_0(tmp_path):
     log = served.log.read_text()
     assert "Traceback" not in log and "leaked" not in log
     assert log.count("POST /v1/audio/transcriptions 200 ") == answers.count(200)
+
+
+def test_sigterm_with_a_stalled_upload_exits_in_seconds(tmp_path):
+    """An admitted upload that sends nothing does not hold the stop for its --upload-timeout (30 s): once stopping,
+    it is cut after a second with 503 in OpenAI's shape, and the server exits 0."""
+    served = start_server(tmp_path / "stderr.txt")
+    try:
+        with _start_upload(served.url, timeout=30) as s:
+            assert _queue_depth(served.url, 1) == 1
+            served.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            status, _, body = _read_answer(s)
+            assert served.process.wait(REQUEST_SECONDS) == 0
+            stopped = time.monotonic() - signalled
+    finally:
+        served.stop()
+    assert status == 503 and body["error"]["code"] == "shutting_down"
+    assert stopped < 3, stopped
 
 
 # ============================================================================ the load test, the command
@@ -512,6 +720,14 @@ def test_serve_without_the_extra_says_how_to_install_it():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
     assert result.returncode == 2
     assert "pip install 'graphscribe[serve]'" in result.stderr
+
+
+def test_serve_help_without_the_extra():
+    code = "import sys; sys.modules['starlette'] = None; from graphscribe.cli import main; main(['serve', '--help'])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.returncode == 0, result.stderr
+    words = " ".join(result.stdout.split())  # the help is wrapped to the terminal's width
+    assert "--metrics-public" in words and "Needs the serve extra: pip install 'graphscribe[serve]'" in words
 
 
 # ============================================================================ pieces, in process
@@ -610,7 +826,8 @@ def test_samples_cross_the_pipe_raw_and_in_order(duplex):
 
     import numpy as np
 
-    from graphscribe.serve.http_front import SUBMIT, Link, receive_samples
+    from graphscribe.serve.http_front import Link
+    from graphscribe.serve.ipc import SUBMIT, receive_samples
 
     ours, theirs = multiprocessing.Pipe(duplex)
     link = Link(theirs)

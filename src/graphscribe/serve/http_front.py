@@ -1,9 +1,11 @@
 """The server's HTTP workers: processes that take requests, read and decode the uploads, and hand the samples to the
 engine (server.py), which batches them through the model and hands back transcripts.
 
-    client -> [HTTP worker process: key checked -> admitted (one count shared by the workers: at most max_queue
-               requests at once, else 503 with Retry-After) -> the body read into memory as it arrives (at most
-               max_upload bytes, 413 past it; nothing is written to disk) and split into its fields (openai_api.py)
+    client -> [HTTP worker process: its head whole within HEADERS_SECONDS -> key checked -> admitted (counts the
+               engine owns, ipc.Admission: at most max_queue requests at once over every worker, else 503 with
+               Retry-After) -> the body read into memory as it arrives (at most max_upload bytes, 413 past it; 408
+               when it sends nothing for --upload-timeout; nothing is written to disk) and split into its fields
+               (openai_api.py)
                -> the file decoded and resampled in an upload thread (400 if it is not audio)]
            -> samples over the worker's pipe -> [engine: Service.submit, batching across every worker's requests]
            -> transcript over the pipe -> [HTTP worker: answered in OpenAI's shape (openai_api.py)]
@@ -15,15 +17,8 @@ hold it for about a millisecond a request, and in one process that time is taken
 the GPU's work (on 2 cores, the HTTP side alone managed ~300 requests a second). A worker imports torch only for
 resampling, with one thread.
 
-Messages on a worker's pipe are pickled tuples:
-    worker -> engine   (UP,)   (SUBMIT, id, bytes, word_times, name) + the samples, raw   (METRICS, id)
-                       (LOG, path, status, seconds, audio seconds, access-log line)
-    engine -> worker   (READY, health, max_queue, sample_rate)   (DONE, id, transcript, queue seconds)
-                       (REFUSED, id)   (METRICS, id, text)
-A SUBMIT's samples follow it as a message of their own, raw float32 bytes, which the engine reads straight into an
-array (`receive_samples`): pickled with it, they would be copied four times over in the engine, each copy holding
-the GIL that its batching thread launches the GPU's work with (~0.7 ms a 7.5 s request on a 2-core machine against
-~0.15 ms raw, most of it in the kernel).
+The messages on a worker's pipe, its settings and the admission counts are ipc.py's. Every error is answered in
+OpenAI's shape, Starlette's 404 and 405 and uvicorn's 400 included.
 Workers start before the model loads (their imports overlap its loading) and answer 503 until READY.
 The engine keeps the counters and writes the access log: one writer for stderr and for /metrics.
 """
@@ -34,97 +29,41 @@ import asyncio
 import contextlib
 import hmac
 import itertools
+import json
 import os
 import pickle
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from graphscribe.io.audio import AudioError, read_bytes
+from graphscribe.serve.ipc import LOG, METRICS, READY, REFUSED, SUBMIT, UP, Admission, FrontSettings
 from graphscribe.serve.openai_api import (
-    RETRY_AFTER,
-    UPLOAD_STALL_SECONDS,
     ApiError,
+    Upload,
     answer,
     drain,
     parse_options,
     read_form,
+    shutting_down,
 )
 
-SUBMIT, LOG, METRICS, UP, READY, DONE, REFUSED = "submit", "log", "metrics", "up", "ready", "done", "refused"
-DRAIN_UPLOADS = 2  # a refused body up to this many upload limits is read (and dropped) before the answer
 PATHS = ("/v1/audio/transcriptions", "/v1/models", "/health", "/metrics")  # metric labels; anything else: other
 UPLOAD_THREADS = 4  # decoding threads a worker: libsndfile and resampling release the GIL
-
-
-@dataclass
-class FrontSettings:
-    """What every HTTP worker is told at its start."""
-
-    model_name: str
-    api_key: str | None
-    max_upload: int  # bytes
-    upload_stall: float = UPLOAD_STALL_SECONDS
-
-
-def send(conn: Connection, message: tuple) -> None:
-    """One message on a pipe; the caller makes sure one thread writes at a time."""
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def receive_samples(conn: Connection, nbytes: int, into: np.ndarray | None = None) -> np.ndarray:
-    """The raw message of `nbytes` that follows a SUBMIT, as float32 samples: read from the pipe straight into
-    `into` (float32, nbytes of it; None: a new array; the kernel copies, with the GIL released), in the framing
-    `Connection.send_bytes` wrote it with."""
-    fd = conn.fileno()
-    (size,) = struct.unpack("!i", _read_exactly(fd, 4))
-    if size == -1:  # past 2 GiB
-        (size,) = struct.unpack("!Q", _read_exactly(fd, 8))
-    if size != nbytes:  # a bug on one side of the pipe, never an upload's doing
-        raise ValueError(f"the samples' message has {size} bytes, not the {nbytes} announced")
-    samples = np.empty(nbytes // 4, dtype=np.float32) if into is None else into
-    if samples.nbytes != nbytes:
-        raise ValueError(f"the samples' message has {nbytes} bytes, not the {samples.nbytes} made room for")
-    _read_exactly(fd, nbytes, memoryview(samples).cast("B"))
-    return samples
-
-
-def _read_exactly(fd: int, n: int, into: memoryview | None = None) -> memoryview:
-    """n bytes from `fd`. From a socket (a duplex Connection's) in one call that waits for all of them: the engine's
-    batching thread holds the GIL nearly all the time, and a reader that wakes for each part of a message waits for
-    the GIL each time (up to the switch interval, 5 ms)."""
-    into = memoryview(bytearray(n)) if into is None else into
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:  # a pipe
-        sock = None
-    got = 0
-    try:
-        while got < n:
-            if sock is not None:
-                k = sock.recv_into(into[got:n], n - got, socket.MSG_WAITALL)
-            else:
-                k = os.readv(fd, [into[got:n]])
-            if k == 0:
-                raise EOFError
-            got += k
-    finally:
-        if sock is not None:
-            sock.detach()  # the fd stays the Connection's
-    return into
+HEADERS_SECONDS = 10.0  # a connection's request head must be whole this long after it opened or its last answer
 
 
 class EngineLost(Exception):
@@ -135,7 +74,7 @@ class Link:
     """A worker's end of its pipe to the engine: requests out (from any thread), answers in on a thread of its own,
     each handed to the asyncio future waiting for it."""
 
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: Connection, ready: tuple | None = None):
         self.conn = conn
         self._lock = threading.Lock()
         self._waiting: dict[int, asyncio.Future] = {}  # id -> future, touched on the event loop only
@@ -146,6 +85,8 @@ class Link:
         self.lost = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_lost = lambda: None
+        if ready is not None:  # a worker started for a warm engine (one replacing a dead worker)
+            self._settle(ready)
 
     def start(self, loop: asyncio.AbstractEventLoop, on_lost) -> None:
         self._loop, self._on_lost = loop, on_lost
@@ -198,7 +139,7 @@ class Link:
         if future is None or future.done():  # its client went away
             return
         if kind == REFUSED:
-            future.set_exception(_shutting_down())
+            future.set_exception(shutting_down())
         else:
             future.set_result(message[2:])
 
@@ -206,7 +147,7 @@ class Link:
         self.lost = True
         for future in self._waiting.values():
             if not future.done():
-                future.set_exception(_shutting_down())
+                future.set_exception(shutting_down())
         self._waiting.clear()
         self._on_lost()
 
@@ -214,9 +155,9 @@ class Link:
 class Front:
     """One worker's routes: admission, uploads, answers. Transcription is the engine's, through `link`."""
 
-    def __init__(self, settings: FrontSettings, link: Link, admitted):
+    def __init__(self, settings: FrontSettings, link: Link, admission: Admission, slot: int):
         self.settings, self.link = settings, link
-        self.admitted = admitted  # multiprocessing.Value: requests admitted and not answered, over every worker
+        self.admission, self.slot = admission, slot  # the engine's counts, and this worker's place in them
         self.uploads = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="graphscribe-upload")
         self.stopping = False
         self.created = int(time.time())
@@ -227,6 +168,7 @@ class Front:
                 Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics_text, methods=["GET"]),
             ],
+            exception_handlers={HTTPException: _route_error, Exception: _internal_error},
         )
 
     def authorized(self, request: Request) -> bool:
@@ -237,34 +179,34 @@ class Front:
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
     async def transcriptions(self, request: Request) -> Response:
+        upload = Upload(request, self.settings.upload_stall, lambda: self.stopping)
         try:
-            if self.stopping:
-                raise _shutting_down()
-            if not self.authorized(request):
-                raise _unauthorized()
-            if self.link.health is None:
-                raise ApiError(503, "the server is warming up", code="warming_up")
-            with self.admitted.get_lock():
-                if self.admitted.value >= self.link.max_queue:
-                    raise ApiError(
-                        503, f"the server is busy ({self.link.max_queue} requests queued)", code="queue_full"
-                    )
-                self.admitted.value += 1
+            self._admit(request)
         except ApiError as err:
-            return await self._refuse(request, err)
+            return await self._refuse(upload, err)
         try:
-            return await self._transcribe(request)
+            return await self._transcribe(request, upload)
         except ApiError as err:
-            return await self._refuse(request, err)
+            refused = err
         except ClientDisconnect:
             return Response(status_code=499)  # nobody reads it: the access log's "client closed the request"
         finally:
-            with self.admitted.get_lock():
-                self.admitted.value -= 1
+            self.admission.release(self.slot)
+        return await self._refuse(upload, refused)  # its place freed first: a drain holds none
 
-    async def _transcribe(self, request: Request) -> Response:
-        settings = self.settings
-        form = await read_form(request, settings.max_upload, settings.upload_stall)
+    def _admit(self, request: Request) -> None:
+        """A place among the requests the workers hold, or ApiError."""
+        if self.stopping:
+            raise shutting_down()
+        if not self.authorized(request):
+            raise _unauthorized()
+        if self.link.health is None:
+            raise ApiError(503, "the server is warming up", code="warming_up")
+        if not self.admission.admit(self.slot, self.link.max_queue):
+            raise ApiError(503, f"the server is busy ({self.link.max_queue} requests queued)", code="queue_full")
+
+    async def _transcribe(self, request: Request, upload: Upload) -> Response:
+        form = await read_form(upload, self.settings.max_upload)
         if form.file is None:
             raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
         options = parse_options(form)
@@ -277,7 +219,7 @@ class Front:
             except AudioError as err:
                 raise ApiError(400, str(err), "file") from None
             except EngineLost:
-                raise _shutting_down() from None
+                raise shutting_down() from None
             finally:
                 form.file = None  # the upload's bytes are not needed any more
             transcript, queue_seconds = await future
@@ -293,11 +235,10 @@ class Front:
         audio = read_bytes(data, self.link.sample_rate, name)
         self.link.submit(n, audio.numpy(), word_times, name)
 
-    async def _refuse(self, request: Request, err: ApiError) -> Response:
-        response = err.response()
-        if not await drain(request, DRAIN_UPLOADS * self.settings.max_upload, self.settings.upload_stall):
-            response.headers["Connection"] = "close"
-        return response
+    async def _refuse(self, upload: Upload, err: ApiError) -> Response:
+        if await drain(upload):
+            return err.response()
+        return err.response({"Connection": "close"})
 
     async def models(self, request: Request) -> Response:
         if not self.authorized(request):
@@ -307,29 +248,46 @@ class Front:
 
     async def health(self, request: Request) -> Response:
         if self.stopping or self.link.lost:
-            return JSONResponse({"status": "stopping"}, 503)
+            return shutting_down().response(status="stopping")
         if self.link.health is None:
-            return JSONResponse({"status": "warming up"}, 503, {"Retry-After": RETRY_AFTER})
+            return ApiError(503, "the server is warming up", code="warming_up").response(status="warming up")
         return JSONResponse(self.link.health)
 
     async def metrics_text(self, request: Request) -> Response:
+        if not (self.settings.metrics_public or self.authorized(request)):
+            return _unauthorized().response()
         n, future = self.link.expect()
         try:
             self.link.send((METRICS, n))
             (text,) = await future
         except EngineLost:
-            return JSONResponse({"status": "stopping"}, 503)
+            return shutting_down().response()
         finally:
             self.link.forget(n)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
-def _shutting_down() -> ApiError:
-    return ApiError(503, "the server is shutting down", code="shutting_down")
-
-
 def _unauthorized() -> ApiError:
     return ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+
+
+async def _route_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (no such path, a method the path does not take) in OpenAI's shape, as OpenAI words
+    the first."""
+    what = f"{request.method} {ascii(request.url.path[:200])[1:-1]}"
+    if exc.status_code == 404:
+        err = ApiError(404, f"Invalid URL ({what})", code="unknown_url")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        err = ApiError(405, f"Method not allowed ({what}); this path takes {allowed}", code="method_not_allowed")
+    else:
+        err = ApiError(exc.status_code, exc.detail)
+    return err.response(dict(exc.headers or {}))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug's answer (Starlette logs its traceback after it)."""
+    return ApiError(500, f"internal error: {type(exc).__name__}").response()
 
 
 class AccessLog:
@@ -365,6 +323,55 @@ class AccessLog:
                 self.link.send((LOG, path, status, elapsed, transcribed[0] if transcribed else 0.0, line))
 
 
+class _Protocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol (httptools) with a clock on request heads: a connection whose head is not whole
+    HEADERS_SECONDS after it opened, or after its last answer, is closed (uvicorn times only idle keep-alive
+    connections: a client that opened connections and sent part of a head, or nothing, kept them for good); and its
+    400 for a request it cannot parse in OpenAI's error shape."""
+
+    _headers_clock: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._start_headers_clock()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_headers_clock()
+        super().connection_lost(exc)
+
+    def on_headers_complete(self) -> None:
+        self._stop_headers_clock()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            self._start_headers_clock()  # the next request's head, unless one pipelined behind it is running
+
+    def _start_headers_clock(self) -> None:
+        self._stop_headers_clock()
+        self._headers_clock = self.loop.call_later(HEADERS_SECONDS, self._headers_late)
+
+    def _stop_headers_clock(self) -> None:
+        if self._headers_clock is not None:
+            self._headers_clock.cancel()
+            self._headers_clock = None
+
+    def _headers_late(self) -> None:
+        self._headers_clock = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(ApiError(400, msg, code="invalid_http").body()).encode()
+        head = [STATUS_LINE[400]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body))
+        self.transport.write(b"".join([*head, body]))
+        self.transport.close()
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn's server, telling the worker when a signal asks it to stop; it exits 0 once the requests it admitted
     are answered (uvicorn would raise the signal again after shutting down, ending the process by it)."""
@@ -388,14 +395,23 @@ class _Uvicorn(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def worker_main(listening: socket.socket, conn: Connection, admitted, settings: FrontSettings) -> None:
+def worker_main(
+    listening: socket.socket,
+    conn: Connection,
+    admission: Admission,
+    slot: int,
+    settings: FrontSettings,
+    ready: tuple | None = None,
+) -> None:
     """An HTTP worker process: serve on `listening` until SIGTERM or SIGINT (or the engine goes), then exit 0 once
-    its admitted requests are answered."""
+    its admitted requests are answered (an upload that sends nothing is cut after STOP_STALL_SECONDS then). It
+    counts its requests in `admission`'s `slot`. `ready`: the engine's READY, when it is warm already (a worker
+    replacing one that died), so that the connections queued on `listening` meanwhile are served, not told 503."""
     import torch
 
     torch.set_num_threads(1)  # resampling only; the upload threads are the parallelism
-    link = Link(conn)
-    front = Front(settings, link, admitted)
+    link = Link(conn, ready)
+    front = Front(settings, link, admission, slot)
 
     def stop() -> None:
         front.stopping = True
@@ -415,6 +431,7 @@ def worker_main(listening: socket.socket, conn: Connection, admitted, settings: 
     front.app.router.lifespan_context = lifespan
     config = uvicorn.Config(
         AccessLog(front.app, link),
+        http=_Protocol,
         access_log=False,
         log_level="warning",
         lifespan="on",

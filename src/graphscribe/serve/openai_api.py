@@ -13,7 +13,7 @@ import re
 import zlib
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 from urllib.parse import unquote
 
 from starlette.requests import ClientDisconnect, Request
@@ -26,7 +26,9 @@ FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 GRANULARITIES = ("word", "segment")
 RETRY_AFTER = "1"  # seconds, on 503
 UPLOAD_NAME_CHARS = 100  # of the client's file name, in error messages
-UPLOAD_STALL_SECONDS = 30.0  # an upload with no byte for this long is refused (408) and its place freed
+STOP_STALL_SECONDS = 1.0  # once the server is stopping, an upload with no byte for this long is cut (503)
+CHECK_SECONDS = 0.5  # how often a body that sends nothing looks at its clock (a stop shortens it)
+DRAIN_SECONDS = 10.0  # a refused request's body is read and dropped for at most this long before its answer
 
 
 class ApiError(Exception):
@@ -36,11 +38,18 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
-    def response(self) -> JSONResponse:
+    def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-        headers = {"Retry-After": RETRY_AFTER} if self.status == 503 else None
-        return JSONResponse(body, self.status, headers)
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self, headers: dict | None = None, **extra) -> JSONResponse:
+        """The JSON answer; `extra` adds keys beside "error" (/health's "status")."""
+        headers = {**({"Retry-After": RETRY_AFTER} if self.status == 503 else {}), **(headers or {})}
+        return JSONResponse({**extra, **self.body()}, self.status, headers or None)
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="shutting_down")
 
 
 # ------------------------------------------------------------------ uploads
@@ -61,23 +70,57 @@ class UploadStalled(Exception):
     """No byte of the body came for the allowed time: a slow or stuck client must not hold its place for ever."""
 
 
-async def body_chunks(request: Request, stall: float) -> AsyncIterator[bytes]:
-    """The request's body as it arrives; UploadStalled when `stall` seconds pass without a byte."""
-    chunks = request.stream().__aiter__()
-    while True:
-        try:
-            chunk = await asyncio.wait_for(chunks.__anext__(), stall)
-        except StopAsyncIteration:
-            return
-        except asyncio.TimeoutError:
-            raise UploadStalled from None
-        yield chunk
+class Upload:
+    """A request's body as it arrives, on one clock for the whole upload, its drain after a refusal included: `stall`
+    seconds without a byte end it (UploadStalled, for good), or STOP_STALL_SECONDS once `stopping()` (a stopping
+    worker waits that long at most for a client that sends nothing).
+
+    Read with `request.receive`, not Starlette's `request.stream()`: a wait for the next chunk is cut every
+    CHECK_SECONDS to look at the clock, and uvicorn's receive can be cancelled and called again with nothing lost,
+    where a cancelled stream is closed for good."""
+
+    def __init__(self, request: Request, stall: float, stopping: Callable[[], bool] = lambda: False):
+        self.request, self.stall, self.stopping = request, stall, stopping
+        self.started = False  # a receive was made (uvicorn then sends 100 Continue to a client that waits for it)
+        self.ended = False  # read to its end, or the client went
+        self.stalled = False
+
+    @property
+    def limit(self) -> float:
+        """Seconds without a byte allowed now."""
+        return min(self.stall, STOP_STALL_SECONDS) if self.stopping() else self.stall
+
+    async def chunks(self, until: float | None = None) -> AsyncIterator[bytes]:
+        """The body's chunks as they come; UploadStalled when the clock runs out between two of them, or at `until`
+        (the event loop's time); ClientDisconnect if the client goes."""
+        if self.stalled:
+            raise UploadStalled
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while not self.ended:
+            left = min(last + self.limit, until if until is not None else float("inf")) - loop.time()
+            if left <= 0:
+                self.stalled = True
+                raise UploadStalled
+            self.started = True
+            try:
+                message = await asyncio.wait_for(self.request.receive(), min(left, CHECK_SECONDS))
+            except asyncio.TimeoutError:
+                continue
+            last = loop.time()
+            if message["type"] == "http.disconnect":
+                self.ended = True
+                raise ClientDisconnect
+            self.ended = not message.get("more_body", False)
+            if message.get("body"):
+                yield message["body"]
 
 
-async def read_form(request: Request, limit: int, stall: float = UPLOAD_STALL_SECONDS) -> Form:
+async def read_form(upload: Upload, limit: int) -> Form:
     """The request's multipart body, read as it arrives and kept in memory: ApiError 413 past `limit` bytes (never
-    more than that is held), 408 when `stall` seconds pass without a byte, 400 if it is not multipart;
-    ClientDisconnect if the client goes."""
+    more than that is held), 408 when the upload stalls (503 when it stalls while the server stops), 400 if it is
+    not multipart; ClientDisconnect if the client goes."""
+    request = upload.request
     content_type = request.headers.get("content-type", "")
     boundary = header_params(content_type).get("boundary")
     if content_type.split(";", 1)[0].strip().lower() != "multipart/form-data" or not boundary:
@@ -87,12 +130,14 @@ async def read_form(request: Request, limit: int, stall: float = UPLOAD_STALL_SE
         raise _too_large(limit)
     body = bytearray()
     try:
-        async for chunk in body_chunks(request, stall):
+        async for chunk in upload.chunks():
             if len(body) + len(chunk) > limit:
                 raise _too_large(limit)
             body += chunk
     except UploadStalled:
-        raise ApiError(408, f"the upload stalled: no data for {stall:g} s", code="upload_timeout") from None
+        if upload.stopping():
+            raise shutting_down() from None
+        raise ApiError(408, f"the upload stalled: no data for {upload.stall:g} s", code="upload_timeout") from None
     return parse_form(body, boundary.encode("latin-1"))
 
 
@@ -152,22 +197,23 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the upload is over the server's limit of {limit / 2**20:g} MB", "file", "file_too_large")
 
 
-async def drain(request: Request, budget: int, stall: float = UPLOAD_STALL_SECONDS) -> bool:
-    """Read and drop what is left of the body, up to `budget` bytes: a client still sending when the answer comes
-    (an early 401, 413 or 503) then reads it, where closing on unread data would reset the connection and lose it.
-    False if more was left or it stalled (the connection is then closed)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > budget:
+async def drain(upload: Upload) -> bool:
+    """Read and drop what is left of the body, for up to DRAIN_SECONDS, before a refusal (401, 413, 503, a bad
+    field) is sent: a client still sending then reads it (most clients read only once they have sent it all), where
+    closing on unread data would reset the connection and lose the answer. False if some was left (the connection
+    is then closed): a stalled upload, or one still sending after DRAIN_SECONDS; and a client that waits for 100
+    Continue before it sends (Expect: 100-continue), which gets the refusal instead."""
+    if upload.ended:
+        return True
+    if upload.stalled or (not upload.started and upload.request.headers.get("expect", "").lower() == "100-continue"):
         return False
-    received = 0
+    until = asyncio.get_running_loop().time() + DRAIN_SECONDS
     try:
-        async for chunk in body_chunks(request, stall):
-            received += len(chunk)
-            if received > budget:
-                return False
+        async for _ in upload.chunks(until):
+            pass
     except UploadStalled:
         return False
-    except (ClientDisconnect, RuntimeError):  # RuntimeError: the body was read to its end already
+    except ClientDisconnect:
         pass
     return True
 

@@ -5,7 +5,7 @@
                                    (accepted, unused: one model answers, greedy decoding, no prompting)
     GET  /v1/models                the loaded model
     GET  /health                   200 when warm, 503 while loading, warming up or stopping
-    GET  /metrics                  Prometheus text (metrics.py)
+    GET  /metrics                  Prometheus text (metrics.py); with --api-key it needs the key (--metrics-public: not)
 
 Processes: this one, the engine, binds the server's port, starts the HTTP workers (http_front.py: Starlette on
 uvicorn, `--http-workers` of them, each accepting on a socket of its own on that port, which the kernel spreads the
@@ -13,8 +13,10 @@ connections over, reading and decoding uploads), loads the model and warms it up
 hands that worker's decoded uploads to the `Service` (service.py: batching across every worker's requests), counts
 /metrics and writes the access log, and one writer thread a worker sends it its answers (queued by the batching
 thread, which never waits on a worker's pipe).
+The engine owns the admission counts (ipc.Admission: a slot a worker, the requests it holds).
 SIGTERM or SIGINT: the workers refuse new requests with 503 and answer those they admitted (the engine keeps
-transcribing for them), then exit; the engine exits 0 after them. A worker that dies is replaced.
+transcribing for them; an upload that sends nothing is cut after a second), then exit; the engine exits 0 after
+them. A worker that dies is replaced, and the places it held in the counts are freed.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 import typer
+from rich.markup import escape
 
 from graphscribe.console import (
     BATCH_DEFAULT,
@@ -51,7 +54,7 @@ from graphscribe.console import (
 )
 from graphscribe.io.checkpoint import DEMO_NAME
 from graphscribe.io.config import RunOptions
-from graphscribe.serve.http_front import (
+from graphscribe.serve.ipc import (
     DONE,
     LOG,
     METRICS,
@@ -59,14 +62,14 @@ from graphscribe.serve.http_front import (
     REFUSED,
     SUBMIT,
     UP,
+    UPLOAD_STALL_SECONDS,
+    Admission,
     FrontSettings,
     receive_samples,
     send,
-    worker_main,
 )
 from graphscribe.serve.metrics import Metrics
-from graphscribe.serve.openai_api import UPLOAD_STALL_SECONDS
-from graphscribe.serve.service import Service
+from graphscribe.serve.service import Service, warm_up_plans
 
 if TYPE_CHECKING:
     from graphscribe.api import Model
@@ -97,12 +100,15 @@ class _Worker:
 
     process: multiprocessing.process.BaseProcess
     conn: Connection
+    slot: int  # its place in the admission counts
     started: float
     up: bool = False
+    gone: bool = False  # dead: what is sent to it is dropped
     outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
     def send(self, message: tuple) -> None:
-        self.outbox.put(message)
+        if not self.gone:
+            self.outbox.put(message)
 
     def write(self) -> None:
         """The outbox to the pipe, until None, then the pipe closed (here: no other thread is writing to it then);
@@ -124,7 +130,7 @@ class Engine:
     def __init__(self, listening: socket.socket, settings: FrontSettings, workers: int):
         self.listening, self.settings, self.count = listening, settings, workers
         self._context = multiprocessing.get_context("spawn")  # no CUDA state or threads copied into a worker
-        self.admitted = self._context.Value("i", 0)  # requests admitted and not answered, over every worker
+        self.admission = Admission(workers)  # requests each worker admitted and has not answered, a slot a worker
         self.metrics = Metrics(lambda: self.admitted_count)
         self.workers: list[_Worker] = []
         self.service: Service | None = None
@@ -134,19 +140,23 @@ class Engine:
 
     @property
     def admitted_count(self) -> int:
-        """Requests admitted by the workers and not answered yet (0 once the workers are stopped)."""
-        return self.admitted.value if self.admitted is not None else 0
+        """Requests admitted by the workers and not answered yet."""
+        return self.admission.total
 
     def start_workers(self) -> None:
-        for _ in range(self.count):
-            self._start_worker()
+        for slot in range(self.count):
+            self._start_worker(slot)
 
-    def _start_worker(self) -> None:
+    def _start_worker(self, slot: int) -> None:
+        from graphscribe.serve.http_front import worker_main  # the serve extra: imported once the server runs
+
         mine, theirs = self._context.Pipe()
-        accepting = worker_socket(self.listening)
+        accepting = worker_socket(self.listening)  # connections queue on it from here on
+        with self._lock:
+            ready = self.ready  # a warm engine's, given at the start: its first connections are served
         process = self._context.Process(
             target=worker_main,
-            args=(accepting, theirs, self.admitted, self.settings),
+            args=(accepting, theirs, self.admission, slot, self.settings, ready),
             name="graphscribe-http",
             daemon=True,
         )
@@ -154,7 +164,7 @@ class Engine:
         theirs.close()
         if accepting is not self.listening:  # the worker's own: gone with it, and its waiting connections with it
             accepting.close()
-        worker = _Worker(process, mine, time.monotonic())
+        worker = _Worker(process, mine, slot, time.monotonic())
         with self._lock:
             self.workers.append(worker)
         threading.Thread(target=self._intake, args=(worker,), name="graphscribe-intake", daemon=True).start()
@@ -222,20 +232,25 @@ class Engine:
                         worker.send(self.ready)
 
     def check_workers(self) -> str | None:
-        """Replace a worker that died; a reason to stop the server if one died at its start."""
+        """Replace a worker that died, its places in the admission counts freed (its clients' connections went with
+        it; what the engine still transcribes for it is dropped); a reason to stop the server if one died at its
+        start."""
         with self._lock:
             dead = [w for w in self.workers if not w.process.is_alive()]
             for w in dead:
                 self.workers.remove(w)
         for w in dead:
+            w.gone = True
             w.outbox.put(None)
+            held = self.admission.clear(w.slot)
             code = w.process.exitcode
             how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
             if time.monotonic() - w.started < STARTUP_SECONDS and not w.up:
                 return f"an HTTP worker {how} at its start"
-            err_console.print(f"error: an HTTP worker {how}; starting another")
+            lost = f" (the {held} request{'s' if held != 1 else ''} it held dropped)" if held else ""
+            err_console.print(f"error: an HTTP worker {how}; starting another{lost}")
             try:
-                self._start_worker()
+                self._start_worker(w.slot)
             except OSError as err:  # its socket (out of file descriptors): no worker to take its place
                 return f"cannot start another HTTP worker ({err.strerror or err})"
         return None
@@ -250,9 +265,7 @@ class Engine:
         for w in workers:
             w.process.join()
             w.outbox.put(None)
-        # the count's semaphore is unlinked when its last reference goes (the command leaves by os._exit, which skips
-        # multiprocessing's exit handlers: its resource tracker would warn of a leaked semaphore)
-        self.admitted = None
+            self.admission.clear(w.slot)  # nothing is coming from a worker that is gone
 
 
 def _answer_to(worker: _Worker, n: int):
@@ -336,7 +349,7 @@ def run(
     max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
     device = f"{model.device} {str(model.dtype).removeprefix('torch.')}"
     # on a GPU this lasts seconds (a fresh machine's Triton compiles: half a minute): say what the wait is
-    sys.stderr.write(f"warming up {model_name} on {device}: its batch shapes' graphs and kernels\n")
+    sys.stderr.write(f"warming up {model_name} on {device}: {_warm_up_work(service)}\n")
     service.start()
     failed, announced = None, False
     while not stop.event.wait(0.05):
@@ -363,6 +376,15 @@ def run(
     if failed:
         sys.stderr.write(f"error: {failed}\n")
     return 1 if failed else 0
+
+
+def _warm_up_work(service: Service) -> str:
+    """What the warm-up does, in words: on CUDA graphs are captured and kernels compiled; on the CPU nothing is
+    captured, and one short clip goes through every stage once (its first calls' allocations and kernel choices)."""
+    if service.model.device.type == "cuda":
+        return "its batch shapes' graphs and kernels"
+    (seconds,) = warm_up_plans(service.model, service.max_batch, service.batch_seconds)[0]
+    return f"one {seconds:g} s clip through every stage"
 
 
 def _host(address: str) -> str:
@@ -424,6 +446,11 @@ def serve_command(
         metavar="S",
         help="Seconds an upload may send nothing before it is refused (408): a stuck client frees its place.",
     ),
+    metrics_public: bool = typer.Option(
+        False,
+        "--metrics-public",
+        help="Answer GET /metrics without the API key (for a scraper that sends none); by default it needs --api-key.",
+    ),
     http_workers: Optional[int] = typer.Option(
         None,
         "--http-workers",
@@ -435,7 +462,9 @@ def serve_command(
     device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
 ) -> None:
-    """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model."""
+    """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model.
+    Needs the serve extra: pip install 'graphscribe\\[serve]'."""
+    _check_the_extra()
     setup_logging()
     if not _loopback(host) and api_key is None:
         err_console.print(
@@ -448,7 +477,7 @@ def serve_command(
     except OSError as err:
         err_console.print(f"error: cannot listen on {host}:{port} ({err.strerror or err})")
         raise typer.Exit(1) from None
-    settings = FrontSettings(name, api_key, math.floor(max_upload_mb * 2**20), upload_timeout)
+    settings = FrontSettings(name, api_key, math.floor(max_upload_mb * 2**20), upload_timeout, metrics_public)
     engine = Engine(listening, settings, http_workers or default_http_workers(device))
     with _Stop() as stop:
         try:
@@ -464,6 +493,22 @@ def serve_command(
             raise
         code = run(engine, loaded, name, max_batch, max_wait_ms / 1000, max_queue, stop)
     raise typer.Exit(code)
+
+
+SERVE_EXTRA = ("starlette", "uvicorn", "httptools")  # what the HTTP workers import (uvloop: uvicorn's, if present)
+
+
+def _check_the_extra() -> None:
+    """Exit 2 with one line naming the serve extra when its packages are missing: the engine imports none of them
+    (ipc.py), so --help prints without them, and this says why the server cannot run before anything starts."""
+    try:
+        import graphscribe.serve.http_front  # noqa: F401
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").split(".")[0]
+        if missing not in SERVE_EXTRA:
+            raise
+        err_console.print(escape(f"error: transcribe serve needs {missing}: pip install 'graphscribe[serve]'"))
+        raise typer.Exit(2) from None
 
 
 serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
