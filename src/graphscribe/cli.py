@@ -13,6 +13,7 @@ at any moment ends in one line, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -38,6 +39,8 @@ from graphscribe.console import (
     DEVICE_HELP,
     DEVICES_HELP,
     DTYPE_HELP,
+    MAX_AUDIO_HELP,
+    MAX_AUDIO_HOURS,
     MODEL_DEFAULT,
     MODEL_HELP,
     err_console,
@@ -55,6 +58,7 @@ from graphscribe.targets import check_output_dir, check_outputs, output_paths, p
 # second (overlapped with the first batch), and rendering in this process about a millisecond a file.
 RENDER_POOL_MIN_FILES = 256
 STDIN = "-"  # the input that reads standard input (audio.STDIN; audio.py imports torch)
+HEADER_CHECK_FILES = 64  # inputs whose headers are checked against --max-audio-hours before the model loads
 
 
 def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
@@ -148,6 +152,9 @@ def transcribe_command(
         "--skip-existing",
         help="With --output-dir: leave out (and do not read) every input whose output files all exist already.",
     ),
+    max_audio_hours: float = typer.Option(
+        MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP
+    ),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles.
 
@@ -172,17 +179,24 @@ def transcribe_command(
         check_outputs(files, targets)
     elif skip_existing:
         fail_usage("--skip-existing needs --output-dir (it skips inputs whose output files exist)")
+    max_seconds = max_audio_hours * 3600
     todo = [i for i in range(len(files)) if not (skip_existing and all(p[i].exists() for p in targets.values()))]
     skipped = len(files) - len(todo)
-    files = [files[i] for i in todo]  # what is skipped is not read
+    too_long = _too_long_by_header(files, todo, max_seconds)  # what is skipped is not read
+    for line in too_long.values():
+        err_console.print(f"[red]error:[/red] {escape(line)}")
+    todo = [i for i in todo if i not in too_long]
+    files = [files[i] for i in todo]
     targets = {f: [paths[i] for i in todo] for f, paths in targets.items()}
     loaded, tally, elapsed = None, _Tally(), 0.0
     if files:
-        choice = _ModelChoice(model, device, dtype, graphs, batch, batch_seconds, attention, attention_window)
+        choice = _ModelChoice(
+            model, device, dtype, graphs, batch, batch_seconds, attention, attention_window, max_seconds
+        )
         loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, choice)
 
-    tally.failed += len(input_errors)
-    total = len(files) + skipped + len(input_errors)
+    tally.failed += len(input_errors) + len(too_long)
+    total = len(files) + skipped + len(input_errors) + len(too_long)
     counts = ", ".join(f"{n} {what}" for n, what in ((tally.failed, "failed"), (skipped, "skipped")) if n)
     counts = f" ({counts})" if counts else ""
     if tally.stopped is not None:
@@ -203,6 +217,19 @@ def transcribe_command(
         for line in _device_lines(loaded):
             err_console.print(escape(line))
     raise typer.Exit(1 if tally.failed else 0)
+
+
+def _too_long_by_header(files: list[Path], todo: list[int], max_seconds: float) -> dict[int, str]:
+    """Index -> error line of each of `files[todo]` whose header says it holds over `max_seconds` of audio, read
+    before the model loads for up to HEADER_CHECK_FILES inputs: a run of only such files ends in a second, without
+    loading torch. Past that the readers refuse them from their headers as the model loads, and reading every
+    header first would delay a folder's start (0.1-0.5 ms a file)."""
+    if len(todo) > HEADER_CHECK_FILES:
+        return {}
+    from graphscribe.io.audio import length_problem
+
+    problems = {i: length_problem(files[i], max_seconds) for i in todo}
+    return {i: line for i, line in problems.items() if line is not None}
 
 
 def _device_lines(loaded) -> list[str]:
@@ -243,6 +270,7 @@ class _ModelChoice:
     batch_seconds: Optional[float]
     attention: str
     attention_window: int
+    max_audio_seconds: float
 
 
 def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _ModelChoice):
@@ -289,7 +317,11 @@ def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timin
         from graphscribe.io.config import RunOptions
 
         options = RunOptions(
-            dtype=c.dtype, graphs=c.graphs is not False, attention=c.attention, attention_window=c.attention_window
+            dtype=c.dtype,
+            graphs=c.graphs is not False,
+            attention=c.attention,
+            attention_window=c.attention_window,
+            max_audio_seconds=c.max_audio_seconds,
         )
         run = transcribe_on_devices(
             files, devices, model_source(c.model), options, c.batch, c.batch_seconds, timings, render
@@ -300,6 +332,7 @@ def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timin
         except LoadError as err:
             fail_usage(str(err))
         return run, iter(run), run.transcribing_since, None
+    from graphscribe.io.audio import read_input
     from graphscribe.output.finishing import RenderPool
     from graphscribe.runtime.pipeline import transcribe_stream, warm_up_run
     from graphscribe.runtime.reading import read_ahead
@@ -307,7 +340,9 @@ def _results(files, formats, targets, devices: list[str], c: _ModelChoice, timin
     reads: list = []
 
     def start_reading(cfg, target, target_dtype) -> None:  # the first batches are read while the weights load
-        reads.append(read_ahead(files, cfg.features.sample_rate, target, c.batch, c.batch_seconds, dtype=target_dtype))
+        rate = cfg.features.sample_rate
+        read = functools.partial(read_input, sample_rate=rate, max_seconds=c.max_audio_seconds)
+        reads.append(read_ahead(files, rate, target, c.batch, c.batch_seconds, read=read, dtype=target_dtype))
         running.append(reads[-1])
 
     loaded = load_or_exit(c.model, c.device, c.dtype, c.graphs, c.batch, c.attention, c.attention_window, start_reading)

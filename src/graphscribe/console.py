@@ -16,7 +16,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from graphscribe.io.config import BATCH_FILES, CPU_BATCH_SECONDS, DEMO_NAME, SECONDS_PER_GIB, UnsupportedModelError
+from graphscribe.io.config import (
+    BATCH_FILES,
+    CPU_BATCH_SECONDS,
+    DEMO_NAME,
+    MAX_AUDIO_SECONDS,
+    SECONDS_PER_GIB,
+    UnsupportedModelError,
+)
 from graphscribe.io.tokenizer import TokenizerError
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
@@ -112,6 +119,11 @@ DTYPE_HELP = (
 )
 
 
+MAX_AUDIO_HOURS = MAX_AUDIO_SECONDS / 3600
+MAX_AUDIO_HELP = (
+    "A file of more audio is refused with one line, from its header where that gives the length, else once "
+    "decoding passes it: a file's samples are held in memory (6 h at 48 kHz: 4 GB)."
+)
 DEVICES_HELP = (
     "Several devices of this host, one worker process and model each, sharing one longest-first plan: "
     "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."

@@ -110,6 +110,11 @@ BATCH_FILES = {"cuda-float32": 32, "cuda-16bit": 64, "cpu": 8}
 SECONDS_PER_GIB = 40.0
 CPU_BATCH_SECONDS = 120.0  # ~0.8 GB
 
+# What one file may decode to, by default (`--max-audio-hours`): its size says little (an hour of Opus fits in 3 MB,
+# 7 h of silent FLAC in 1.3 MB). Twice the longest the model cards claim (3 h, local attention); 6 h of 48 kHz mono
+# float32 is 4 GB. io/audio.py refuses more from the header where it gives the length, else once decoding passes it.
+MAX_AUDIO_SECONDS = 6 * 3600
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -122,6 +127,7 @@ class RunOptions:
     batch_seconds: float | None = None  # padded audio seconds per batch at most; 0: no cap; None: the device's default
     attention: str = "auto"  # auto | full | local (see encoder.py and model.py `Model.attention_for`)
     attention_window: int = 256  # encoder frames on each side when a full-attention checkpoint runs local
+    max_audio_seconds: float = MAX_AUDIO_SECONDS  # a file of more audio is refused (`audio.read_input`)
 
 
 # ---------------------------------------------------------------------------- reading NeMo's config

@@ -54,6 +54,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from graphscribe.io.audio import AudioError, read_bytes
+from graphscribe.io.config import MAX_AUDIO_SECONDS
 from graphscribe.serve.openai_api import (
     RETRY_AFTER,
     UPLOAD_STALL_SECONDS,
@@ -78,6 +79,7 @@ class FrontSettings:
     api_key: str | None
     max_upload: int  # bytes
     upload_stall: float = UPLOAD_STALL_SECONDS
+    max_audio_seconds: float = MAX_AUDIO_SECONDS  # an upload of more audio is refused (400)
 
 
 def send(conn: Connection, message: tuple) -> None:
@@ -290,7 +292,7 @@ class Front:
 
     def _submit(self, n: int, data: memoryview, name: str, timings: bool) -> None:
         """On an upload thread: decode, resample, send to the engine."""
-        audio = read_bytes(data, self.link.sample_rate, name)
+        audio = read_bytes(data, self.link.sample_rate, name, self.settings.max_audio_seconds)
         self.link.submit(n, audio.numpy(), timings, name)
 
     async def _refuse(self, request: Request, err: ApiError) -> Response:

@@ -41,6 +41,8 @@ import typer
 from graphscribe.console import (
     DEVICE_HELP,
     DTYPE_HELP,
+    MAX_AUDIO_HELP,
+    MAX_AUDIO_HOURS,
     MODEL_DEFAULT,
     MODEL_ENV,
     MODEL_HELP,
@@ -432,6 +434,9 @@ def serve_command(
     ),
     device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
+    max_audio_hours: float = typer.Option(
+        MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP + " 400 past it."
+    ),
 ) -> None:
     """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model."""
     setup_logging()
@@ -446,7 +451,7 @@ def serve_command(
     except OSError as err:
         err_console.print(f"error: cannot listen on {host}:{port} ({err.strerror or err})")
         raise typer.Exit(1) from None
-    settings = FrontSettings(name, api_key, math.floor(max_upload_mb * 2**20), upload_timeout)
+    settings = FrontSettings(name, api_key, math.floor(max_upload_mb * 2**20), upload_timeout, max_audio_hours * 3600)
     engine = Engine(listening, settings, http_workers or default_http_workers(device))
     with _Stop() as stop:
         try:
