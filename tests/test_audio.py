@@ -269,6 +269,29 @@ def test_bad_arrays_fail_alone(model, speech_ids, samples, array, words):
     assert good.error is None and good.token_ids == speech_ids
 
 
+def test_channel_first_arrays_give_the_channel_last_text(model, speech_ids, samples):
+    """(C, L), as torchaudio.load gives, reads as (L, C): channels averaged, as a file's are."""
+    mono = torch.from_numpy(samples)
+    stereo = torch.stack([mono, 0.5 * mono])  # (2, L)
+    first_mono, last_mono, first_stereo, last_stereo = model.transcribe(
+        [mono[None, :], mono[:, None], stereo, stereo.T]
+    )
+    assert first_mono.token_ids == last_mono.token_ids == speech_ids
+    assert first_stereo.text == last_stereo.text and first_stereo.text
+    for transcript in (first_mono, last_mono, first_stereo, last_stereo):
+        assert transcript.error is None and transcript.audio_seconds == pytest.approx(SECONDS)
+
+
+def test_an_array_with_more_than_8_channels_either_way_is_refused(model, samples):
+    wide = np.zeros((9, 16000), np.float32)
+    for array in (wide, wide.T):
+        [transcript] = model.transcribe([array])
+        assert transcript.error == (
+            "<array>: audio must be (samples,), (samples, channels) or (channels, samples) with at most 8 channels, "
+            f"got shape {array.shape}"
+        )
+
+
 def test_load_audio_raises_audio_error(tmp_path):
     with pytest.raises(AudioError, match="missing.wav"):
         load_audio(tmp_path / "missing.wav", RATE)

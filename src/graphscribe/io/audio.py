@@ -44,6 +44,9 @@ READ_BLOCK_FRAMES = 1 << 18  # frames a read of several channels: averaged a blo
 # exist or is not a regular file (possibly a pipe?)", for an .mp3 of random bytes), SFE_INTERNAL (a corrupt mp3)
 _UNHELPFUL_CODES = (1, 7, 29)
 NOT_AUDIO = "unknown format or corrupt data"
+# An array's channels are its shorter axis, up to this many: (C, L) as torchaudio.load gives, (L, C) as soundfile's
+# read; a 2-D array whose shorter axis is longer is refused, not guessed at (7.1 surround is 8).
+MAX_CHANNELS = 8
 
 
 class AudioError(ValueError):
@@ -244,14 +247,25 @@ def _read_stdin() -> bytes:
 
 
 def prepare_audio(data, rate: int, sample_rate: int, name: str = "<array>") -> torch.Tensor:
-    """Samples (L,) or (L, C) at `rate` -> (L',) float32 mono at `sample_rate`, checked for bad values."""
+    """Samples (L,), (L, C) or (C, L) at `rate` -> (L',) float32 mono at `sample_rate`, checked for bad values.
+    Channels (the shorter axis, MAX_CHANNELS at most) are averaged."""
     import torch
 
     samples = torch.as_tensor(np.asarray(data, dtype=np.float32))
-    if samples.ndim == 2:  # one channel: itself (its mean is the same numbers, at a cost)
-        samples = samples[:, 0] if samples.shape[1] == 1 else samples.mean(dim=1)
+    if samples.ndim == 2:
+        axis = 0 if samples.shape[0] < samples.shape[1] else 1  # (C, L), as torchaudio.load gives; or (L, C)
+        if samples.shape[axis] > MAX_CHANNELS:
+            raise AudioError(
+                f"{name}: audio must be (samples,), (samples, channels) or (channels, samples) with at most "
+                f"{MAX_CHANNELS} channels, got shape {tuple(samples.shape)}"
+            )
+        # one channel: itself (its mean is the same numbers, at a cost)
+        samples = samples.select(axis, 0) if samples.shape[axis] == 1 else samples.mean(dim=axis)
     elif samples.ndim != 1:
-        raise AudioError(f"{name}: audio must be (samples,) or (samples, channels), got shape {tuple(samples.shape)}")
+        raise AudioError(
+            f"{name}: audio must be (samples,), (samples, channels) or (channels, samples), "
+            f"got shape {tuple(samples.shape)}"
+        )
     if samples.numel() == 0:
         raise AudioError(f"{name}: has no samples")
     if not np.isfinite(samples.numpy()).all():  # NumPy's check: ~100x faster than torch's on the CPU

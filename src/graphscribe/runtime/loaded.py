@@ -29,8 +29,8 @@ from graphscribe.output.transcript import Transcript
 log = logging.getLogger(__name__)
 
 
-# What transcribe takes: a path (any format audio.py reads; "-" for standard input), or (L,) samples at the model's
-# rate (a tensor or a NumPy array)
+# What transcribe takes: a path (any format audio.py reads; "-" for standard input), or (L,), (L, C) or (C, L) samples
+# at the model's rate (a tensor or a NumPy array; `audio.prepare_audio`)
 Input = Union[str, os.PathLike, torch.Tensor, np.ndarray]
 
 _ATTENTION = ("auto", "full", "local")
