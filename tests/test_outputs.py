@@ -28,6 +28,7 @@ from graphscribe.cli import RENDER_POOL_MIN_FILES
 from graphscribe.output.writers import write_file
 from graphscribe.targets import output_paths
 
+SUFFIXES = (".txt", ".json", ".srt")  # the full-disk runs' outputs
 INTERRUPTED = re.compile(r"^interrupted: (\d+) of (\d+) files done", re.M)
 
 
@@ -66,16 +67,19 @@ def _copies(folder: Path, clip: str, n: int) -> list[Path]:
     return paths
 
 
-def _complete_outputs(folder: Path, inputs: list[Path], text: str) -> int:
-    """Inputs with both their .txt and .json in `folder`; every file there holds `text` whole (never a fragment)."""
+def _complete_outputs(folder: Path, inputs: list[Path], text: str, suffixes=(".txt", ".json")) -> int:
+    """Inputs with all their outputs of `suffixes` in `folder`; every file there holds `text` whole (never a
+    fragment)."""
     complete = 0
     for source in inputs:
-        txt, record = folder / (source.stem + ".txt"), folder / (source.stem + ".json")
+        txt, record, cues = (folder / (source.stem + suffix) for suffix in (".txt", ".json", ".srt"))
         if txt.exists():
             assert txt.read_text() == text + "\n"
         if record.exists():
             assert json.loads(record.read_text())["text"] == text
-        complete += txt.exists() and record.exists()
+        if cues.exists():
+            assert cues.read_text().startswith("1\n00:00:00,") and cues.read_text().endswith(f"{text}\n")
+        complete += all((folder / (source.stem + suffix)).exists() for suffix in suffixes)
     return complete
 
 
@@ -137,25 +141,36 @@ def test_read_only_output_dir_is_bad_usage_before_loading(tmp_path):
 
 
 @pytest.mark.parametrize("copies, batch", [(12, 4), (RENDER_POOL_MIN_FILES, 64)], ids=["here", "render-workers"])
-def test_full_disk_leaves_whole_files_only(tmp_path, copies, batch):
-    """A tmpfs that holds a few outputs: every file there is complete (no empty one: no transcript is empty),
-    each input that could not be written is one error line, and no temporary file is left; also where the render
-    worker processes write the files (RENDER_POOL_MIN_FILES inputs or more)."""
+def test_a_full_disk_stops_the_run_in_one_line_and_skip_existing_finishes_it(tmp_path, copies, batch):
+    """A tmpfs that holds a few outputs: at the first file that does not fit the run stops writing, with one line
+    and exit 1; every file there is complete (no empty one: no transcript is empty) and no temporary file is left;
+    also where the render worker processes write the files (RENDER_POOL_MIN_FILES inputs or more). Once there is
+    room, a rerun with --skip-existing writes the rest, and only the rest."""
     inputs = _copies(tmp_path / "in", "short_2s.wav", copies)
     text = reference_clip("short_2s.wav")["text"]
     assert text
-    with _tmpfs(tmp_path / "disk", "24k") as disk:
-        result = transcribe(tmp_path / "in", "-o", disk, "-f", "txt,json", "--batch", str(batch))
+    args = (tmp_path / "in", "-f", "txt,json,srt", "--batch", str(batch))
+    with _tmpfs(tmp_path / "disk", "64k") as disk:  # issue 46's
+        result = transcribe(*args, "-o", disk)
         assert result.returncode == 1, result.stderr
         assert "Traceback" not in result.stderr
-        errors = _error_lines(result.stderr)
-        assert errors and all("cannot write output (No space left on device)" in e for e in errors)
-        assert len(errors) == len({e.split(": cannot")[0] for e in errors})  # one line per problem
-        done = _complete_outputs(disk, inputs, text)
+        [error] = _error_lines(result.stderr)
+        assert [line for line in result.stderr.splitlines() if line.strip()] == [error]
+        done = _complete_outputs(disk, inputs, text, SUFFIXES)
         assert 0 < done < len(inputs)
-        assert f"transcribed {done} of {len(inputs)} files ({len(inputs) - done} failed)" in result.stderr
-        assert len(errors) == len(inputs) - done
+        assert error.endswith(
+            f": cannot write output (No space left on device); stopped with {done} of {len(inputs)} files done: "
+            "make room, then rerun with --skip-existing"
+        ), error
         assert _leftovers(disk) == []
+        before = {p: p.stat().st_mtime_ns for p in disk.iterdir()}
+        subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
+        again = transcribe(*args, "-o", disk, "--skip-existing")
+        assert again.returncode == 0, again.stderr
+        assert _complete_outputs(disk, inputs, text, SUFFIXES) == len(inputs)
+        kept = [p for p, mtime in before.items() if p.suffix == ".srt" and p.stat().st_mtime_ns == mtime]
+        assert len(kept) == done  # the inputs done the first time were skipped, not written again
+        assert f"({done} skipped)" in again.stderr
 
 
 # ============================================================================ names and --skip-existing

@@ -25,7 +25,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
-from graphscribe.output.writers import cannot_write, render, stdout_text, write_file
+from graphscribe.output.writers import cannot_write, is_disk_full, render, stdout_text, write_file
 
 if TYPE_CHECKING:
     from graphscribe.output.transcript import Transcript
@@ -202,6 +202,10 @@ def transcribe_command(
     if tally.stopped is not None:
         err_console.print(escape(f"interrupted: {tally.done} of {total} files done{counts}"))
         raise typer.Exit(tally.stopped.code)
+    if tally.disk_full is not None:  # one line, not one per file left
+        stop = f"{tally.disk_full}; stopped with {tally.done} of {total} files done: make room, then rerun"
+        err_console.print(f"[red]error:[/red] {escape(stop + (' with --skip-existing' if targets else ''))}")
+        raise typer.Exit(1)
     summary = ""
     if loaded is not None:
         warm = loaded.load_seconds.get("warm_up", 0.0)
@@ -256,6 +260,7 @@ class _Tally:
     failed: int = 0
     audio: float = 0.0  # seconds of audio transcribed
     stopped: Optional[Interrupted] = None  # the signal that stopped the run
+    disk_full: Optional[str] = None  # the error line of the output that found the disk full: the run stopped there
 
 
 @dataclass(frozen=True)
@@ -291,8 +296,8 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _M
                 files, formats, targets, devices, choice, timings, running, status
             )
             tally = write_results(results, files, formats, targets, status, written=writer is not None)
-            if writer is not None and tally.stopped is not None:
-                tally.done = writer.written  # the batch in flight at the signal was written whole too, never seen
+            if writer is not None and (tally.stopped is not None or tally.disk_full is not None):
+                tally.done = writer.written  # the batch in flight at the stop was written whole too, never seen
             return loaded, tally, time.perf_counter() - start
     except Interrupted as stop:  # while loading: nothing was written yet
         return loaded, _Tally(stopped=stop), 0.0
@@ -377,6 +382,8 @@ def write_results(
             with SIGNALS.held():
                 if status is not None:
                     status.advance()
+                if transcript.disk_full:
+                    raise _DiskFull(transcript.write_error)
                 if transcript.error is not None or transcript.write_error is not None:
                     tally.failed += 1
                     _print_error(escape(transcript.error or transcript.write_error), status)
@@ -387,6 +394,9 @@ def write_results(
                     tally.failed += 1
     except Interrupted as stop:
         tally.stopped = stop
+    except _DiskFull as full:
+        tally.failed += 1
+        tally.disk_full = str(full)
     except BrokenPipeError:  # stdout's reader left (transcribe ... | head): nobody reads what comes next
         tally.failed += 1
     finally:
@@ -397,20 +407,40 @@ def write_results(
 
 
 def _write_one(transcript, i: int, formats, targets, several: bool, status) -> bool:
-    """One result's output files, or its stdout text; False (after one error line) if a file cannot be written."""
+    """One result's output files, or its stdout text; False (after one error line) if a file cannot be written.
+    _DiskFull (no line) where the disk is full."""
     if not targets:
-        with status.paused() if status is not None else contextlib.nullcontext():
-            sys.stdout.write(stdout_text(transcript, formats[0], several=several))
-            sys.stdout.flush()
+        try:
+            _print(stdout_text(transcript, formats[0], several=several), status)
+        except BrokenPipeError:
+            raise
+        except OSError as err:  # stdout is a file on a full disk
+            if is_disk_full(err):
+                raise _DiskFull(cannot_write("stdout", err)) from None
+            raise
         return True
     return all(_write(paths[i], render(transcript, f), status) for f, paths in targets.items())
 
 
+def _print(text: str, status: Optional[_Status]) -> None:
+    """A result's stdout text, flushed at once."""
+    with status.paused() if status is not None else contextlib.nullcontext():
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+class _DiskFull(Exception):
+    """An output could not be written for a full disk (its line is the message): nothing more is written."""
+
+
 def _write(target: Path, content: str, status: Optional[_Status] = None) -> bool:
-    """Write one output file whole; False (after one error line) if it cannot be written."""
+    """Write one output file whole; False (after one error line) if it cannot be written; _DiskFull (no line) where
+    the disk is full."""
     try:
         write_file(target, content)
     except OSError as err:
+        if is_disk_full(err):
+            raise _DiskFull(cannot_write(target, err)) from None
         _print_error(escape(cannot_write(target, err)), status)
         return False
     return True

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.output.timestamps import WordRules, token_spans, words_and_segments
 from graphscribe.output.transcript import Token, Transcript
-from graphscribe.output.writers import WRITERS, cannot_write, write_file
+from graphscribe.output.writers import WRITERS, cannot_write, is_disk_full, write_file
 
 if TYPE_CHECKING:
     from graphscribe.model.decoding import Hypothesis
@@ -94,7 +94,8 @@ class RenderPool:
     writer's text (`writers.render` uses it), byte for byte what the writers make of `Finishing.transcript`'s.
     With `outputs` (per input, one path per format, in `formats`' order) the workers write those files instead,
     in that order, and send no text back: a file that cannot be written is the Transcript's `write_error` line,
-    and the input's later files are not written (as the CLI does); `written` counts the inputs written whole.
+    and the input's later files are not written (as the CLI does); after a full disk's error (`disk_full`) no later
+    input of the share is written either; `written` counts the inputs written whole.
 
     Spawned (the parent may hold CUDA, which a forked child cannot use) when made, so they start while the first
     batches are read and encoded; each builds its tokenizer once. As with any spawned process, a worker imports
@@ -188,24 +189,29 @@ def _render(
     rows: list[tuple[str, int, Timed, Sequence[str] | None]],
     formats: tuple[str, ...],
 ) -> list[Transcript]:
-    light = []
+    light: list[Transcript] = []
+    full_disk: Transcript | None = None  # the row whose file found the disk full: the later ones are not written
     for source, samples, hyp, paths in rows:
-        full = finishing.transcript(tokenizer, source, samples, hyp, 0.0, timings=True)
-        texts = [WRITERS[fmt](full) for fmt in formats]
-        done = replace(full, tokens=[], words=[], segments=[])
+        whole = finishing.transcript(tokenizer, source, samples, hyp, 0.0, timings=True)
+        texts = [WRITERS[fmt](whole) for fmt in formats]
+        done = replace(whole, tokens=[], words=[], segments=[])
         if paths is None:
             done.rendered = dict(zip(formats, texts))
+        elif full_disk is not None:
+            done.write_error, done.disk_full = full_disk.write_error, True
         else:
-            done.write_error = _write_all(paths, texts)
+            done.write_error, done.disk_full = _write_all(paths, texts)
+            full_disk = done if done.disk_full else None
         light.append(done)
     return light
 
 
-def _write_all(paths: Sequence[str], texts: list[str]) -> str | None:
-    """Each text to its path, in order, stopping at the first that cannot be written: its error line, or None."""
+def _write_all(paths: Sequence[str], texts: list[str]) -> tuple[str | None, bool]:
+    """Each text to its path, in order, stopping at the first that cannot be written: (its error line, whether the
+    disk is full), or (None, False)."""
     for path, text in zip(paths, texts):
         try:
             write_file(Path(path), text)
         except OSError as err:
-            return cannot_write(path, err)
-    return None
+            return cannot_write(path, err), is_disk_full(err)
+    return None, False

@@ -9,11 +9,12 @@ and the last word's end, in milliseconds, cut to the audio's length and to the n
 
 `render` is the one place an output's text is taken: made in a worker process already, or by its writer here.
 `write_file` is the one place output files are written: whole or not at all; `cannot_write` the one line that says
-one could not be.
+one could not be; `is_disk_full` whether no later one can be either.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -185,6 +186,14 @@ def write_file(path: Path, text: str) -> None:
 def cannot_write(path: Path | str, err: OSError) -> str:
     """The error line of an output file that could not be written."""
     return f"{path}: cannot write output ({err.strerror or err})"
+
+
+# Errors that every later output would meet too: the run stops writing at the first (`transcribe` says so once)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(err: OSError) -> bool:
+    return err.errno in DISK_FULL
 
 
 @functools.cache
