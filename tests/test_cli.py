@@ -206,6 +206,14 @@ def test_error_names_file_with_brackets(tmp_path):
     assert "notes[bold].wav" in error
 
 
+def test_an_empty_output_dir_is_bad_usage(tmp_path):
+    """-o "" (an unset shell variable) wrote into the current folder (issue 46)."""
+    result = transcribe(SPEECH_CLIP, "-o", "", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "--output-dir" in result.stderr and "an empty folder name" in result.stderr
+    assert list(tmp_path.iterdir()) == [] and result.stdout == ""
+
+
 def test_only_an_empty_folder_exits_1(tmp_path):
     result = transcribe(tmp_path)
     assert result.returncode == 1

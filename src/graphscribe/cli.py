@@ -52,7 +52,7 @@ from graphscribe.console import (
 )
 from graphscribe.devices import devices_or_exit
 from graphscribe.signals import SIGNALS, Interrupted
-from graphscribe.targets import check_output_dir, check_outputs, output_paths, parse_formats
+from graphscribe.targets import check_output_dir, check_outputs, output_dir_arg, output_paths, parse_formats
 
 # Files from which the outputs with times are rendered in worker processes: starting them costs about half a
 # second (overlapped with the first batch), and rendering in this process about a millisecond a file.
@@ -137,6 +137,7 @@ def transcribe_command(
         "--output-dir",
         "-o",
         metavar="DIR",
+        parser=output_dir_arg,
         show_default="stdout",
         help="Write one file per input and format here (NAME.srt, ...), keeping the folder structure of folder inputs.",
     ),
