@@ -149,6 +149,50 @@ def test_bad_inputs_exit_1_and_the_good_ones_still_print(tmp_path):
     assert "2 of" in result.stderr  # the summary counts what was done
 
 
+def test_json_on_stdout_gives_a_failed_file_its_record(tmp_path):
+    """-f json printed nothing for a file that failed (issue 46): its record holds the error line."""
+    letter = tmp_path / "letter.wav"
+    letter.write_text("Dear reader,\n" * 10)
+    result = transcribe(letter, SPEECH_CLIP, "-f", "json")
+    assert result.returncode == 1, result.stderr
+    records = {r["path"]: r for r in map(json.loads, result.stdout.splitlines())}
+    assert records[str(SPEECH_CLIP)]["text"] == reference_clip(SPEECH_CLIP.name)["text"]
+    [error] = _error_lines(result.stderr)
+    assert records[str(letter)] == {"path": str(letter), "error": error.removeprefix("error: ")}
+
+
+def test_a_file_name_with_a_newline_keeps_each_line_one_line(tmp_path):
+    """`PATH: text` and error lines name such a file with the newline escaped (issue 46)."""
+    good, bad = tmp_path / "two\nlines.wav", tmp_path / "bad\nnews.wav"
+    shutil.copy(SPEECH_CLIP, good)
+    bad.write_text("not audio\n")
+    result = transcribe(good, bad, tmp_path / "back\\slash.wav")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == f"{tmp_path}/two\\nlines.wav: {reference_clip(SPEECH_CLIP.name)['text']}\n"
+    errors = _error_lines(result.stderr)
+    assert len(errors) == 2 and len(result.stderr.splitlines()) == 3  # and the summary
+    assert any(e.startswith(f"error: {tmp_path}/bad\\nnews.wav: not a readable audio file") for e in errors)
+    assert f"error: {tmp_path}/back\\slash.wav: no such file" in errors  # no newline: as it is
+
+
+def test_a_folder_notes_a_named_pipe_and_names_a_broken_link(tmp_path):
+    """Both were left out without a word (issue 46). A pipe is never opened (it would block): skipped, with a note;
+    a broken link is an error, as a missing file given by name is."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(SPEECH_CLIP, folder / "speech.wav")
+    os.mkfifo(folder / "stream.wav")
+    (folder / "gone.wav").symlink_to("moved-away.wav")
+    result = transcribe(folder)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == f"{folder / 'speech.wav'}: {reference_clip(SPEECH_CLIP.name)['text']}\n"
+    assert _error_lines(result.stderr) == [
+        f"error: {folder / 'gone.wav'}: a broken symbolic link (to moved-away.wav, which does not exist)"
+    ]
+    assert f"note: {folder / 'stream.wav'}: a named pipe, not a file: skipped" in result.stderr.splitlines()
+    assert "transcribed 1 of 2 files (1 failed)" in result.stderr
+
+
 def test_clips_shorter_than_a_frame_print_nemo_text(tmp_path):
     """NeMo transcribes any clip with samples: no encoder frame below 10 ms (empty text), one below 80 ms."""
     short = json.loads((Path(__file__).parent / "fixtures" / "nemo-short" / "reference.json").read_text())

@@ -8,6 +8,7 @@ time so that making it holds no more than a minute of samples.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from conftest import NEMO_PATH, SPEECH_CLIP, reference_clip
-from test_cli import _error_lines
+from test_cli import _error_lines, transcribe
 
 from graphscribe import cli
 from graphscribe.api import load_model
@@ -106,6 +107,12 @@ def test_the_command_refuses_7_hours_in_a_second_and_little_memory(silence_7h):
     assert code == 1, result.stderr
     assert _error_lines(result.stderr) == [f"error: {silence_7h}: {TOO_LONG}"]
     assert cpu < REFUSE_CPU_SECONDS and rss < REFUSE_RSS_BYTES, (wall, cpu, rss)
+
+
+def test_the_refusal_is_a_json_record_too(silence_7h):
+    result = transcribe(silence_7h, "-f", "json")
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout) == {"path": str(silence_7h), "error": f"{silence_7h}: {TOO_LONG}"}
 
 
 def test_max_audio_hours_refuses_what_the_readers_find_too_long(monkeypatch, capsys):

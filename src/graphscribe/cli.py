@@ -19,16 +19,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
-from graphscribe.output.writers import cannot_write, is_disk_full, render, stdout_text, write_file
-
-if TYPE_CHECKING:
-    from graphscribe.output.transcript import Transcript
 from graphscribe.bench.command import bench_command
 from graphscribe.console import (
     ATTENTION_HELP,
@@ -45,12 +41,13 @@ from graphscribe.console import (
     MODEL_HELP,
     err_console,
     fail_usage,
-    find_audio_files,
     load_or_exit,
     model_source,
     setup_logging,
 )
 from graphscribe.devices import devices_or_exit
+from graphscribe.output.transcript import Transcript
+from graphscribe.output.writers import cannot_write, is_disk_full, one_line, render, stdout_text, write_file
 from graphscribe.signals import SIGNALS, Interrupted
 from graphscribe.targets import check_output_dir, check_outputs, output_dir_arg, output_paths, parse_formats
 
@@ -62,8 +59,11 @@ HEADER_CHECK_FILES = 64  # inputs whose headers are checked against --max-audio-
 
 
 def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
-    """Files as given, audio files found under folders, and `-` (standard input, its transcript named `-`); plus one
-    error line per input that yields nothing."""
+    """Files as given, audio files found under folders (with broken links, which fail when read), and `-` (standard
+    input, its transcript named `-`); plus one error line per input that yields nothing. A named pipe (or another
+    special file) with an audio name in a folder is left out, with a note."""
+    from graphscribe.io.audio import scan_folder
+
     files, errors = [], []
     for path in inputs:
         if str(path) == STDIN:
@@ -74,13 +74,24 @@ def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
             else:
                 files.append(path)
         elif path.is_dir():
-            found = find_audio_files(path)
+            found, special = scan_folder(path)
+            for other in special:
+                err_console.print(f"note: {escape(one_line(str(other)))}: {_kind(other)}, not a file: skipped")
             if not found:
                 errors.append(f"{path}: folder has no audio files")
             files.extend(found)
         else:
             files.append(path)  # missing or unreadable files, and URLs, are reported when read
     return files, errors
+
+
+def _kind(path: Path) -> str:
+    """What a special file is, for the note that skips it."""
+    if path.is_fifo():
+        return "a named pipe"
+    if path.is_socket():
+        return "a socket"
+    return "a device" if path.is_char_device() or path.is_block_device() else "not a regular file"
 
 
 _EXAMPLES = """Examples:
@@ -166,7 +177,7 @@ def transcribe_command(
     setup_logging()
     files, input_errors = expand_inputs(inputs)
     for line in input_errors:
-        err_console.print(f"[red]error:[/red] {escape(line)}")
+        _print_error(line)
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
@@ -184,8 +195,10 @@ def transcribe_command(
     todo = [i for i in range(len(files)) if not (skip_existing and all(p[i].exists() for p in targets.values()))]
     skipped = len(files) - len(todo)
     too_long = _too_long_by_header(files, todo, max_seconds)  # what is skipped is not read
-    for line in too_long.values():
-        err_console.print(f"[red]error:[/red] {escape(line)}")
+    for i, line in too_long.items():
+        _print_error(line)
+        if not targets and formats[0] == "json":  # its record, as for a file that fails when read
+            _print(stdout_text(Transcript(str(files[i]), error=line), "json", several=True))
     todo = [i for i in todo if i not in too_long]
     files = [files[i] for i in todo]
     targets = {f: [paths[i] for i in todo] for f, paths in targets.items()}
@@ -205,7 +218,7 @@ def transcribe_command(
         raise typer.Exit(tally.stopped.code)
     if tally.disk_full is not None:  # one line, not one per file left
         stop = f"{tally.disk_full}; stopped with {tally.done} of {total} files done: make room, then rerun"
-        err_console.print(f"[red]error:[/red] {escape(stop + (' with --skip-existing' if targets else ''))}")
+        _print_error(stop + (" with --skip-existing" if targets else ""))
         raise typer.Exit(1)
     summary = ""
     if loaded is not None:
@@ -387,7 +400,9 @@ def write_results(
                     raise _DiskFull(transcript.write_error)
                 if transcript.error is not None or transcript.write_error is not None:
                     tally.failed += 1
-                    _print_error(escape(transcript.error or transcript.write_error), status)
+                    _print_error(transcript.error or transcript.write_error, status)
+                    if transcript.error is not None and not targets and formats[0] == "json":
+                        _print(stdout_text(transcript, "json", several), status)  # {"path", "error"}
                 elif written or _write_one(transcript, i, formats, targets, several, status):
                     tally.done += 1
                     tally.audio += transcript.audio_seconds
@@ -423,7 +438,7 @@ def _write_one(transcript, i: int, formats, targets, several: bool, status) -> b
     return all(_write(paths[i], render(transcript, f), status) for f, paths in targets.items())
 
 
-def _print(text: str, status: Optional[_Status]) -> None:
+def _print(text: str, status: Optional[_Status] = None) -> None:
     """A result's stdout text, flushed at once."""
     with status.paused() if status is not None else contextlib.nullcontext():
         sys.stdout.write(text)
@@ -442,13 +457,15 @@ def _write(target: Path, content: str, status: Optional[_Status] = None) -> bool
     except OSError as err:
         if is_disk_full(err):
             raise _DiskFull(cannot_write(target, err)) from None
-        _print_error(escape(cannot_write(target, err)), status)
+        _print_error(cannot_write(target, err), status)
         return False
     return True
 
 
-def _print_error(line: str, status: Optional[_Status]) -> None:
-    (status.progress.console if status is not None else err_console).print(f"[red]error:[/red] {line}")
+def _print_error(line: str, status: Optional[_Status] = None) -> None:
+    """`error: LINE` on stderr, as one line (`one_line`: a file name may hold a newline)."""
+    console = status.progress.console if status is not None else err_console
+    console.print(f"[red]error:[/red] {escape(one_line(line))}")
 
 
 class _Status:

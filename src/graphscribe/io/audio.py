@@ -64,6 +64,8 @@ def load_audio(path: str | os.PathLike, sample_rate: int, max_seconds: float = M
     if url is not None:
         raise AudioError(f"{url}: URLs are not read; download the file first (or: curl -sL URL | transcribe -)")
     path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise AudioError(f"{path}: a broken symbolic link (to {os.readlink(path)}, which does not exist)")
     if not path.exists():
         raise AudioError(f"{path}: no such file")
     if path.is_dir():
@@ -330,7 +332,20 @@ def length_problem(path: str | os.PathLike, max_seconds: float) -> str | None:
 
 def find_audio_files(folder: str | os.PathLike) -> list[Path]:
     """Audio files under `folder`, recursively, in sorted order."""
-    return sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES)
+    return [p for p in scan_folder(folder)[0] if p.is_file()]
+
+
+def scan_folder(folder: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """What a folder job reads under `folder`, recursively, in sorted order: audio files, and broken symbolic links
+    with audio names (reading one says so); and, apart, what has an audio name but is no file and no folder (a
+    named pipe, a socket, a device): never read, as a pipe would block."""
+    files, others = [], []
+    for path in sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES):
+        if path.is_file() or (path.is_symlink() and not path.exists()):
+            files.append(path)
+        elif not path.is_dir():
+            others.append(path)
+    return files, others
 
 
 def _reason(err: sf.LibsndfileError) -> str:

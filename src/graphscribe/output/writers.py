@@ -18,6 +18,7 @@ import errno
 import functools
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,10 +153,23 @@ def render(transcript: Transcript, fmt: str) -> str:
 
 
 def stdout_text(transcript: Transcript, fmt: str, several: bool) -> str:
-    """What `transcribe` prints for one input without --output-dir: txt of several inputs names each."""
+    """What `transcribe` prints for one input without --output-dir: txt of several inputs names each (`one_line`);
+    json the error of one that failed too."""
     if fmt == "txt" and several:
-        return f"{transcript.source}: {transcript.text}\n"
+        return f"{one_line(transcript.source)}: {transcript.text}\n"
     return render(transcript, fmt)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """`text` as one line: where it holds control characters (a file name with a newline) they are escaped as
+    Python writes them (\\n, \\x1b), and its backslashes doubled, so that a `PATH: text` or error line stays one line;
+    other text is itself."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text.replace("\\", "\\\\"))
 
 
 def write_file(path: Path, text: str) -> None:
