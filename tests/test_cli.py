@@ -273,6 +273,13 @@ def test_no_model_uses_the_demo_and_says_so():
     assert result.stdout.strip()
 
 
+def test_the_demo_chosen_by_name_has_no_note():
+    """The note is for those who did not choose a model (issue 46)."""
+    result = transcribe(SPEECH_CLIP, model="demo")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and result.stdout.strip()
+
+
 def test_bad_dtype_is_bad_usage():
     result = transcribe(SPEECH_CLIP, "--dtype", "int7")
     assert result.returncode == 2
@@ -302,13 +309,17 @@ def test_graphs_on_cpu_notes_once_and_transcribes():
     assert len(notes) == 1 and notes[0].startswith("note:")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
-def test_cuda_on_cpu_machine_warns_and_runs():
-    result = transcribe(SPEECH_CLIP, "--device", "cuda")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "CUDA" in warnings[0] and "CPU" in warnings[0]
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_asked_for_without_cuda_is_one_line_exit_2(device):
+    """It ran on the CPU, hundreds of times slower, after a warning (issue 46); `auto` is the way to fall back. The
+    device is checked before the model loads: no demo-model note either."""
+    result = transcribe(SPEECH_CLIP, "--device", device, model=None)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: --device {device}: CUDA is not available on this machine (--device cpu or auto)"
+    ]
+    assert result.stdout == ""
 
 
 @pytest.mark.gpu

@@ -204,6 +204,8 @@ def transcribe_command(
     targets = {f: [paths[i] for i in todo] for f, paths in targets.items()}
     loaded, tally, elapsed = None, _Tally(), 0.0
     if files:
+        if not several and device != "auto":  # --devices checked its own (and its parent imports no torch)
+            _device_or_exit(device)
         choice = _ModelChoice(
             model, device, dtype, graphs, batch, batch_seconds, attention, attention_window, max_seconds
         )
@@ -235,6 +237,17 @@ def transcribe_command(
         for line in _device_lines(loaded):
             err_console.print(escape(line))
     raise typer.Exit(1 if tally.failed else 0)
+
+
+def _device_or_exit(device: str) -> None:
+    """--device as one line and exit 2 where it names no device of this machine (cuda without CUDA), before the
+    model (or its note) loads."""
+    from graphscribe.model.transducer import resolve_device  # torch: the model's loading imports it next anyway
+
+    try:
+        resolve_device(device)
+    except ValueError as err:
+        fail_usage(str(err))
 
 
 def _too_long_by_header(files: list[Path], todo: list[int], max_seconds: float) -> dict[int, str]:

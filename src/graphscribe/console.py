@@ -56,9 +56,9 @@ def setup_logging() -> None:
 
 
 def model_source(model: Optional[str]) -> str:
-    """--model, else $GRAPHSCRIBE_MODEL, else the demo model (with a note saying so)."""
+    """--model, else $GRAPHSCRIBE_MODEL, else the demo model (with a note saying so: `-m demo` chose it)."""
     source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
-    if source == DEMO_NAME:
+    if not (model or os.environ.get(MODEL_ENV)):
         err_console.print(
             "note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
             "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
@@ -112,7 +112,7 @@ def load_or_exit(
 
 MODEL_HELP = ".nemo file, extracted checkpoint folder, Hugging Face repo id (nvidia/parakeet-tdt-0.6b-v3), or demo."
 MODEL_DEFAULT = f"${MODEL_ENV}, else demo"
-DEVICE_HELP = "auto: CUDA when present, else the CPU."
+DEVICE_HELP = "auto: CUDA when present, else the CPU. cuda without CUDA: bad usage (exit 2)."
 DTYPE_HELP = (
     "auto: bfloat16 on CUDA GPUs that have it (same word error rate, about twice as fast), float32 elsewhere. "
     "float32 gives NeMo's exact token ids. On the CPU, float16 falls back to float32."
