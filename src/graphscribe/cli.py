@@ -415,7 +415,7 @@ def write_results(
                     tally.failed += 1
                     _print_error(transcript.error or transcript.write_error, status)
                     if transcript.error is not None and not targets and formats[0] == "json":
-                        _print(stdout_text(transcript, "json", several), status)  # {"path", "error"}
+                        _to_stdout(stdout_text(transcript, "json", several), status)  # {"path", "error"}
                 elif written or _write_one(transcript, i, formats, targets, several, status):
                     tally.done += 1
                     tally.audio += transcript.audio_seconds
@@ -439,14 +439,7 @@ def _write_one(transcript, i: int, formats, targets, several: bool, status) -> b
     """One result's output files, or its stdout text; False (after one error line) if a file cannot be written.
     _DiskFull (no line) where the disk is full."""
     if not targets:
-        try:
-            _print(stdout_text(transcript, formats[0], several=several), status)
-        except BrokenPipeError:
-            raise
-        except OSError as err:  # stdout is a file on a full disk
-            if is_disk_full(err):
-                raise _DiskFull(cannot_write("stdout", err)) from None
-            raise
+        _to_stdout(stdout_text(transcript, formats[0], several=several), status)
         return True
     return all(_write(paths[i], render(transcript, f), status) for f, paths in targets.items())
 
@@ -456,6 +449,18 @@ def _print(text: str, status: Optional[_Status] = None) -> None:
     with status.paused() if status is not None else contextlib.nullcontext():
         sys.stdout.write(text)
         sys.stdout.flush()
+
+
+def _to_stdout(text: str, status: Optional[_Status]) -> None:
+    """`_print`; _DiskFull where stdout is a file on a full disk."""
+    try:
+        _print(text, status)
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        if is_disk_full(err):
+            raise _DiskFull(cannot_write("stdout", err)) from None
+        raise
 
 
 class _DiskFull(Exception):
