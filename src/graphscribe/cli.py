@@ -324,7 +324,7 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _M
             )
             tally = write_results(results, files, formats, targets, status, written=writer is not None)
             if writer is not None and (tally.stopped is not None or tally.disk_full is not None):
-                tally.done = writer.written  # the batch in flight at the stop was written whole too, never seen
+                tally.done = writer.settle()  # the batch in flight at the stop was written whole too, never seen
             return loaded, tally, time.perf_counter() - start
     except Interrupted as stop:  # while loading: nothing was written yet
         return loaded, _Tally(stopped=stop), 0.0

@@ -112,7 +112,12 @@ class RenderPool:
     ):
         self.formats = tuple(formats)
         self.outputs = outputs
-        self.written = 0  # inputs whose `outputs` the workers have written (counted by the thread of `transcripts`)
+        self.written = 0  # inputs whose `outputs` the workers have written (counted as their shares come back)
+        # One batch out with the workers at a time; `_out`: the workers whose share has not come back yet. A signal
+        # may stop the thread that sent them anywhere, even where it cannot tell (inside ThreadPoolExecutor.submit,
+        # whose thread then runs on unjoined), while the workers write their shares whole: `settle` counts them.
+        self._lock = threading.Lock()
+        self._out: list[Connection] = []
         context = multiprocessing.get_context("spawn")
         pipes = [context.Pipe() for _ in range(workers)]
         self._conns: list[Connection] = [conn for conn, _ in pipes]
@@ -143,9 +148,31 @@ class RenderPool:
         ]
         size = -(-len(rows) // len(self._conns))  # a share each: a batch's wait is its slowest share
         shares = [rows[k : k + size] for k in range(0, len(rows), size)]
-        for conn, share in zip(self._conns, shares):
-            conn.send((share, self.formats))
-        light = [t for conn, _ in zip(self._conns, shares) for t in _received(conn)]
+        with self._lock:
+            self._drain()  # what an interrupted caller left out
+            for conn, share in zip(self._conns, shares):
+                conn.send((share, self.formats))
+                self._out.append(conn)
+            return [t for conn in list(self._out) for t in self._take(conn)]
+
+    def settle(self) -> int:
+        """`written` once every share sent has come back: a stopped run's count includes the batch the workers were
+        writing (they write it whole, whatever stops this process), whichever thread was waiting for it."""
+        with self._lock:
+            try:
+                self._drain()
+            except RuntimeError:  # a worker that died: what it wrote is not known
+                self._out.clear()
+        return self.written
+
+    def _drain(self) -> None:
+        while self._out:
+            self._take(self._out[0])
+
+    def _take(self, conn: Connection) -> list[Transcript]:
+        """A worker's share back, counted."""
+        light = _received(conn)
+        self._out.remove(conn)
         if self.outputs is not None:
             self.written += sum(t.write_error is None for t in light)
         return light
