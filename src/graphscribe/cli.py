@@ -19,11 +19,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
 from graphscribe.bench.command import bench_command
 from graphscribe.console import (
@@ -49,6 +48,7 @@ from graphscribe.devices import devices_or_exit
 from graphscribe.output.transcript import Transcript
 from graphscribe.output.writers import cannot_write, is_disk_full, one_line, render, stdout_text, write_file
 from graphscribe.signals import SIGNALS, Interrupted
+from graphscribe.status import Status
 from graphscribe.targets import check_output_dir, check_outputs, output_dir_arg, output_paths, parse_formats
 
 # Files from which the outputs with times are rendered in worker processes: starting them costs about half a
@@ -318,7 +318,7 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], choice: _M
     timings = any(f != "txt" for f in formats)
     loaded = None
     try:
-        with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
+        with NATIVE_STDERR.installed(), Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
             loaded, results, start, writer = _results(
                 files, formats, targets, devices, choice, timings, running, status
             )
@@ -394,7 +394,7 @@ def write_results(
     files: list[Path],
     formats: list[str],
     targets: dict[str, list[Path]],
-    status: Optional[_Status] = None,
+    status: Optional[Status] = None,
     written: bool = False,
 ) -> _Tally:
     """Write each (index into `files`, Transcript) of `results` as it comes: its files (`targets[format][index]`,
@@ -444,14 +444,14 @@ def _write_one(transcript, i: int, formats, targets, several: bool, status) -> b
     return all(_write(paths[i], render(transcript, f), status) for f, paths in targets.items())
 
 
-def _print(text: str, status: Optional[_Status] = None) -> None:
+def _print(text: str, status: Optional[Status] = None) -> None:
     """A result's stdout text, flushed at once."""
     with status.paused() if status is not None else contextlib.nullcontext():
         sys.stdout.write(text)
         sys.stdout.flush()
 
 
-def _to_stdout(text: str, status: Optional[_Status]) -> None:
+def _to_stdout(text: str, status: Optional[Status]) -> None:
     """`_print`; _DiskFull where stdout is a file on a full disk."""
     try:
         _print(text, status)
@@ -467,7 +467,7 @@ class _DiskFull(Exception):
     """An output could not be written for a full disk (its line is the message): nothing more is written."""
 
 
-def _write(target: Path, content: str, status: Optional[_Status] = None) -> bool:
+def _write(target: Path, content: str, status: Optional[Status] = None) -> bool:
     """Write one output file whole; False (after one error line) if it cannot be written; _DiskFull (no line) where
     the disk is full."""
     try:
@@ -480,87 +480,10 @@ def _write(target: Path, content: str, status: Optional[_Status] = None) -> bool
     return True
 
 
-def _print_error(line: str, status: Optional[_Status] = None) -> None:
+def _print_error(line: str, status: Optional[Status] = None) -> None:
     """`error: LINE` on stderr, as one line (`one_line`: a file name may hold a newline)."""
     console = status.progress.console if status is not None else err_console
     console.print(f"[red]error:[/red] {escape(one_line(line))}")
-
-
-class _Status:
-    """stderr on a terminal while results come: a bar for several files; for one file a spinner with its length
-    and the stage it is in (an hour of audio takes a while). Nothing elsewhere."""
-
-    def __init__(self, files: list[Path]):
-        self.one = len(files) == 1
-        columns = [SpinnerColumn(), TextColumn("{task.description}")]
-        if not self.one:
-            columns += [BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
-        self.progress = Progress(
-            *columns,
-            console=err_console,
-            disable=not sys.stderr.isatty(),
-            transient=True,
-            redirect_stdout=False,  # results go to stdout itself, wherever it leads (`paused` where it is the terminal)
-        )
-        self.label = f"transcribing {files[0].name}{_length(files[0])}" if self.one else "transcribing"
-        self.task = self.progress.add_task(self.label, total=len(files))
-
-    def __enter__(self) -> _Status:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
-
-    def advance(self) -> None:
-        self.progress.advance(self.task)
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """The status line taken off the terminal while stdout writes there too."""
-        if self.progress.disable or not sys.stdout.isatty():
-            yield
-            return
-        self.progress.stop()
-        try:
-            yield
-        finally:
-            self.progress.start()
-
-    def stage(self, name: str) -> None:
-        self.progress.update(self.task, description=f"{self.label}: {name}…")
-        self.progress.refresh()
-
-    def watch(self, model):
-        """`model`, or for one file on a terminal the model naming its stages on the status line."""
-        return _Staged(model, self.stage) if self.one and not self.progress.disable else model
-
-
-def _length(path: Path) -> str:
-    from graphscribe.io.audio import audio_seconds
-
-    seconds = audio_seconds(path)
-    if not seconds:
-        return ""
-    return f" ({seconds:.0f} s of audio)" if seconds < 60 else f" ({seconds / 60:.1f} min of audio)"
-
-
-class _Staged:
-    """A model as `transcribe_stream` uses it, calling `on_stage` as its encoder and its decoding start."""
-
-    def __init__(self, model, on_stage: Callable[[str], None]):
-        self._model, self._on_stage = model, on_stage
-
-    def __getattr__(self, name: str):
-        return getattr(self._model, name)
-
-    def encoder_output(self, *args, **kwargs):
-        self._on_stage("encoder")
-        return self._model.encoder_output(*args, **kwargs)
-
-    def decode(self, *args, **kwargs):
-        self._on_stage("decoding")
-        return self._model.decode(*args, **kwargs)
 
 
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
