@@ -257,9 +257,10 @@ def _too_long_by_header(files: list[Path], todo: list[int], max_seconds: float) 
     header first would delay a folder's start (0.1-0.5 ms a file)."""
     if len(todo) > HEADER_CHECK_FILES:
         return {}
-    from graphscribe.io.audio import length_problem
+    from graphscribe.io.audio import NATIVE_STDERR, length_problem
 
-    problems = {i: length_problem(files[i], max_seconds) for i in todo}
+    with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr, as when they are read
+        problems = {i: length_problem(files[i], max_seconds) for i in todo}
     return {i: line for i, line in problems.items() if line is not None}
 
 
