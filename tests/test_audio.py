@@ -269,6 +269,29 @@ def test_bad_arrays_fail_alone(model, speech_ids, samples, array, words):
     assert good.error is None and good.token_ids == speech_ids
 
 
+def test_channel_first_arrays_give_the_channel_last_text(model, speech_ids, samples):
+    """(C, L), as torchaudio.load gives, reads as (L, C): channels averaged, as a file's are."""
+    mono = torch.from_numpy(samples)
+    stereo = torch.stack([mono, 0.5 * mono])  # (2, L)
+    first_mono, last_mono, first_stereo, last_stereo = model.transcribe(
+        [mono[None, :], mono[:, None], stereo, stereo.T]
+    )
+    assert first_mono.token_ids == last_mono.token_ids == speech_ids
+    assert first_stereo.text == last_stereo.text and first_stereo.text
+    for transcript in (first_mono, last_mono, first_stereo, last_stereo):
+        assert transcript.error is None and transcript.audio_seconds == pytest.approx(SECONDS)
+
+
+def test_an_array_with_more_than_8_channels_either_way_is_refused(model, samples):
+    wide = np.zeros((9, 16000), np.float32)
+    for array in (wide, wide.T):
+        [transcript] = model.transcribe([array])
+        assert transcript.error == (
+            "<array>: audio must be (samples,), (samples, channels) or (channels, samples) with at most 8 channels, "
+            f"got shape {array.shape}"
+        )
+
+
 def test_load_audio_raises_audio_error(tmp_path):
     with pytest.raises(AudioError, match="missing.wav"):
         load_audio(tmp_path / "missing.wav", RATE)
@@ -316,7 +339,7 @@ def test_ffmpeg_reads_a_file_as_libsndfile_does(tmp_path, heldout, subtype):
     upsampled = AF.resample(torch.from_numpy(heldout), RATE, 48000).numpy()
     path = tmp_path / "stereo48k.wav"
     sf.write(path, np.stack([upsampled, 0.01 - 0.3 * upsampled], axis=1), 48000, subtype=subtype)
-    samples, rate = audio._read_ffmpeg(path, path.name, "")
+    samples, rate = audio._read_ffmpeg(path, path.name, "", audio.MAX_AUDIO_SECONDS)
     assert rate == 48000
     assert np.array_equal(prepare_audio(samples, rate, RATE).numpy(), load_audio(path, RATE).numpy())
 
@@ -372,14 +395,14 @@ def test_corrupt_media_is_one_line(tmp_path, heldout):
 
 
 @pytest.mark.parametrize("live", [False, True], ids=["duration-in-header", "live-stream"])
-def test_decoded_length_is_capped(tmp_path, heldout, monkeypatch, live):
+def test_decoded_length_is_capped(tmp_path, heldout, live):
     """A compressed file may claim hours from a few bytes: refused from its header, or while decoding where the
     header has no duration (a live stream's)."""
     path = write_media(tmp_path / "clip.webm", heldout, RATE, "libopus", 48000, live_format="webm" if live else None)
     load_audio(path, RATE)
-    monkeypatch.setattr(audio, "MAX_DECODED_SECONDS", 2.0)
-    with pytest.raises(AudioError, match=r"clip\.webm: over 2 s of audio, the most one file may hold; split it$"):
-        load_audio(path, RATE)
+    length = r"over 2 s of audio, the most" if live else r"5\.\d+ s of audio, over the 2 s"
+    with pytest.raises(AudioError, match=rf"clip\.webm: {length} one file may hold \(--max-audio-hours\); split it$"):
+        load_audio(path, RATE, max_seconds=2.0)
 
 
 def test_stdin_is_read_whole_and_named_dash(monkeypatch, heldout, tmp_path):

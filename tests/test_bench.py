@@ -65,6 +65,23 @@ def test_bench_on_cpu(tmp_path):
     assert "decode" in result.stdout and "steps" in result.stdout  # the table
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's defaults")
+def test_bench_on_cpu_says_what_it_runs_and_sizes_its_defaults_for_the_cpu(tmp_path):
+    """The GPU's defaults (three clips up to 77 s, batches 1 and 8, 5 reps) ran 13 minutes on 2 cores without a word
+    (issue 46): on the CPU the decode rows default to the 7.4 s clip at batch 1, and one line first says what runs."""
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"}
+    command = [sys.executable, "-m", "graphscribe.cli", "bench", "--device", "cpu", "--model", str(NEMO_PATH)]
+    result = subprocess.run([*command, "--reps", "1", "--json", out], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    [plan] = [line for line in result.stderr.splitlines() if "timed run" in line]
+    assert plan.startswith("note: 1 clip(s) (7.4 s) x batch 1, decode and end to end, 1 timed run a row")
+    assert "the CPU's defaults" in plan and "--batch-sizes" in plan and "--reps" in plan
+    report = json.loads(out.read_text())
+    assert [tier["tier"] for tier in report["tiers"]] == ["7.4 s"]
+    assert {row["batch"] for row in report["tiers"][0]["rows"]} == {1}
+
+
 def test_bad_batch_sizes_are_bad_usage():
     result = subprocess.run(
         [sys.executable, "-m", "graphscribe.cli", "bench", "--model", str(NEMO_PATH), "--batch-sizes", "1,x"],

@@ -149,6 +149,50 @@ def test_bad_inputs_exit_1_and_the_good_ones_still_print(tmp_path):
     assert "2 of" in result.stderr  # the summary counts what was done
 
 
+def test_json_on_stdout_gives_a_failed_file_its_record(tmp_path):
+    """-f json printed nothing for a file that failed (issue 46): its record holds the error line."""
+    letter = tmp_path / "letter.wav"
+    letter.write_text("Dear reader,\n" * 10)
+    result = transcribe(letter, SPEECH_CLIP, "-f", "json")
+    assert result.returncode == 1, result.stderr
+    records = {r["path"]: r for r in map(json.loads, result.stdout.splitlines())}
+    assert records[str(SPEECH_CLIP)]["text"] == reference_clip(SPEECH_CLIP.name)["text"]
+    [error] = _error_lines(result.stderr)
+    assert records[str(letter)] == {"path": str(letter), "error": error.removeprefix("error: ")}
+
+
+def test_a_file_name_with_a_newline_keeps_each_line_one_line(tmp_path):
+    """`PATH: text` and error lines name such a file with the newline escaped (issue 46)."""
+    good, bad = tmp_path / "two\nlines.wav", tmp_path / "bad\nnews.wav"
+    shutil.copy(SPEECH_CLIP, good)
+    bad.write_text("not audio\n")
+    result = transcribe(good, bad, tmp_path / "back\\slash.wav")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == f"{tmp_path}/two\\nlines.wav: {reference_clip(SPEECH_CLIP.name)['text']}\n"
+    errors = _error_lines(result.stderr)
+    assert len(errors) == 2 and len(result.stderr.splitlines()) == 3  # and the summary
+    assert any(e.startswith(f"error: {tmp_path}/bad\\nnews.wav: not a readable audio file") for e in errors)
+    assert f"error: {tmp_path}/back\\slash.wav: no such file" in errors  # no newline: as it is
+
+
+def test_a_folder_notes_a_named_pipe_and_names_a_broken_link(tmp_path):
+    """Both were left out without a word (issue 46). A pipe is never opened (it would block): skipped, with a note;
+    a broken link is an error, as a missing file given by name is."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(SPEECH_CLIP, folder / "speech.wav")
+    os.mkfifo(folder / "stream.wav")
+    (folder / "gone.wav").symlink_to("moved-away.wav")
+    result = transcribe(folder)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == f"{folder / 'speech.wav'}: {reference_clip(SPEECH_CLIP.name)['text']}\n"
+    assert _error_lines(result.stderr) == [
+        f"error: {folder / 'gone.wav'}: a broken symbolic link (to moved-away.wav, which does not exist)"
+    ]
+    assert f"note: {folder / 'stream.wav'}: a named pipe, not a file: skipped" in result.stderr.splitlines()
+    assert "transcribed 1 of 2 files (1 failed)" in result.stderr
+
+
 def test_clips_shorter_than_a_frame_print_nemo_text(tmp_path):
     """NeMo transcribes any clip with samples: no encoder frame below 10 ms (empty text), one below 80 ms."""
     short = json.loads((Path(__file__).parent / "fixtures" / "nemo-short" / "reference.json").read_text())
@@ -206,6 +250,14 @@ def test_error_names_file_with_brackets(tmp_path):
     assert "notes[bold].wav" in error
 
 
+def test_an_empty_output_dir_is_bad_usage(tmp_path):
+    """-o "" (an unset shell variable) wrote into the current folder (issue 46)."""
+    result = transcribe(SPEECH_CLIP, "-o", "", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "--output-dir" in result.stderr and "an empty folder name" in result.stderr
+    assert list(tmp_path.iterdir()) == [] and result.stdout == ""
+
+
 def test_only_an_empty_folder_exits_1(tmp_path):
     result = transcribe(tmp_path)
     assert result.returncode == 1
@@ -219,6 +271,13 @@ def test_no_model_uses_the_demo_and_says_so():
     [note] = [line for line in result.stderr.splitlines() if "demo" in line]
     assert "--model" in note and "parakeet" in note
     assert result.stdout.strip()
+
+
+def test_the_demo_chosen_by_name_has_no_note():
+    """The note is for those who did not choose a model (issue 46)."""
+    result = transcribe(SPEECH_CLIP, model="demo")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and result.stdout.strip()
 
 
 def test_bad_dtype_is_bad_usage():
@@ -250,13 +309,17 @@ def test_graphs_on_cpu_notes_once_and_transcribes():
     assert len(notes) == 1 and notes[0].startswith("note:")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
-def test_cuda_on_cpu_machine_warns_and_runs():
-    result = transcribe(SPEECH_CLIP, "--device", "cuda")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "CUDA" in warnings[0] and "CPU" in warnings[0]
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_asked_for_without_cuda_is_one_line_exit_2(device):
+    """It ran on the CPU, hundreds of times slower, after a warning (issue 46); `auto` is the way to fall back. The
+    device is checked before the model loads: no demo-model note either."""
+    result = transcribe(SPEECH_CLIP, "--device", device, model=None)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: --device {device}: CUDA is not available on this machine (--device cpu or auto)"
+    ]
+    assert result.stdout == ""
 
 
 @pytest.mark.gpu

@@ -130,14 +130,18 @@ def test_killed_workers_lose_only_what_no_worker_is_left_for(tmp_path):
     while len(workers) < 2 and time.monotonic() < deadline:
         workers = workers_of(process.pid)
         time.sleep(0.05)
-    kills = 0
-    for first_files in (1, 8):  # kill after the first result, then a few more
+    seen = ""  # stderr up to the parent's warning about the first death
+    for kills, first_files in enumerate((1, 8)):  # kill after the first result, then a few more
         while (not out.exists() or len(list(out.iterdir())) < first_files) and time.monotonic() < deadline:
             time.sleep(0.02)
         os.kill(workers[kills], signal.SIGKILL)
-        kills += 1
-        time.sleep(0.5)
+        if kills == 0:  # the second death comes after the parent has seen the first, not after a guessed delay
+            for line in process.stderr:
+                seen += line
+                if line.startswith("warning: the worker on cpu died"):
+                    break
     _, stderr = process.communicate(timeout=240)
+    stderr = seen + stderr
     text = reference_clip(clip.name)["text"] + "\n"
     done = {p.stem for p in out.iterdir()}
     assert all(p.read_text() == text for p in out.iterdir())

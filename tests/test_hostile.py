@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
 import resource
 import subprocess
 import sys
@@ -175,6 +176,22 @@ def test_corrupt_weights_through_the_cli(tmp_path):
     path = _pack(tmp_path / "model.nemo", _with(weights=_corrupt("truncated")))
     line = _assert_one_line_exit_2(_cli(path), "model.nemo", "model_weights.ckpt", "corrupt")
     assert "weights_only" not in line
+
+
+def test_a_raw_pickle_as_weights_is_our_line_alone(tmp_path):
+    """torch warned in two lines about the pickle's protocol before our line (issue 46)."""
+    path = _pack(tmp_path / "model.nemo", _with(weights=pickle.dumps({"encoder.weight": [1.0]}, protocol=4)))
+    _assert_one_line_exit_2(_cli(path), "model.nemo", "model_weights.ckpt cannot be read")
+
+
+@pytest.mark.parametrize("content", [b"", b"root:x:0:0:root:/root:/bin/bash\n" * 40], ids=["empty", "passwd"])
+def test_a_file_that_is_no_archive_is_one_line(tmp_path, content):
+    """tarfile's error lists every compression it tried, a line each (issue 46): the plain tar's reason instead."""
+    path = tmp_path / "model.nemo"
+    path.write_bytes(content)
+    line = _assert_one_line_exit_2(_cli(path), "model.nemo")
+    reason = "empty file" if not content else "invalid header"
+    assert line == f"error: {path}: not a .nemo checkpoint (not a readable tar archive: {reason})"
 
 
 # ---------------------------------------------------------------------------- wrong types and absurd sizes

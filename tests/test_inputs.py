@@ -65,10 +65,12 @@ def test_a_device_index_past_the_last_gpu():
         assert result.stderr.splitlines() == [
             f"error: --device cuda:99: this machine has {torch.cuda.device_count()} CUDA device(s)"
         ]
-    else:  # as for --device cuda: the CPU, with one warning
-        assert result.returncode == 0, result.stderr
-        assert result.stderr.splitlines() == ["warning: CUDA is not available on this machine; running on the CPU"]
-        assert result.stdout.strip()
+    else:  # as for --device cuda: one line
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            "error: --device cuda:99: CUDA is not available on this machine (--device cpu or auto)"
+        ]
+        assert result.stdout == ""
 
 
 # ---------------------------------------------------------------------------- FFmpeg formats, stdin, URLs

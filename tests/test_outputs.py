@@ -1,6 +1,6 @@
 """Nothing lost, nothing clobbered, nothing hidden: output files written whole on a full disk, a read-only or
 unusable --output-dir refused before the model loads, names that depend on their input alone, --skip-existing,
-and SIGINT / SIGTERM at random moments of a real `transcribe` process.
+and SIGINT / SIGTERM at chosen moments of a real `transcribe` process, each signalled once the test sees it come.
 
 Full disks and read-only folders are real: a small tmpfs and a read-only bind mount (root only; skipped
 elsewhere, since chmod does not stop root).
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -23,11 +22,13 @@ from pathlib import Path
 import pytest
 from conftest import CLIPS, NEMO_PATH, reference_clip
 from test_cli import _error_lines, transcribe
+from test_devices import workers_of
 
 from graphscribe.cli import RENDER_POOL_MIN_FILES
 from graphscribe.output.writers import write_file
 from graphscribe.targets import output_paths
 
+SUFFIXES = (".txt", ".json", ".srt")  # the full-disk runs' outputs
 INTERRUPTED = re.compile(r"^interrupted: (\d+) of (\d+) files done", re.M)
 
 
@@ -66,16 +67,19 @@ def _copies(folder: Path, clip: str, n: int) -> list[Path]:
     return paths
 
 
-def _complete_outputs(folder: Path, inputs: list[Path], text: str) -> int:
-    """Inputs with both their .txt and .json in `folder`; every file there holds `text` whole (never a fragment)."""
+def _complete_outputs(folder: Path, inputs: list[Path], text: str, suffixes=(".txt", ".json")) -> int:
+    """Inputs with all their outputs of `suffixes` in `folder`; every file there holds `text` whole (never a
+    fragment)."""
     complete = 0
     for source in inputs:
-        txt, record = folder / (source.stem + ".txt"), folder / (source.stem + ".json")
+        txt, record, cues = (folder / (source.stem + suffix) for suffix in (".txt", ".json", ".srt"))
         if txt.exists():
             assert txt.read_text() == text + "\n"
         if record.exists():
             assert json.loads(record.read_text())["text"] == text
-        complete += txt.exists() and record.exists()
+        if cues.exists():
+            assert cues.read_text().startswith("1\n00:00:00,") and cues.read_text().endswith(f"{text}\n")
+        complete += all((folder / (source.stem + suffix)).exists() for suffix in suffixes)
     return complete
 
 
@@ -137,25 +141,36 @@ def test_read_only_output_dir_is_bad_usage_before_loading(tmp_path):
 
 
 @pytest.mark.parametrize("copies, batch", [(12, 4), (RENDER_POOL_MIN_FILES, 64)], ids=["here", "render-workers"])
-def test_full_disk_leaves_whole_files_only(tmp_path, copies, batch):
-    """A tmpfs that holds a few outputs: every file there is complete (no empty one: no transcript is empty),
-    each input that could not be written is one error line, and no temporary file is left; also where the render
-    worker processes write the files (RENDER_POOL_MIN_FILES inputs or more)."""
+def test_a_full_disk_stops_the_run_in_one_line_and_skip_existing_finishes_it(tmp_path, copies, batch):
+    """A tmpfs that holds a few outputs: at the first file that does not fit the run stops writing, with one line
+    and exit 1; every file there is complete (no empty one: no transcript is empty) and no temporary file is left;
+    also where the render worker processes write the files (RENDER_POOL_MIN_FILES inputs or more). Once there is
+    room, a rerun with --skip-existing writes the rest, and only the rest."""
     inputs = _copies(tmp_path / "in", "short_2s.wav", copies)
     text = reference_clip("short_2s.wav")["text"]
     assert text
-    with _tmpfs(tmp_path / "disk", "24k") as disk:
-        result = transcribe(tmp_path / "in", "-o", disk, "-f", "txt,json", "--batch", str(batch))
+    args = (tmp_path / "in", "-f", "txt,json,srt", "--batch", str(batch))
+    with _tmpfs(tmp_path / "disk", "64k") as disk:  # issue 46's
+        result = transcribe(*args, "-o", disk)
         assert result.returncode == 1, result.stderr
         assert "Traceback" not in result.stderr
-        errors = _error_lines(result.stderr)
-        assert errors and all("cannot write output (No space left on device)" in e for e in errors)
-        assert len(errors) == len({e.split(": cannot")[0] for e in errors})  # one line per problem
-        done = _complete_outputs(disk, inputs, text)
+        [error] = _error_lines(result.stderr)
+        assert [line for line in result.stderr.splitlines() if line.strip()] == [error]
+        done = _complete_outputs(disk, inputs, text, SUFFIXES)
         assert 0 < done < len(inputs)
-        assert f"transcribed {done} of {len(inputs)} files ({len(inputs) - done} failed)" in result.stderr
-        assert len(errors) == len(inputs) - done
+        assert error.endswith(
+            f": cannot write output (No space left on device); stopped with {done} of {len(inputs)} files done: "
+            "make room, then rerun with --skip-existing"
+        ), error
         assert _leftovers(disk) == []
+        before = {p: p.stat().st_mtime_ns for p in disk.iterdir()}
+        subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
+        again = transcribe(*args, "-o", disk, "--skip-existing")
+        assert again.returncode == 0, again.stderr
+        assert _complete_outputs(disk, inputs, text, SUFFIXES) == len(inputs)
+        kept = [p for p, mtime in before.items() if p.suffix == ".srt" and p.stat().st_mtime_ns == mtime]
+        assert len(kept) == done  # the inputs done the first time were skipped, not written again
+        assert f"({done} skipped)" in again.stderr
 
 
 # ============================================================================ names and --skip-existing
@@ -212,10 +227,48 @@ def test_skip_existing_without_output_dir_is_bad_usage():
 # ============================================================================ signals
 
 
-def _start(*args) -> subprocess.Popen:
+def _start(*args, importtime: bool = False) -> subprocess.Popen:
+    """The command on the fixture model; importtime: Python's -X importtime lines on its stderr (`_importing_torch`)."""
     env = {k: v for k, v in os.environ.items() if k != "GRAPHSCRIBE_MODEL"}
-    command = [sys.executable, "-m", "graphscribe.cli", *map(str, args), "--model", str(NEMO_PATH)]
+    python = [sys.executable, "-X", "importtime"] if importtime else [sys.executable]
+    command = [*python, "-m", "graphscribe.cli", *map(str, args), "--model", str(NEMO_PATH)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+
+TORCH_MODULE = re.compile(rb"^import time: .*\| +torch\.")  # a module of torch's imported: torch is loading
+
+
+def _importing_torch(process: subprocess.Popen) -> bytes:
+    """Read the stderr of a process started with importtime until torch is being imported: its first module's line
+    comes within the first tenth of torch's import (seconds on a busy CPU, over a second on an idle one). -> What
+    was read (everything, if the process ended first: the caller's checks then fail)."""
+    read = b""
+    for line in process.stderr:
+        read += line
+        if TORCH_MODULE.match(line):
+            break
+    return read
+
+
+def _without_importtime(stderr: bytes) -> bytes:
+    return b"".join(line for line in stderr.splitlines(keepends=True) if not line.startswith(b"import time:"))
+
+
+def _wait_for(condition, seconds: float = 120) -> None:
+    """Poll `condition` until it holds; fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {seconds} s for {condition.__doc__ or condition}")
+        time.sleep(0.01)
+
+
+def _outputs_there(folder: Path, n: int):
+    def there() -> bool:
+        """output files"""
+        return folder.exists() and sum(1 for _ in folder.glob("*.json")) >= n
+
+    return there
 
 
 def _check_stopped(process: subprocess.Popen, signum: int, stdout: bytes, stderr: bytes, total: int) -> int:
@@ -234,31 +287,33 @@ def _check_stopped(process: subprocess.Popen, signum: int, stdout: bytes, stderr
     return int(match[1])
 
 
+MOMENTS = ("torch-loading", "first-output", "half-written")  # when the signal comes, each seen happen
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_at_a_random_moment_leaves_whole_files(tmp_path, signum):
-    """A folder run stopped after a random delay (while Python or torch loads, the model loads, or files are
-    written): every output present is complete, none is a temporary file, and the files done are the inputs
-    with all their outputs."""
+def test_a_signal_at_each_stage_leaves_whole_files(tmp_path, signum, moment):
+    """A folder run stopped while torch loads, once its first output is written, or with half of them written: every
+    output present is complete, none is a temporary file, and the files done are the inputs with all their outputs.
+    Each moment is an event the test sees (torch's first module imported, output files there), not a guessed
+    delay: a run that had already finished would test nothing (it may, at the last moment: 0 and all done)."""
     inputs = _copies(tmp_path / "in", "short_2s.wav", 24)
     text = reference_clip("short_2s.wav")["text"]
-    rng = random.Random(int(signum))
-    for attempt, delay in enumerate([1.5] + [rng.uniform(2.0, 20.0) for _ in range(2)]):
-        out = tmp_path / f"out{attempt}"
-        process = _start(tmp_path / "in", "-o", out, "-f", "txt,json", "--batch", "1")
-        time.sleep(delay)
-        process.send_signal(signum)
-        stdout, stderr = process.communicate(timeout=120)
-        done = _check_stopped(process, signum, stdout, stderr, len(inputs))
-        complete = 0
-        for source in inputs:
-            txt, record = out / (source.stem + ".txt"), out / (source.stem + ".json")
-            if txt.exists():
-                assert txt.read_text() == text + "\n"
-            if record.exists():
-                assert json.loads(record.read_text())["text"] == text
-            complete += txt.exists() and record.exists()
-        assert complete == done, (delay, stderr.decode())
-        assert not out.exists() or _leftovers(out) == []
+    out = tmp_path / "out"
+    process = _start(tmp_path / "in", "-o", out, "-f", "txt,json", "--batch", "1", importtime=moment == MOMENTS[0])
+    read = b""
+    if moment == "torch-loading":
+        read = _importing_torch(process)
+    else:
+        _wait_for(_outputs_there(out, 1 if moment == "first-output" else len(inputs) // 2))
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=120)
+    stderr = _without_importtime(read + stderr)
+    done = _check_stopped(process, signum, stdout, stderr, len(inputs))
+    if moment == "torch-loading":
+        assert process.returncode == 128 + signum and done == 0, stderr.decode()
+    assert _complete_outputs(out, inputs, text) == done, stderr.decode()
+    assert _leftovers(out) == []
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -270,26 +325,43 @@ def test_a_signal_while_render_workers_write_leaves_whole_files_and_counts_them(
     text = reference_clip("short_2s.wav")["text"]
     out = tmp_path / "out"
     process = _start(tmp_path / "in", "-o", out, "-f", "txt,json", "--batch", "8")
-    deadline = time.monotonic() + 120
-    while not (out.exists() and any(out.glob("*.json"))) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for(_outputs_there(out, 1))
+    workers = workers_of(process.pid)  # the render workers: they write the files
+    assert workers
     process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=120)
     done = _check_stopped(process, signum, stdout, stderr, len(inputs))
     assert process.returncode == 128 + signum, stderr.decode()  # 32 batches on the CPU take longer than a signal
-    time.sleep(0.5)  # a worker still writing would show here
+
+    def ended() -> bool:
+        """the render workers' end (what one still wrote would show below)"""
+        return all(_ended(pid) for pid in workers)
+
+    _wait_for(ended, 30)
     complete = _complete_outputs(out, inputs, text)
     assert 0 < complete == done, stderr.decode()
     assert _leftovers(out) == []
 
 
+def _ended(pid: int) -> bool:
+    """Whether process `pid` has exited (gone, or a zombie nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def test_sigint_while_torch_loads_is_one_line():
-    process = _start(CLIPS / "short_2s.wav")
-    time.sleep(1.5)  # Python and typer are up (about 0.6 s here); torch takes seconds to import
+    """Sent once torch's first module is imported (seen on stderr with -X importtime), not after a guessed delay, which
+    came after the whole run on an idle machine (issue 46)."""
+    process = _start(CLIPS / "short_2s.wav", importtime=True)
+    read = _importing_torch(process)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
+    stderr = _without_importtime(read + stderr)
     _check_stopped(process, signal.SIGINT, stdout, stderr, 1)
     assert process.returncode == 130 and stdout == b""
+    assert stderr.decode().splitlines() == ["interrupted: 0 of 1 files done"]
 
 
 def test_ctrl_c_after_the_first_results_keeps_every_finished_line(tmp_path):
@@ -348,7 +420,12 @@ def test_a_signal_where_python_would_drop_the_exception_comes_again(monkeypatch)
     signals = signals_module._Signals()
     in_callback = types.SimpleNamespace(f_code=compile("pass", "<frozen importlib._bootstrap>", "exec"))
     signals._handle(signal.SIGINT, in_callback)  # no exception here
-    time.sleep(20 * signals_module.REDELIVER_SECONDS)
+
+    def redelivered() -> bool:
+        """the signal sent again (a timer's thread sends it)"""
+        return bool(sent)
+
+    _wait_for(redelivered, 30)
     assert sent == [signal.SIGINT] and not signals.stopping
     with pytest.raises(signals_module.Interrupted):
         signals._handle(signal.SIGINT, types.SimpleNamespace(f_code=compile("pass", "main.py", "exec")))

@@ -414,6 +414,38 @@ def test_render_workers_write_the_files_they_are_given(model, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a.json", "a.srt"]  # no temporary file
 
 
+def test_a_stopped_batch_is_counted_once_the_workers_have_written_it(model, tmp_path, monkeypatch):
+    """A signal stops the thread waiting for a batch's shares while the workers write them whole (they ignore it):
+    `settle` counts them, whether that thread was stopped (here: the caller itself, as a signal stops the main
+    thread) or still waits (the finisher's, whose executor may have lost track of it: issue 46's 0 of 256)."""
+    from graphscribe.output import rendering
+
+    hyp = PlainHypothesis([1, 2], [0, 3], [1, 1])
+    outputs = [(str(tmp_path / f"{k}.json"),) for k in range(4)]
+    pool = RenderPool(model.transcript_maker, ("json",), outputs=outputs)
+    try:
+        received = rendering._received
+
+        def stopped(conn):
+            raise KeyboardInterrupt  # a signal while the shares are out
+
+        monkeypatch.setattr(rendering, "_received", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            pool.transcripts([f"{k}.wav" for k in range(4)], [16000] * 4, [hyp] * 4, range(4))
+        monkeypatch.setattr(rendering, "_received", received)
+        assert pool.written == 0
+        assert pool.settle() == 4 and sorted(p.name for p in tmp_path.iterdir()) == [f"{k}.json" for k in range(4)]
+
+        waiting = threading.Thread(target=pool.transcripts, args=(["a.wav"] * 2, [16000] * 2, [hyp] * 2, [0, 1]))
+        waiting.start()
+        while not pool._out and waiting.is_alive():  # its shares are out: it holds the pool till they are back
+            time.sleep(0.001)
+        assert pool.settle() == 6
+        waiting.join()
+    finally:
+        pool.close()
+
+
 def test_txt_alone_starts_no_worker_processes(model, monkeypatch):
     """Without word_times (txt) or without formats to render, nothing is spawned."""
     started = []

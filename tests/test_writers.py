@@ -272,7 +272,7 @@ def test_help_lists_choices_defaults_and_examples():
         "auto|cpu|cuda|cuda:N",
         "on with CUDA",
         "$GRAPHSCRIBE_MODEL, else demo",
-        "1,8; 8,32,128 for throughput",
+        "1,8; 1 on the CPU; 8,32,128 for throughput",
         "--folder",
         "--throughput",
     ):

@@ -13,21 +13,17 @@ at any moment ends in one line, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
-from graphscribe.output.writers import cannot_write, render, stdout_text, write_file
-
-if TYPE_CHECKING:
-    from graphscribe.output.transcript import Transcript
 from graphscribe.bench.command import bench_command
 from graphscribe.console import (
     ATTENTION_HELP,
@@ -38,29 +34,37 @@ from graphscribe.console import (
     DEVICE_HELP,
     DEVICES_HELP,
     DTYPE_HELP,
+    MAX_AUDIO_HELP,
+    MAX_AUDIO_HOURS,
     MODEL_DEFAULT,
     MODEL_HELP,
     err_console,
     fail_usage,
-    find_audio_files,
     load_or_exit,
     model_source,
     setup_logging,
 )
 from graphscribe.devices import devices_or_exit
 from graphscribe.io.config import ATTENTION_WINDOW, CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS, RunOptions
+from graphscribe.output.transcript import Transcript
+from graphscribe.output.writers import cannot_write, is_disk_full, one_line, render, stdout_text, write_file
 from graphscribe.signals import SIGNALS, Interrupted
-from graphscribe.targets import check_output_dir, check_outputs, output_paths, parse_formats
+from graphscribe.status import Status
+from graphscribe.targets import check_output_dir, check_outputs, output_dir_arg, output_paths, parse_formats
 
 # Files from which the outputs with times are rendered in worker processes: starting them costs about half a
 # second (overlapped with the first batch), and rendering in this process about a millisecond a file.
 RENDER_POOL_MIN_FILES = 256
 STDIN = "-"  # the input that reads standard input (audio.STDIN; audio.py imports torch)
+HEADER_CHECK_FILES = 64  # inputs whose headers are checked against --max-audio-hours before the model loads
 
 
 def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
-    """Files as given, audio files found under folders, and `-` (standard input, its transcript named `-`); plus one
-    error line per input that yields nothing."""
+    """Files as given, audio files found under folders (with broken links, which fail when read), and `-` (standard
+    input, its transcript named `-`); plus one error line per input that yields nothing. A named pipe (or another
+    special file) with an audio name in a folder is left out, with a note."""
+    from graphscribe.io.audio import scan_folder
+
     files, errors = [], []
     for path in inputs:
         if str(path) == STDIN:
@@ -71,13 +75,24 @@ def expand_inputs(inputs: list[Path]) -> tuple[list[Path], list[str]]:
             else:
                 files.append(path)
         elif path.is_dir():
-            found = find_audio_files(path)
+            found, special = scan_folder(path)
+            for other in special:
+                err_console.print(f"note: {escape(one_line(str(other)))}: {_kind(other)}, not a file: skipped")
             if not found:
                 errors.append(f"{path}: folder has no audio files")
             files.extend(found)
         else:
             files.append(path)  # missing or unreadable files, and URLs, are reported when read
     return files, errors
+
+
+def _kind(path: Path) -> str:
+    """What a special file is, for the note that skips it."""
+    if path.is_fifo():
+        return "a named pipe"
+    if path.is_socket():
+        return "a socket"
+    return "a device" if path.is_char_device() or path.is_block_device() else "not a regular file"
 
 
 _EXAMPLES = """Examples:
@@ -134,6 +149,7 @@ def transcribe_command(
         "--output-dir",
         "-o",
         metavar="DIR",
+        parser=output_dir_arg,
         show_default="stdout",
         help="Write one file per input and format here (NAME.srt, ...), keeping the folder structure of folder inputs.",
     ),
@@ -164,6 +180,9 @@ def transcribe_command(
     right: float = typer.Option(
         RIGHT_SECONDS, "--right", metavar="S", help="With --stream: seconds of right context (the delay)."
     ),
+    max_audio_hours: float = typer.Option(
+        MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP
+    ),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles.
 
@@ -176,7 +195,7 @@ def transcribe_command(
         _stream(inputs, model, device, dtype, graphs, fmt, output_dir, realtime, raw_rate, chunk, left, right)
     files, input_errors = expand_inputs(inputs)
     for line in input_errors:
-        err_console.print(f"[red]error:[/red] {escape(line)}")
+        _print_error(line)
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
@@ -190,12 +209,21 @@ def transcribe_command(
         check_outputs(files, targets)
     elif skip_existing:
         fail_usage("--skip-existing needs --output-dir (it skips inputs whose output files exist)")
+    max_seconds = max_audio_hours * 3600
     todo = [i for i in range(len(files)) if not (skip_existing and all(p[i].exists() for p in targets.values()))]
     skipped = len(files) - len(todo)
-    files = [files[i] for i in todo]  # what is skipped is not read
+    too_long = _too_long_by_header(files, todo, max_seconds)  # what is skipped is not read
+    for i, line in too_long.items():
+        _print_error(line)
+        if not targets and formats[0] == "json":  # its record, as for a file that fails when read
+            _print(stdout_text(Transcript(str(files[i]), error=line), "json", several=True))
+    todo = [i for i in todo if i not in too_long]
+    files = [files[i] for i in todo]
     targets = {f: [paths[i] for i in todo] for f, paths in targets.items()}
     loaded, tally, elapsed = None, _Tally(), 0.0
     if files:
+        if not several and device != "auto":  # --devices checked its own (and its parent imports no torch)
+            _device_or_exit(device)
         options = RunOptions(
             device=device,
             dtype=dtype,
@@ -204,16 +232,21 @@ def transcribe_command(
             batch_seconds=batch_seconds,
             attention=attention,
             attention_window=attention_window,
+            max_audio_seconds=max_seconds,
         )
         loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, model, options, graphs is True)
 
-    tally.failed += len(input_errors)
-    total = len(files) + skipped + len(input_errors)
+    tally.failed += len(input_errors) + len(too_long)
+    total = len(files) + skipped + len(input_errors) + len(too_long)
     counts = ", ".join(f"{n} {what}" for n, what in ((tally.failed, "failed"), (skipped, "skipped")) if n)
     counts = f" ({counts})" if counts else ""
     if tally.stopped is not None:
         err_console.print(escape(f"interrupted: {tally.done} of {total} files done{counts}"))
         raise typer.Exit(tally.stopped.code)
+    if tally.disk_full is not None:  # one line, not one per file left
+        stop = f"{tally.disk_full}; stopped with {tally.done} of {total} files done: make room, then rerun"
+        _print_error(stop + (" with --skip-existing" if targets else ""))
+        raise typer.Exit(1)
     summary = ""
     if loaded is not None:
         warm = loaded.load_seconds.get("warm_up", 0.0)
@@ -261,6 +294,31 @@ def listen_command(
     raise typer.Exit(listen(loaded, fmt, chunk, left, right, microphone))
 
 
+def _device_or_exit(device: str) -> None:
+    """--device as one line and exit 2 where it names no device of this machine (cuda without CUDA), before the
+    model (or its note) loads."""
+    from graphscribe.model.transducer import resolve_device  # torch: the model's loading imports it next anyway
+
+    try:
+        resolve_device(device)
+    except ValueError as err:
+        fail_usage(str(err))
+
+
+def _too_long_by_header(files: list[Path], todo: list[int], max_seconds: float) -> dict[int, str]:
+    """Index -> error line of each of `files[todo]` whose header says it holds over `max_seconds` of audio, read
+    before the model loads for up to HEADER_CHECK_FILES inputs: a run of only such files ends in a second, without
+    loading torch. Past that the readers refuse them from their headers as the model loads, and reading every
+    header first would delay a folder's start (0.1-0.5 ms a file)."""
+    if len(todo) > HEADER_CHECK_FILES:
+        return {}
+    from graphscribe.io.audio import NATIVE_STDERR, length_problem
+
+    with NATIVE_STDERR.installed():  # libmpg123's notes on odd mp3s stay off stderr, as when they are read
+        problems = {i: length_problem(files[i], max_seconds) for i in todo}
+    return {i: line for i, line in problems.items() if line is not None}
+
+
 def _device_lines(loaded) -> list[str]:
     """Under the summary of a run on several devices, a line per device: how its share went and when, in seconds
     from the start of the run, it was ready and done. A device ready late or done early was idle on the clock."""
@@ -285,6 +343,7 @@ class _Tally:
     failed: int = 0
     audio: float = 0.0  # seconds of audio transcribed
     stopped: Optional[Interrupted] = None  # the signal that stopped the run
+    disk_full: Optional[str] = None  # the error line of the output that found the disk full: the run stopped there
 
 
 def _load_and_transcribe(files, formats, targets, devices: list[str], model, options: RunOptions, graphs_asked: bool):
@@ -300,13 +359,13 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], model, opt
     word_times = any(f != "txt" for f in formats)
     loaded = None
     try:
-        with NATIVE_STDERR.installed(), _Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
+        with NATIVE_STDERR.installed(), Status(files) as status:  # libmpg123's notes on odd mp3s stay off stderr
             loaded, results, start, writer = _results(
                 files, formats, targets, devices, model, options, graphs_asked, word_times, running, status
             )
             tally = write_results(results, files, formats, targets, status, written=writer is not None)
-            if writer is not None and tally.stopped is not None:
-                tally.done = writer.written  # the batch in flight at the signal was written whole too, never seen
+            if writer is not None and (tally.stopped is not None or tally.disk_full is not None):
+                tally.done = writer.settle()  # the batch in flight at the stop was written whole too, never seen
             return loaded, tally, time.perf_counter() - start
     except Interrupted as stop:  # while loading: nothing was written yet
         return loaded, _Tally(stopped=stop), 0.0
@@ -336,6 +395,7 @@ def _results(files, formats, targets, devices, model, options: RunOptions, graph
         except LoadError as err:
             fail_usage(str(err))
         return run, iter(run), run.transcribing_since, None
+        from graphscribe.io.audio import read_input
     from graphscribe.output.rendering import RenderPool
     from graphscribe.runtime.pipeline import transcribe_stream, warm_up_run
     from graphscribe.runtime.reading import read_ahead
@@ -346,7 +406,8 @@ def _results(files, formats, targets, devices, model, options: RunOptions, graph
         if graphs_asked and target.type != "cuda":
             err_console.print("note: CUDA graphs need a CUDA device; decoding eagerly on the CPU")
         rate, rows, seconds = cfg.features.sample_rate, options.batch_size, options.batch_seconds
-        reads.append(read_ahead(files, rate, target, rows, seconds, dtype=target_dtype))
+        read = functools.partial(read_input, sample_rate=rate, max_seconds=options.max_audio_seconds)
+        reads.append(read_ahead(files, rate, target, rows, seconds, read=read, dtype=target_dtype))
         running.append(reads[-1])
 
     loaded = load_or_exit(model, options, start_reading)
@@ -368,7 +429,7 @@ def write_results(
     files: list[Path],
     formats: list[str],
     targets: dict[str, list[Path]],
-    status: Optional[_Status] = None,
+    status: Optional[Status] = None,
     written: bool = False,
 ) -> _Tally:
     """Write each (index into `files`, Transcript) of `results` as it comes: its files (`targets[format][index]`,
@@ -383,9 +444,13 @@ def write_results(
             with SIGNALS.held():
                 if status is not None:
                     status.advance()
+                if transcript.disk_full:
+                    raise _DiskFull(transcript.write_error)
                 if transcript.error is not None or transcript.write_error is not None:
                     tally.failed += 1
-                    _print_error(escape(transcript.error or transcript.write_error), status)
+                    _print_error(transcript.error or transcript.write_error, status)
+                    if transcript.error is not None and not targets and formats[0] == "json":
+                        _to_stdout(stdout_text(transcript, "json", several), status)  # {"path", "error"}
                 elif written or _write_one(transcript, i, formats, targets, several, status):
                     tally.done += 1
                     tally.audio += transcript.audio_seconds
@@ -393,6 +458,9 @@ def write_results(
                     tally.failed += 1
     except Interrupted as stop:
         tally.stopped = stop
+    except _DiskFull as full:
+        tally.failed += 1
+        tally.disk_full = str(full)
     except BrokenPipeError:  # stdout's reader left (transcribe ... | head): nobody reads what comes next
         tally.failed += 1
     finally:
@@ -403,104 +471,54 @@ def write_results(
 
 
 def _write_one(transcript, i: int, formats, targets, several: bool, status) -> bool:
-    """One result's output files, or its stdout text; False (after one error line) if a file cannot be written."""
+    """One result's output files, or its stdout text; False (after one error line) if a file cannot be written.
+    _DiskFull (no line) where the disk is full."""
     if not targets:
-        with status.paused() if status is not None else contextlib.nullcontext():
-            sys.stdout.write(stdout_text(transcript, formats[0], several=several))
-            sys.stdout.flush()
+        _to_stdout(stdout_text(transcript, formats[0], several=several), status)
         return True
     return all(_write(paths[i], render(transcript, f), status) for f, paths in targets.items())
 
 
-def _write(target: Path, content: str, status: Optional[_Status] = None) -> bool:
-    """Write one output file whole; False (after one error line) if it cannot be written."""
+def _print(text: str, status: Optional[Status] = None) -> None:
+    """A result's stdout text, flushed at once."""
+    with status.paused() if status is not None else contextlib.nullcontext():
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _to_stdout(text: str, status: Optional[Status]) -> None:
+    """`_print`; _DiskFull where stdout is a file on a full disk."""
+    try:
+        _print(text, status)
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        if is_disk_full(err):
+            raise _DiskFull(cannot_write("stdout", err)) from None
+        raise
+
+
+class _DiskFull(Exception):
+    """An output could not be written for a full disk (its line is the message): nothing more is written."""
+
+
+def _write(target: Path, content: str, status: Optional[Status] = None) -> bool:
+    """Write one output file whole; False (after one error line) if it cannot be written; _DiskFull (no line) where
+    the disk is full."""
     try:
         write_file(target, content)
     except OSError as err:
-        _print_error(escape(cannot_write(target, err)), status)
+        if is_disk_full(err):
+            raise _DiskFull(cannot_write(target, err)) from None
+        _print_error(cannot_write(target, err), status)
         return False
     return True
 
 
-def _print_error(line: str, status: Optional[_Status]) -> None:
-    (status.progress.console if status is not None else err_console).print(f"[red]error:[/red] {line}")
-
-
-class _Status:
-    """stderr on a terminal while results come: a bar for several files; for one file a spinner with its length
-    and the stage it is in (an hour of audio takes a while). Nothing elsewhere."""
-
-    def __init__(self, files: list[Path]):
-        self.one = len(files) == 1
-        columns = [SpinnerColumn(), TextColumn("{task.description}")]
-        if not self.one:
-            columns += [BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
-        self.progress = Progress(
-            *columns,
-            console=err_console,
-            disable=not sys.stderr.isatty(),
-            transient=True,
-            redirect_stdout=False,  # results go to stdout itself, wherever it leads (`paused` where it is the terminal)
-        )
-        self.label = f"transcribing {files[0].name}{_length(files[0])}" if self.one else "transcribing"
-        self.task = self.progress.add_task(self.label, total=len(files))
-
-    def __enter__(self) -> _Status:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
-
-    def advance(self) -> None:
-        self.progress.advance(self.task)
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """The status line taken off the terminal while stdout writes there too."""
-        if self.progress.disable or not sys.stdout.isatty():
-            yield
-            return
-        self.progress.stop()
-        try:
-            yield
-        finally:
-            self.progress.start()
-
-    def stage(self, name: str) -> None:
-        self.progress.update(self.task, description=f"{self.label}: {name}…")
-        self.progress.refresh()
-
-    def watch(self, model):
-        """`model`, or for one file on a terminal the model naming its stages on the status line."""
-        return _Staged(model, self.stage) if self.one and not self.progress.disable else model
-
-
-def _length(path: Path) -> str:
-    from graphscribe.io.audio import audio_seconds
-
-    seconds = audio_seconds(path)
-    if not seconds:
-        return ""
-    return f" ({seconds:.0f} s of audio)" if seconds < 60 else f" ({seconds / 60:.1f} min of audio)"
-
-
-class _Staged:
-    """A model as `transcribe_stream` uses it, calling `on_stage` as its encoder and its decoding start."""
-
-    def __init__(self, model, on_stage: Callable[[str], None]):
-        self._model, self._on_stage = model, on_stage
-
-    def __getattr__(self, name: str):
-        return getattr(self._model, name)
-
-    def encoder_output(self, *args, **kwargs):
-        self._on_stage("encoder")
-        return self._model.encoder_output(*args, **kwargs)
-
-    def decode(self, *args, **kwargs):
-        self._on_stage("decoding")
-        return self._model.decode(*args, **kwargs)
+def _print_error(line: str, status: Optional[Status] = None) -> None:
+    """`error: LINE` on stderr, as one line (`one_line`: a file name may hold a newline)."""
+    console = status.progress.console if status is not None else err_console
+    console.print(f"[red]error:[/red] {escape(one_line(line))}")
 
 
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

@@ -20,6 +20,7 @@ from graphscribe.io.config import (
     BATCH_FILES,
     CPU_BATCH_SECONDS,
     DEMO_NAME,
+    MAX_AUDIO_SECONDS,
     SECONDS_PER_GIB,
     RunOptions,
     UnsupportedModelError,
@@ -56,9 +57,9 @@ def setup_logging() -> None:
 
 
 def model_source(model: Optional[str]) -> str:
-    """--model, else $GRAPHSCRIBE_MODEL, else the demo model (with a note saying so)."""
+    """--model, else $GRAPHSCRIBE_MODEL, else the demo model (with a note saying so: `-m demo` chose it)."""
     source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
-    if source == DEMO_NAME:
+    if not (model or os.environ.get(MODEL_ENV)):
         err_console.print(
             "note: using the bundled demo model (14 M parameters, trained on synthetic espeak-ng speech; "
             "poor on real voices): for real transcripts pass --model nvidia/parakeet-tdt-0.6b-v3 "
@@ -92,13 +93,18 @@ def load_or_exit(model: Optional[str], options: RunOptions, on_config=None):
 
 MODEL_HELP = ".nemo file, extracted checkpoint folder, Hugging Face repo id (nvidia/parakeet-tdt-0.6b-v3), or demo."
 MODEL_DEFAULT = f"${MODEL_ENV}, else demo"
-DEVICE_HELP = "auto: CUDA when present, else the CPU."
+DEVICE_HELP = "auto: CUDA when present, else the CPU. cuda without CUDA: bad usage (exit 2)."
 DTYPE_HELP = (
     "auto: bfloat16 on CUDA GPUs that have it (same word error rate, about twice as fast), float32 elsewhere. "
     "float32 gives NeMo's exact token ids. On the CPU, float16 falls back to float32."
 )
 
 
+MAX_AUDIO_HOURS = MAX_AUDIO_SECONDS / 3600
+MAX_AUDIO_HELP = (
+    "A file of more audio is refused with one line, from its header where that gives the length, else once "
+    "decoding passes it: a file's samples are held in memory (6 h at 48 kHz: 4 GB)."
+)
 DEVICES_HELP = (
     "Several devices of this host, one worker process and model each, sharing one longest-first plan: "
     "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."

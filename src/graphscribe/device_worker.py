@@ -3,6 +3,7 @@ transcripts sent back a batch per message over its own pipe."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -107,6 +108,7 @@ def _job(
     batch_seconds: float | None,
 ):
     from graphscribe.api import load_model
+    from graphscribe.io.audio import read_input
     from graphscribe.io.checkpoint import CheckpointError
     from graphscribe.io.config import UnsupportedModelError
     from graphscribe.io.tokenizer import TokenizerError
@@ -133,7 +135,10 @@ def _job(
 
     def start(sample_rate: int, device: torch.device, dtype: torch.dtype):
         paths = [Path(f) for f in files]
-        return read_ahead(paths, sample_rate, device, dtype=dtype, batches=batches(), ahead=WORKER_READ_AHEAD)
+        read = functools.partial(read_input, sample_rate=sample_rate, max_seconds=options.max_audio_seconds)
+        return read_ahead(
+            paths, sample_rate, device, read=read, dtype=dtype, batches=batches(), ahead=WORKER_READ_AHEAD
+        )
 
     reads = []
     if model is None:

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+import typer
+
 from graphscribe.console import fail_usage
 from graphscribe.output.writers import FORMATS, LINE_FORMATS, WRITERS
 from graphscribe.signals import SIGNALS
@@ -61,6 +63,13 @@ def check_outputs(files: list[Path], targets: dict[str, list[Path]]) -> None:
                     f"{other} and {source} would both be written to {target}: "
                     "transcribe them into separate --output-dir folders"
                 )
+
+
+def output_dir_arg(value: str) -> Path:
+    """--output-dir's value as a Path: "" (an unset shell variable) would be the current folder, so it is bad usage."""
+    if not value:
+        raise typer.BadParameter("an empty folder name (for the current folder: -o .)")
+    return Path(value)
 
 
 def check_output_dir(folder: Path) -> None:

@@ -31,10 +31,19 @@ from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS, Ru
 if TYPE_CHECKING:
     pass
 
+# Batch sizes and timed runs a row, by default. The decode rows on the CPU, where a step takes ~1000x a GPU's, are
+# the first tier alone, batch 1, 3 reps: the GPU's defaults (three tiers up to 77 s, batches 1 and 8, 5 reps) ran
+# 777 s with the demo model on a 2-core host (issue 46).
+DECODE_DEFAULTS = {"cuda": ("1,8", 5), "cpu": ("1", 3)}
+THROUGHPUT_DEFAULTS = ("8,32,128", 3)
+
 
 def bench_command(
     clips: List[Path] = typer.Argument(
-        None, metavar="CLIPS", show_default="7.4 s, 23 s and 77 s of real speech", help="Audio clips to benchmark."
+        None,
+        metavar="CLIPS",
+        show_default="7.4 s, 23 s and 77 s of real speech; 7.4 s on the CPU",
+        help="Audio clips to benchmark.",
     ),
     model: Optional[str] = typer.Option(
         None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP
@@ -45,11 +54,14 @@ def bench_command(
         None,
         min=1,
         metavar="N",
-        show_default="5; 3 for throughput",
+        show_default="5; 3 on the CPU and for throughput",
         help="Timed repetitions per row (the median is reported).",
     ),
     batch_sizes: Optional[str] = typer.Option(
-        None, metavar="N,N,...", show_default="1,8; 8,32,128 for throughput", help="Batch sizes, comma-separated."
+        None,
+        metavar="N,N,...",
+        show_default="1,8; 1 on the CPU; 8,32,128 for throughput",
+        help="Batch sizes, comma-separated.",
     ),
     graphs: Optional[bool] = typer.Option(
         None,
@@ -129,9 +141,9 @@ def bench_command(
     folder_mode = folder is not None or throughput
     if folder_mode and clips:
         fail_usage("bench: give CLIPS, or --folder / --throughput, not both")
-    sizes = _batch_sizes(batch_sizes or ("8,32,128" if folder_mode else "1,8"))
-    reps = reps or (3 if folder_mode else 5)
+    given_sizes = _batch_sizes(batch_sizes) if batch_sizes else None  # checked before the model loads
     if devices is not None:
+        sizes, reps = given_sizes or _batch_sizes(THROUGHPUT_DEFAULTS[0]), reps or THROUGHPUT_DEFAULTS[1]
         if not folder_mode:
             fail_usage("bench --devices: with --folder or --throughput")
         from graphscribe.io.audio import NATIVE_STDERR
@@ -143,20 +155,24 @@ def bench_command(
         _write_report(report, json_path)
         return
     loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=False))  # rows set graphs on and off
+    cuda = loaded.device.type == "cuda"
     want_graphs = graphs is not False
-    modes = [False, True] if want_graphs and loaded.device.type == "cuda" else [False]
-    if loaded.device.type != "cuda":
+    modes = [False, True] if want_graphs and cuda else [False]
+    if not cuda:
         err_console.print("note: CUDA graphs need a CUDA device; benchmarking the eager rows only")
+    default_sizes, default_reps = THROUGHPUT_DEFAULTS if folder_mode else DECODE_DEFAULTS["cuda" if cuda else "cpu"]
+    sizes, reps = given_sizes or _batch_sizes(default_sizes), reps or default_reps
     console = Console(width=None if sys.stdout.isatty() else 240)
     if folder_mode:
         report = _bench_folder(loaded, folder, files, sizes, reps, modes, batch_seconds, console)
     else:
-        from graphscribe.bench.decode import print_table, run_bench, tier_clips
+        from graphscribe.bench.decode import TIER_SECONDS, print_table, run_bench, tier_clips
 
-        try:
-            tiers = tier_clips(loaded, clips or None)
+        try:  # the CPU's default: the first tier alone
+            tiers = tier_clips(loaded, clips or None, TIER_SECONDS if cuda else TIER_SECONDS[:1])
         except ValueError as err:
             fail_usage(str(err))
+        _announce_plan(tiers, sizes, reps, modes, loaded.device, cpu_defaults=not cuda and not (clips or batch_sizes))
         report = run_bench(loaded, tiers, sizes, reps, modes, announce=_announce)
         print_table(report, console)
     _write_report(report, json_path)
@@ -182,6 +198,22 @@ def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, ba
         report = run_device_scaling(model_source(model), devices, paths, options, reps)
     print_device_scaling(report, Console(width=None if sys.stdout.isatty() else 240))
     return report
+
+
+def _announce_plan(tiers, sizes: list[int], reps: int, modes: list[bool], device, cpu_defaults: bool) -> None:
+    """One line before the decode rows: what runs, so a long run is no surprise; on the CPU's defaults, how to ask
+    for more."""
+    runs = len(tiers) * (len(sizes) + 1) * len(modes) * (reps + 1)  # decode rows per size and one end to end
+    line = (
+        f"note: {len(tiers)} clip(s) ({', '.join(t.name for t in tiers)}) x batch {','.join(map(str, sizes))}, "
+        f"decode and end to end, {reps} timed run{'s' if reps > 1 else ''} a row after a warm-up: {runs} runs on {device}"
+    )
+    if cpu_defaults:
+        line += (
+            " (the CPU's defaults; the GPU's, 3 clips up to 77 s x batch 1,8 x 5 reps, took 13 minutes on 2 cores: "
+            "give CLIPS, --batch-sizes and --reps for more)"
+        )
+    err_console.print(escape(line))
 
 
 def _announce(row: str) -> None:

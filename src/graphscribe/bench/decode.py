@@ -39,13 +39,13 @@ class Tier:
     audio: torch.Tensor  # (L,) at the model's rate
 
 
-def tier_clips(model, clips: list[Path] | None = None) -> list[Tier]:
-    """The given clips, or real speech joined to about 7.4 s, 23 s and 77 s."""
+def tier_clips(model, clips: list[Path] | None = None, lengths: tuple[float, ...] = TIER_SECONDS) -> list[Tier]:
+    """The given clips, or real speech joined to about each of `lengths` seconds (7.4 s, 23 s and 77 s)."""
     if clips:
         return [Tier(Path(c).name, model.read(c)) for c in clips]
     parts = [model.read(speech_path(name)) for name in SPEECH]
     tiers = []
-    for seconds in TIER_SECONDS:
+    for seconds in lengths:
         want = round(seconds * model.sample_rate)
         if want <= parts[0].numel():  # the LibriSpeech clip itself (7.435 s)
             tiers.append(Tier(f"{parts[0].numel() / model.sample_rate:.1f} s", parts[0]))

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import soundfile as sf
 
+from graphscribe.io.config import MAX_AUDIO_SECONDS
+
 if TYPE_CHECKING:
     import torch  # imported where samples are made: `transcribe --devices` finds its files and starts its workers
     # before this process imports torch (~2 s), so the workers' own imports do not wait for it
@@ -36,61 +38,83 @@ AUDIO_SUFFIXES = SNDFILE_SUFFIXES + FFMPEG_SUFFIXES  # what folders are searched
 STDIN = "-"  # the input name that reads standard input
 URL_SCHEMES = ("http", "https", "ftp", "ftps", "s3", "gs", "rtsp", "rtmp")  # not read: `url_of` names them
 MAX_STDIN_BYTES = 2 << 30  # standard input is held in memory whole: ~3.5 h of 48 kHz stereo 16-bit WAV
-# What one compressed file may decode to: its size says little (an hour of Opus fits in 3 MB). Twice the longest the
-# model cards claim (3 h, local attention); 6 h of 48 kHz mono float32 is 4 GB.
-MAX_DECODED_SECONDS = 6 * 3600
+SF_UNKNOWN_FRAMES = 2**63 - 1  # libsndfile's frame count where the header gives none (a FLAC written to a pipe)
+READ_BLOCK_FRAMES = 1 << 18  # frames a read of several channels: averaged a block at a time, memory holds mono
 # libsndfile errors that say nothing true about a file that exists: SFE_BAD_OPEN_FORMAT, SFE_BAD_FILE ("does not
 # exist or is not a regular file (possibly a pipe?)", for an .mp3 of random bytes), SFE_INTERNAL (a corrupt mp3)
 _UNHELPFUL_CODES = (1, 7, 29)
 NOT_AUDIO = "unknown format or corrupt data"
+# An array's channels are its shorter axis, up to this many: (C, L) as torchaudio.load gives, (L, C) as soundfile's
+# read; a 2-D array whose shorter axis is longer is refused, not guessed at (7.1 surround is 8).
+MAX_CHANNELS = 8
 
 
 class AudioError(ValueError):
     """A file that cannot be transcribed; the message names the file and the problem."""
 
 
-def load_audio(path: str | os.PathLike, sample_rate: int) -> torch.Tensor:
+def load_audio(path: str | os.PathLike, sample_rate: int, max_seconds: float = MAX_AUDIO_SECONDS) -> torch.Tensor:
     """Read `path` as (L,) float32 mono at `sample_rate`; channels are averaged. `-` (STDIN) reads standard input.
 
     libsndfile reads what it can (WAV, FLAC, OGG, MP3); anything else goes to FFmpeg (PyAV), whose audio track is
-    decoded, at most MAX_DECODED_SECONDS of it."""
+    decoded. A file of over `max_seconds` is refused (AudioError), from its header where that gives the length."""
     if str(path) == STDIN:
-        return decode_audio(_read_stdin(), STDIN, sample_rate)
+        return decode_audio(_read_stdin(), STDIN, sample_rate, max_seconds)
     url = url_of(path)
     if url is not None:
         raise AudioError(f"{url}: URLs are not read; download the file first (or: curl -sL URL | transcribe -)")
     path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise AudioError(f"{path}: a broken symbolic link (to {os.readlink(path)}, which does not exist)")
     if not path.exists():
         raise AudioError(f"{path}: no such file")
     if path.is_dir():
         raise AudioError(f"{path}: is a folder, not an audio file")
     if not path.is_file():
         raise AudioError(f"{path}: not a regular file")  # a pipe would block the reader
-    return decode_audio(path, str(path), sample_rate)
+    return decode_audio(path, str(path), sample_rate, max_seconds)
 
 
-def decode_audio(source: Path | bytes, name: str, sample_rate: int) -> torch.Tensor:
-    """A file or its bytes -> (L,) float32 mono at `sample_rate`: libsndfile, else FFmpeg. Errors name `name`."""
+def decode_audio(
+    source: Path | bytes, name: str, sample_rate: int, max_seconds: float = MAX_AUDIO_SECONDS
+) -> torch.Tensor:
+    """A file or its bytes -> (L,) float32 mono at `sample_rate`: libsndfile, else FFmpeg (also where libsndfile
+    cannot tell the length). Errors name `name`; over `max_seconds` of audio is one."""
     try:
-        data, rate = _read_sndfile(source, name)
+        data, rate = _read_sndfile(source, name, max_seconds)
     except sf.LibsndfileError as err:  # a format libsndfile does not know, or a broken file: FFmpeg's turn
-        data, rate = _read_ffmpeg(source, name, _reason(err))
+        data, rate = _read_ffmpeg(source, name, _reason(err), max_seconds)
+    except _UnknownLength:  # FFmpeg decodes it frame by frame, counting
+        data, rate = _read_ffmpeg(source, name, NOT_AUDIO, max_seconds)
     return prepare_audio(data, rate, sample_rate, name=name)
 
 
-def _read_sndfile(source: Path | bytes, name: str) -> tuple[np.ndarray, int]:
-    """(L, C) float32 samples and their rate, through libsndfile; LibsndfileError where it cannot read them."""
+class _UnknownLength(Exception):
+    """libsndfile cannot tell how long the file is (nor read it: it seeks by the length)."""
+
+
+def _read_sndfile(source: Path | bytes, name: str, max_seconds: float) -> tuple[np.ndarray, int]:
+    """(L,) float32 mono samples and their rate, through libsndfile; LibsndfileError where it cannot read them,
+    _UnknownLength where its header gives no length. The header's length is checked against `max_seconds` before
+    anything is decoded."""
     try:
         with NATIVE_STDERR.quiet(), sf.SoundFile(_opened(source)) as f:
-            rate = f.samplerate
-            data = f.read(dtype="float32", always_2d=True)  # (L, C), integer PCM scaled to [-1, 1)
-            header_log = f.extra_info
-    except sf.LibsndfileError:
+            _check_truncation(f.extra_info, name)
+            if f.frames == SF_UNKNOWN_FRAMES:
+                raise _UnknownLength
+            if f.frames > max_seconds * f.samplerate:
+                raise AudioError(f"{name}: {_too_long(max_seconds, f.frames / f.samplerate)}")
+            return _read_mono(f), f.samplerate
+    except (sf.LibsndfileError, AudioError, _UnknownLength):
         raise
     except (RuntimeError, TypeError, ValueError) as err:
         raise AudioError(f"{name}: not a readable audio file ({_first_line(err)})") from None
     except OSError as err:
         raise AudioError(f"{name}: cannot be read ({_first_line(err)})") from None
+
+
+def _check_truncation(header_log: str, name: str) -> None:
+    """AudioError where libsndfile trimmed a data chunk that claims more bytes than the file holds."""
     truncated = _TRUNCATED_CHUNK.search(header_log)
     if (
         truncated
@@ -101,12 +125,27 @@ def _read_sndfile(source: Path | bytes, name: str) -> tuple[np.ndarray, int]:
             f"{name}: truncated (the header promises {truncated.group(1)} bytes of audio, "
             f"the file holds {truncated.group(2)})"
         )
-    return data, rate
 
 
-def _read_ffmpeg(source: Path | bytes, name: str, sndfile_reason: str) -> tuple[np.ndarray, int]:
+def _read_mono(f: sf.SoundFile) -> np.ndarray:
+    """An open file's f.frames samples as (L,) float32 mono (integer PCM scaled to [-1, 1)): one channel in one
+    read, several averaged a block at a time, as `prepare_audio` averages (L, C) arrays (the same numbers)."""
+    if f.channels == 1:
+        return f.read(f.frames, dtype="float32")  # (L,)
+    import torch
+
+    mono = np.empty(f.frames, dtype=np.float32)  # (L,)
+    done = 0
+    for block in f.blocks(READ_BLOCK_FRAMES, dtype="float32", always_2d=True, frames=f.frames):  # (N, C)
+        mono[done : done + len(block)] = torch.from_numpy(block).mean(dim=1).numpy()
+        done += len(block)
+    return mono[:done]
+
+
+def _read_ffmpeg(source: Path | bytes, name: str, sndfile_reason: str, max_seconds: float) -> tuple[np.ndarray, int]:
     """(L,) float32 mono samples of the main audio track and their rate, through FFmpeg; `sndfile_reason` is the
-    error for what FFmpeg cannot open either (libsndfile's words, as before FFmpeg was tried)."""
+    error for what FFmpeg cannot open either (libsndfile's words, as before FFmpeg was tried). Over `max_seconds`:
+    refused from the container's duration where it has one, else once decoding passes it."""
     import av  # here: its import takes ~0.2 s that WAV, FLAC and MP3 never need
 
     with NATIVE_STDERR.quiet():
@@ -124,16 +163,29 @@ def _read_ffmpeg(source: Path | bytes, name: str, sndfile_reason: str) -> tuple[
                 stream = container.streams.best("audio")
                 if stream is None:
                     raise unreadable
-                if container.duration is not None and container.duration / av.time_base > MAX_DECODED_SECONDS:
-                    raise AudioError(f"{name}: {_too_long()}")
-                return _decode_track(container, stream, name)
+                seconds = _ffmpeg_seconds(container, stream)
+                if seconds is not None and seconds > max_seconds:
+                    raise AudioError(f"{name}: {_too_long(max_seconds, seconds)}")
+                return _decode_track(container, stream, name, max_seconds)
         except av.FFmpegError as err:
             reason = (err.strerror or _first_line(err)).rstrip(".")
             raise AudioError(f"{name}: not a readable audio file (corrupt data: {reason})") from None
 
 
-def _decode_track(container, stream, name: str) -> tuple[np.ndarray, int]:
-    """Decode `stream` frame by frame into mono chunks, joined once at the end (no regrowing buffer)."""
+def _ffmpeg_seconds(container, stream) -> float | None:
+    """The length a container or its audio track declares, in seconds; None where neither does (a live stream)."""
+    import av
+
+    if container.duration is not None:
+        return container.duration / av.time_base
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    return None
+
+
+def _decode_track(container, stream, name: str, max_seconds: float) -> tuple[np.ndarray, int]:
+    """Decode `stream` frame by frame into mono chunks, joined once at the end (no regrowing buffer); AudioError
+    once they pass `max_seconds`."""
     chunks: list[np.ndarray] = []
     rate, total = None, 0
     for packet in container.demux(stream):  # the other tracks' packets are read past, not decoded
@@ -143,8 +195,8 @@ def _decode_track(container, stream, name: str) -> tuple[np.ndarray, int]:
                 raise AudioError(f"{name}: the sample rate changes from {rate} to {frame.sample_rate} Hz mid-track")
             chunks.append(_mono(frame))
             total += len(chunks[-1])
-            if total > MAX_DECODED_SECONDS * rate:
-                raise AudioError(f"{name}: {_too_long()}")
+            if total > max_seconds * rate:
+                raise AudioError(f"{name}: {_too_long(max_seconds)}")
     if not chunks:
         raise AudioError(f"{name}: has no samples")
     return np.concatenate(chunks), rate
@@ -165,13 +217,17 @@ def _mono(frame) -> np.ndarray:
     return x[0] if channels == 1 else x.mean(axis=0)  # as prepare_audio averages channels
 
 
-def _too_long() -> str:
-    limit = MAX_DECODED_SECONDS
-    return (
-        f"over {limit / 3600:g} h of audio, the most one file may hold; split it"
-        if limit >= 3600
-        else (f"over {limit:g} s of audio, the most one file may hold; split it")
-    )
+def _too_long(limit: float, seconds: float | None = None) -> str:
+    """Why a file is refused: its length where known (its header's), else that it passed `limit` seconds."""
+    if seconds is None:
+        return f"over {_duration(limit)} of audio, the most one file may hold (--max-audio-hours); split it"
+    return f"{_duration(seconds)} of audio, over the {_duration(limit)} one file may hold (--max-audio-hours); split it"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds / 60:.3g} min" if seconds >= 60 else f"{seconds:.3g} s"
 
 
 def _opened(source: Path | bytes) -> str | io.BytesIO:
@@ -193,14 +249,25 @@ def _read_stdin() -> bytes:
 
 
 def prepare_audio(data, rate: int, sample_rate: int, name: str = "<array>") -> torch.Tensor:
-    """Samples (L,) or (L, C) at `rate` -> (L',) float32 mono at `sample_rate`, checked for bad values."""
+    """Samples (L,), (L, C) or (C, L) at `rate` -> (L',) float32 mono at `sample_rate`, checked for bad values.
+    Channels (the shorter axis, MAX_CHANNELS at most) are averaged."""
     import torch
 
     samples = torch.as_tensor(np.asarray(data, dtype=np.float32))
-    if samples.ndim == 2:  # one channel: itself (its mean is the same numbers, at a cost)
-        samples = samples[:, 0] if samples.shape[1] == 1 else samples.mean(dim=1)
+    if samples.ndim == 2:
+        axis = 0 if samples.shape[0] < samples.shape[1] else 1  # (C, L), as torchaudio.load gives; or (L, C)
+        if samples.shape[axis] > MAX_CHANNELS:
+            raise AudioError(
+                f"{name}: audio must be (samples,), (samples, channels) or (channels, samples) with at most "
+                f"{MAX_CHANNELS} channels, got shape {tuple(samples.shape)}"
+            )
+        # one channel: itself (its mean is the same numbers, at a cost)
+        samples = samples.select(axis, 0) if samples.shape[axis] == 1 else samples.mean(dim=axis)
     elif samples.ndim != 1:
-        raise AudioError(f"{name}: audio must be (samples,) or (samples, channels), got shape {tuple(samples.shape)}")
+        raise AudioError(
+            f"{name}: audio must be (samples,), (samples, channels) or (channels, samples), "
+            f"got shape {tuple(samples.shape)}"
+        )
     if samples.numel() == 0:
         raise AudioError(f"{name}: has no samples")
     if not np.isfinite(samples.numpy()).all():  # NumPy's check: ~100x faster than torch's on the CPU
@@ -212,13 +279,14 @@ def prepare_audio(data, rate: int, sample_rate: int, name: str = "<array>") -> t
     return samples.contiguous()
 
 
-def read_input(item, sample_rate: int) -> torch.Tensor:
-    """A path, or samples already at `sample_rate` -> (L,) float32 mono at `sample_rate`; AudioError for bad input.
+def read_input(item, sample_rate: int, max_seconds: float = MAX_AUDIO_SECONDS) -> torch.Tensor:
+    """A path, or samples already at `sample_rate` -> (L,) float32 mono at `sample_rate`; AudioError for bad input
+    (a file of over `max_seconds` among them).
 
     Any length from one sample on: as in NeMo, a clip shorter than one feature frame (10 ms) has no encoder
     frames and an empty transcript, one shorter than 80 ms has one encoder frame."""
     if isinstance(item, (str, os.PathLike)):
-        return load_audio(item, sample_rate)
+        return load_audio(item, sample_rate, max_seconds)
     import torch
 
     return prepare_audio(item.cpu().numpy() if isinstance(item, torch.Tensor) else item, sample_rate, sample_rate)
@@ -234,26 +302,50 @@ def url_of(path: str | os.PathLike) -> str | None:
 
 
 def audio_seconds(path: str | os.PathLike) -> float | None:
-    """A file's length from its header (cheap), or None when it cannot be inspected (reading it says why)."""
+    """A file's length from its header (cheap), or None when it cannot be inspected (reading it says why) or the
+    header does not say."""
     if str(path) == STDIN or not Path(path).is_file():  # a pipe would block
         return None
     try:
-        with NATIVE_STDERR.quiet():
-            return sf.info(str(path)).duration
+        with NATIVE_STDERR.quiet(), sf.SoundFile(str(path)) as f:
+            return None if f.frames == SF_UNKNOWN_FRAMES else f.frames / f.samplerate
     except (sf.LibsndfileError, RuntimeError, OSError, TypeError, ValueError):
         pass
     import av
 
     try:
         with NATIVE_STDERR.quiet(), av.open(str(path), metadata_errors="ignore") as container:
-            return None if container.duration is None else container.duration / av.time_base
+            stream = container.streams.best("audio")
+            return None if stream is None else _ffmpeg_seconds(container, stream)
     except av.FFmpegError:
         return None
 
 
+def length_problem(path: str | os.PathLike, max_seconds: float) -> str | None:
+    """The error line of a file whose header says it holds over `max_seconds` of audio (the reader's own), else
+    None: also where the header does not say, and reading the file checks it again."""
+    seconds = audio_seconds(path)
+    if seconds is None or seconds <= max_seconds:
+        return None
+    return f"{path}: {_too_long(max_seconds, seconds)}"
+
+
 def find_audio_files(folder: str | os.PathLike) -> list[Path]:
     """Audio files under `folder`, recursively, in sorted order."""
-    return sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES)
+    return [p for p in scan_folder(folder)[0] if p.is_file()]
+
+
+def scan_folder(folder: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """What a folder job reads under `folder`, recursively, in sorted order: audio files, and broken symbolic links
+    with audio names (reading one says so); and, apart, what has an audio name but is no file and no folder (a
+    named pipe, a socket, a device): never read, as a pipe would block."""
+    files, others = [], []
+    for path in sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES):
+        if path.is_file() or (path.is_symlink() and not path.exists()):
+            files.append(path)
+        elif not path.is_dir():
+            others.append(path)
+    return files, others
 
 
 def _reason(err: sf.LibsndfileError) -> str:
@@ -369,12 +461,15 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def read_bytes(data: bytes, sample_rate: int, name: str = "<bytes>") -> torch.Tensor:
+def read_bytes(
+    data: bytes, sample_rate: int, name: str = "<bytes>", max_seconds: float = MAX_AUDIO_SECONDS
+) -> torch.Tensor:
     """An audio file's bytes (an upload: any format libsndfile or FFmpeg reads) -> (L,) float32 mono at
-    `sample_rate`; AudioError naming `name` and the problem. Nothing touches the disk."""
+    `sample_rate`; AudioError naming `name` and the problem (over `max_seconds` of audio is one). Nothing touches
+    the disk."""
     if not data:
         raise AudioError(f"{name}: empty file")
-    return decode_audio(data, name, sample_rate)
+    return decode_audio(data, name, sample_rate, max_seconds)
 
 
 def speech_path(name: str) -> Path:

@@ -25,6 +25,7 @@ import struct
 import sys
 import tarfile
 import time
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -113,11 +114,15 @@ class _TarMembers:
 
 
 def _open_tar(path: Path) -> tuple[tarfile.TarFile, bool]:
-    """The archive, and whether it is compressed (gzip, ...: then its members cannot be mapped)."""
+    """The archive, and whether it is compressed (gzip, ...: then its members cannot be mapped). What is no archive
+    at all raises the plain tar's one-line error, not the list of every compression tried."""
     try:
         return tarfile.open(path, mode="r:"), False
-    except tarfile.ReadError:
-        return tarfile.open(path, mode="r:*"), True
+    except tarfile.ReadError as plain:
+        try:
+            return tarfile.open(path, mode="r:*"), True
+        except tarfile.ReadError:
+            raise plain from None
 
 
 class _FolderMembers:
@@ -304,8 +309,11 @@ def _read_weights(path: Path, members) -> dict[str, torch.Tensor]:
 
 
 def _load_weights(path: Path, members, map_location: str) -> dict[str, torch.Tensor]:
-    with members.open(WEIGHTS_NAME) as f:
+    with members.open(WEIGHTS_NAME) as f, warnings.catch_warnings():
         data = f if f.seekable() else io.BytesIO(f.read())
+        # a raw pickle (not torch.save's zip) of another protocol: torch warns in two lines before it fails or not;
+        # our one line says what is wrong
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
         try:
             state = torch.load(data, map_location=map_location, weights_only=True)
         except Exception as err:  # noqa: BLE001 - pickle/zip errors of many kinds: one message for the user

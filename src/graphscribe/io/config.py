@@ -122,6 +122,11 @@ RIGHT_SECONDS = 1.6
 STOP_HISTORY_MS = 800  # silence that ends an utterance (NeMo's endpointing.stop_history_eou)
 RESIDUE_TOKENS = 2  # frames at a step's end not counted as silence yet (endpointing.residue_tokens_at_end)
 
+# What one file may decode to, by default (`--max-audio-hours`): its size says little (an hour of Opus fits in 3 MB,
+# 7 h of silent FLAC in 1.3 MB). Twice the longest the model cards claim (3 h, local attention); 6 h of 48 kHz mono
+# float32 is 4 GB. io/audio.py refuses more from the header where it gives the length, else once decoding passes it.
+MAX_AUDIO_SECONDS = 6 * 3600
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -135,6 +140,7 @@ class RunOptions:
     batch_seconds: float | None = None  # padded audio seconds per batch at most; 0: no cap; None: the device's default
     attention: str = "auto"  # auto | full | local (see encoder.py and loaded.py `LoadedModel.attention_for`)
     attention_window: int = ATTENTION_WINDOW
+    max_audio_seconds: float = MAX_AUDIO_SECONDS  # a file of more audio is refused (`audio.read_input`)
 
 
 # ---------------------------------------------------------------------------- reading NeMo's config

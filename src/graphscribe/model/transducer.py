@@ -121,7 +121,8 @@ def load_state(
 
 
 def resolve_device(requested: str) -> torch.device:
-    """auto: CUDA when present, else CPU. A CUDA request without CUDA degrades to CPU with one warning."""
+    """auto: CUDA when present, else CPU. An explicit CUDA request without CUDA is a ValueError (one line): it would
+    run on the CPU, hundreds of times slower, where its asker expected a GPU."""
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     kind, colon, index = requested.partition(":")
@@ -130,8 +131,7 @@ def resolve_device(requested: str) -> torch.device:
         raise ValueError(f"--device {requested}: use auto, cpu, cuda or cuda:N")
     device = torch.device(requested)
     if device.type == "cuda" and not torch.cuda.is_available():
-        log.warning("CUDA is not available on this machine; running on the CPU")
-        return torch.device("cpu")
+        raise ValueError(f"--device {requested}: CUDA is not available on this machine (--device cpu or auto)")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {requested}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device

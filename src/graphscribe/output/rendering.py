@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.output.timestamps import WordRules, token_spans, words_and_segments
 from graphscribe.output.transcript import Token, Transcript
-from graphscribe.output.writers import WRITERS, cannot_write, write_file
+from graphscribe.output.writers import WRITERS, cannot_write, is_disk_full, write_file
 
 if TYPE_CHECKING:
     from graphscribe.model.decoding import Hypothesis
@@ -100,7 +100,8 @@ class RenderPool:
     writer's text (`writers.render` uses it), byte for byte what the writers make of `TranscriptMaker.make`'s.
     With `outputs` (per input, one path per format, in `formats`' order) the workers write those files instead,
     in that order, and send no text back: a file that cannot be written is the Transcript's `write_error` line,
-    and the input's later files are not written (as the CLI does); `written` counts the inputs written whole.
+    and the input's later files are not written (as the CLI does); after a full disk's error (`disk_full`) no later
+    input of the share is written either; `written` counts the inputs written whole.
 
     Spawned (the parent may hold CUDA, which a forked child cannot use) when made, so they start while the first
     batches are read and encoded; each builds its tokenizer once. As with any spawned process, a worker imports
@@ -117,7 +118,12 @@ class RenderPool:
     ):
         self.formats = tuple(formats)
         self.outputs = outputs
-        self.written = 0  # inputs whose `outputs` the workers have written (counted by the thread of `transcripts`)
+        self.written = 0  # inputs whose `outputs` the workers have written (counted as their shares come back)
+        # One batch out with the workers at a time; `_out`: the workers whose share has not come back yet. A signal
+        # may stop the thread that sent them anywhere, even where it cannot tell (inside ThreadPoolExecutor.submit,
+        # whose thread then runs on unjoined), while the workers write their shares whole: `settle` counts them.
+        self._lock = threading.Lock()
+        self._out: list[Connection] = []
         context = multiprocessing.get_context("spawn")
         pipes = [context.Pipe() for _ in range(workers)]
         self._conns: list[Connection] = [conn for conn, _ in pipes]
@@ -149,9 +155,31 @@ class RenderPool:
         ]
         size = -(-len(rows) // len(self._conns))  # a share each: a batch's wait is its slowest share
         shares = [rows[k : k + size] for k in range(0, len(rows), size)]
-        for conn, share in zip(self._conns, shares):
-            conn.send((share, self.formats))
-        light = [t for conn, _ in zip(self._conns, shares) for t in _received(conn)]
+        with self._lock:
+            self._drain()  # what an interrupted caller left out
+            for conn, share in zip(self._conns, shares):
+                conn.send((share, self.formats))
+                self._out.append(conn)
+            return [t for conn in list(self._out) for t in self._take(conn)]
+
+    def settle(self) -> int:
+        """`written` once every share sent has come back: a stopped run's count includes the batch the workers were
+        writing (they write it whole, whatever stops this process), whichever thread was waiting for it."""
+        with self._lock:
+            try:
+                self._drain()
+            except RuntimeError:  # a worker that died: what it wrote is not known
+                self._out.clear()
+        return self.written
+
+    def _drain(self) -> None:
+        while self._out:
+            self._take(self._out[0])
+
+    def _take(self, conn: Connection) -> list[Transcript]:
+        """A worker's share back, counted."""
+        light = _received(conn)
+        self._out.remove(conn)
         if self.outputs is not None:
             self.written += sum(t.write_error is None for t in light)
         return light
@@ -195,24 +223,29 @@ def _render(
     rows: list[tuple[str, int, PlainHypothesis, Sequence[str] | None]],
     formats: tuple[str, ...],
 ) -> list[Transcript]:
-    light = []
+    light: list[Transcript] = []
+    full_disk: Transcript | None = None  # the row whose file found the disk full: the later ones are not written
     for source, samples, hyp, paths in rows:
         full = maker.make(tokenizer, source, samples, hyp, 0.0, word_times=True)
         texts = [WRITERS[fmt](full) for fmt in formats]
         done = replace(full, tokens=[], words=[], segments=[])
         if paths is None:
             done.rendered = dict(zip(formats, texts))
+        elif full_disk is not None:
+            done.write_error, done.disk_full = full_disk.write_error, True
         else:
-            done.write_error = _write_all(paths, texts)
+            done.write_error, done.disk_full = _write_all(paths, texts)
+            full_disk = done if done.disk_full else None
         light.append(done)
     return light
 
 
-def _write_all(paths: Sequence[str], texts: list[str]) -> str | None:
-    """Each text to its path, in order, stopping at the first that cannot be written: its error line, or None."""
+def _write_all(paths: Sequence[str], texts: list[str]) -> tuple[str | None, bool]:
+    """Each text to its path, in order, stopping at the first that cannot be written: (its error line, whether the
+    disk is full), or (None, False)."""
     for path, text in zip(paths, texts):
         try:
             write_file(Path(path), text)
         except OSError as err:
-            return cannot_write(path, err)
-    return None
+            return cannot_write(path, err), is_disk_full(err)
+    return None, False

@@ -35,6 +35,7 @@ class Transcript:
     rendered: dict[str, str] = field(default_factory=dict)
     # the line naming an output file that a worker process could not write (`rendering.RenderPool` given the paths)
     write_error: str | None = None
+    disk_full: bool = False  # write_error is a full disk's (`writers.is_disk_full`): nothing more is written
 
     @property
     def frames(self) -> list[int]:

@@ -9,14 +9,16 @@ and the last word's end, in milliseconds, cut to the audio's length and to the n
 
 `render` is the one place an output's text is taken: made in a worker process already, or by its writer here.
 `write_file` is the one place output files are written: whole or not at all; `cannot_write` the one line that says
-one could not be.
+one could not be; `is_disk_full` whether no later one can be either.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,10 +153,23 @@ def render(transcript: Transcript, fmt: str) -> str:
 
 
 def stdout_text(transcript: Transcript, fmt: str, several: bool) -> str:
-    """What `transcribe` prints for one input without --output-dir: txt of several inputs names each."""
+    """What `transcribe` prints for one input without --output-dir: txt of several inputs names each (`one_line`);
+    json the error of one that failed too."""
     if fmt == "txt" and several:
-        return f"{transcript.source}: {transcript.text}\n"
+        return f"{one_line(transcript.source)}: {transcript.text}\n"
     return render(transcript, fmt)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """`text` as one line: where it holds control characters (a file name with a newline) they are escaped as
+    Python writes them (\\n, \\x1b), and its backslashes doubled, so that a `PATH: text` or error line stays one line;
+    other text is itself."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text.replace("\\", "\\\\"))
 
 
 def write_file(path: Path, text: str) -> None:
@@ -185,6 +200,14 @@ def write_file(path: Path, text: str) -> None:
 def cannot_write(path: Path | str, err: OSError) -> str:
     """The error line of an output file that could not be written."""
     return f"{path}: cannot write output ({err.strerror or err})"
+
+
+# Errors that every later output would meet too: the run stops writing at the first (`transcribe` says so once)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(err: OSError) -> bool:
+    return err.errno in DISK_FULL
 
 
 @functools.cache

@@ -29,8 +29,8 @@ from graphscribe.output.transcript import Transcript
 log = logging.getLogger(__name__)
 
 
-# What transcribe takes: a path (any format audio.py reads; "-" for standard input), or (L,) samples at the model's
-# rate (a tensor or a NumPy array)
+# What transcribe takes: a path (any format audio.py reads; "-" for standard input), or (L,), (L, C) or (C, L) samples
+# at the model's rate (a tensor or a NumPy array; `audio.prepare_audio`)
 Input = Union[str, os.PathLike, torch.Tensor, np.ndarray]
 
 _ATTENTION = ("auto", "full", "local")
@@ -115,8 +115,9 @@ class LoadedModel:
 
     # ------------------------------------------------------------------ stages
     def read(self, item) -> torch.Tensor:
-        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError (`audio.read_input`)."""
-        return read_input(item, self.sample_rate)
+        """A path, or samples at the model's rate -> (L,) float32 mono; raises AudioError (`audio.read_input`), for
+        a file of over `options.max_audio_seconds` too."""
+        return read_input(item, self.sample_rate, self.options.max_audio_seconds)
 
     @torch.inference_mode()
     def features(self, audios: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
 import torch
 
 from graphscribe.io.audio import AudioError, audio_seconds, read_input
@@ -268,8 +269,8 @@ def _estimated_seconds(item, sample_rate: int) -> float:
     if isinstance(item, (str, os.PathLike)):
         return audio_seconds(item) or 0.0
     try:
-        return len(item) / sample_rate
-    except TypeError:
+        return max(np.shape(item), default=0) / sample_rate  # (L,), (L, C) or (C, L): the samples are the longest
+    except (TypeError, ValueError):
         return 0.0
 
 

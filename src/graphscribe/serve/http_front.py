@@ -232,7 +232,7 @@ class Front:
 
     def _submit(self, n: int, data: memoryview, name: str, word_times: bool) -> None:
         """On an upload thread: decode, resample, send to the engine."""
-        audio = read_bytes(data, self.link.sample_rate, name)
+        audio = read_bytes(data, self.link.sample_rate, name, self.settings.max_audio_seconds)
         self.link.submit(n, audio.numpy(), word_times, name)
 
     async def _refuse(self, upload: Upload, err: ApiError) -> Response:

@@ -28,6 +28,8 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from graphscribe.io.config import MAX_AUDIO_SECONDS
+
 SUBMIT, LOG, METRICS, UP, READY, DONE, REFUSED = "submit", "log", "metrics", "up", "ready", "done", "refused"
 UPLOAD_STALL_SECONDS = 30.0  # an upload with no byte for this long is refused (408) and its place freed
 
@@ -41,6 +43,7 @@ class FrontSettings:
     max_upload: int  # bytes
     upload_stall: float = UPLOAD_STALL_SECONDS
     metrics_public: bool = False  # /metrics answers without the API key
+    max_audio_seconds: float = MAX_AUDIO_SECONDS  # an upload of more audio is refused (400)
 
 
 class Admission:

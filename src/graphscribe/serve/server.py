@@ -45,6 +45,8 @@ from graphscribe.console import (
     BATCH_DEFAULT,
     DEVICE_HELP,
     DTYPE_HELP,
+    MAX_AUDIO_HELP,
+    MAX_AUDIO_HOURS,
     MODEL_DEFAULT,
     MODEL_ENV,
     MODEL_HELP,
@@ -461,6 +463,9 @@ def serve_command(
     ),
     device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
+    max_audio_hours: float = typer.Option(
+        MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP + " 400 past it."
+    ),
 ) -> None:
     """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model.
     Needs the serve extra: pip install 'graphscribe\\[serve]'."""
@@ -477,7 +482,9 @@ def serve_command(
     except OSError as err:
         err_console.print(f"error: cannot listen on {host}:{port} ({err.strerror or err})")
         raise typer.Exit(1) from None
-    settings = FrontSettings(name, api_key, math.floor(max_upload_mb * 2**20), upload_timeout, metrics_public)
+    settings = FrontSettings(
+        name, api_key, math.floor(max_upload_mb * 2**20), upload_timeout, metrics_public, max_audio_hours * 3600
+    )
     engine = Engine(listening, settings, http_workers or default_http_workers(device))
     with _Stop() as stop:
         try:
