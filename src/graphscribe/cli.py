@@ -192,7 +192,9 @@ def transcribe_command(
     NAME.txt, or NAME.wav.txt where NAME.flac sits beside NAME.wav. Ctrl-C keeps every finished result."""
     setup_logging()
     if stream:
-        _stream(inputs, model, device, dtype, graphs, fmt, output_dir, realtime, raw_rate, chunk, left, right)
+        from graphscribe.live import stream_command  # here: torch and the stream engine for --stream only
+
+        stream_command(inputs, model, device, dtype, graphs, fmt, output_dir, realtime, raw_rate, chunk, left, right)
     files, input_errors = expand_inputs(inputs)
     for line in input_errors:
         _print_error(line)
@@ -262,36 +264,6 @@ def transcribe_command(
         for line in _device_lines(loaded):
             err_console.print(escape(line))
     raise typer.Exit(1 if tally.failed else 0)
-
-
-def _stream(inputs, model, device, dtype, graphs, fmt, output_dir, realtime, raw_rate, chunk, left, right) -> None:
-    from graphscribe.live import check_stream_options, run_stream
-
-    fmt = check_stream_options(inputs, fmt, output_dir, raw_rate)
-    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=graphs is not False))
-    raise typer.Exit(run_stream(loaded, str(inputs[0]), fmt, raw_rate, realtime, chunk, left, right))
-
-
-def listen_command(
-    model: Optional[str] = typer.Option(
-        None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP
-    ),
-    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
-    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
-    fmt: str = typer.Option("txt", "--format", "-f", metavar="txt|jsonl", help="Text lines, or JSON events."),
-    microphone: Optional[str] = typer.Option(None, "--input", metavar="NAME", help="sounddevice's input device."),
-    chunk: float = typer.Option(CHUNK_SECONDS, "--chunk", metavar="S", help="Seconds per step."),
-    left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="Seconds of left context."),
-    right: float = typer.Option(RIGHT_SECONDS, "--right", metavar="S", help="Seconds of right context (the delay)."),
-) -> None:
-    """Transcribe the microphone live until Ctrl-C (needs the optional sounddevice package)."""
-    from graphscribe.live import STREAM_FORMATS, listen
-
-    setup_logging()
-    if fmt not in STREAM_FORMATS:
-        fail_usage(f"--format {fmt}: listen prints txt or jsonl")
-    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype))
-    raise typer.Exit(listen(loaded, fmt, chunk, left, right, microphone))
 
 
 def _device_or_exit(device: str) -> None:
@@ -523,8 +495,6 @@ def _print_error(line: str, status: Optional[Status] = None) -> None:
 
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 transcribe_app.command(epilog=_EXAMPLES)(transcribe_command)
-listen_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-listen_app.command()(listen_command)
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 bench_app.command()(bench_command)
 
@@ -560,6 +530,8 @@ def main(argv: list[str] | None = None) -> None:
             missing_extra("transcribe ray", "ray", err)
         ray_app(args[1:], prog_name="transcribe ray")
     elif args and args[0] == "listen":
+        from graphscribe.live import listen_app
+
         listen_app(args[1:], prog_name="transcribe listen")
     elif args and args[0] == "serve":
         try:

@@ -16,8 +16,19 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
+import typer
 
-from graphscribe.console import err_console, fail_usage
+from graphscribe.console import (
+    DEVICE_HELP,
+    DTYPE_HELP,
+    MODEL_DEFAULT,
+    MODEL_HELP,
+    err_console,
+    fail_usage,
+    load_or_exit,
+    setup_logging,
+)
+from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS, RunOptions
 
 PIECE_SECONDS = 0.02  # audio fed at a time: a real-time source's pace, and a file's pieces
 RAW_BYTES = 4096  # bytes read from raw PCM at a time
@@ -205,3 +216,36 @@ def listen(model, fmt: str, chunk: float, left: float, right: float, device: Opt
     except KeyboardInterrupt:
         printer(stream.finish())
     return 0
+
+
+def stream_command(
+    inputs, model, device, dtype, graphs, fmt, output_dir, realtime, raw_rate, chunk, left, right
+) -> None:
+    """`transcribe INPUT --stream`: load the model and stream the input (exits with the run's code)."""
+    fmt = check_stream_options(inputs, fmt, output_dir, raw_rate)
+    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=graphs is not False))
+    raise typer.Exit(run_stream(loaded, str(inputs[0]), fmt, raw_rate, realtime, chunk, left, right))
+
+
+def listen_command(
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP
+    ),
+    device: str = typer.Option("auto", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
+    dtype: str = typer.Option("auto", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
+    fmt: str = typer.Option("txt", "--format", "-f", metavar="txt|jsonl", help="Text lines, or JSON events."),
+    microphone: Optional[str] = typer.Option(None, "--input", metavar="NAME", help="sounddevice's input device."),
+    chunk: float = typer.Option(CHUNK_SECONDS, "--chunk", metavar="S", help="Seconds per step."),
+    left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="Seconds of left context."),
+    right: float = typer.Option(RIGHT_SECONDS, "--right", metavar="S", help="Seconds of right context (the delay)."),
+) -> None:
+    """Transcribe the microphone live until Ctrl-C (needs the optional sounddevice package)."""
+    setup_logging()
+    if fmt not in STREAM_FORMATS:
+        fail_usage(f"--format {fmt}: listen prints txt or jsonl")
+    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype))
+    raise typer.Exit(listen(loaded, fmt, chunk, left, right, microphone))
+
+
+listen_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+listen_app.command()(listen_command)
