@@ -367,7 +367,7 @@ def _results(files, formats, targets, devices, model, options: RunOptions, graph
         except LoadError as err:
             fail_usage(str(err))
         return run, iter(run), run.transcribing_since, None
-        from graphscribe.io.audio import read_input
+    from graphscribe.io.audio import read_input
     from graphscribe.output.rendering import RenderPool
     from graphscribe.runtime.pipeline import transcribe_stream, warm_up_run
     from graphscribe.runtime.reading import read_ahead
