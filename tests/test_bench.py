@@ -65,15 +65,21 @@ def test_bench_on_cpu(tmp_path):
     assert "decode" in result.stdout and "steps" in result.stdout  # the table
 
 
-def test_bad_batch_sizes_are_bad_usage():
-    result = subprocess.run(
-        [sys.executable, "-m", "graphscribe.cli", "bench", "--model", str(NEMO_PATH), "--batch-sizes", "1,x"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    assert "--batch-sizes" in result.stderr
+def _bench_in_process(capsys, *args) -> tuple[int, str]:
+    """`transcribe bench ARGS` through cli.main in this process, for usage errors (they end before a model loads):
+    its exit code and stderr."""
+    from graphscribe.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["bench", *map(str, args)])
+    return done.value.code, capsys.readouterr().err
+
+
+def test_bad_batch_sizes_are_bad_usage(capsys):
+    code, stderr = _bench_in_process(capsys, "--model", NEMO_PATH, "--batch-sizes", "1,x")
+    assert code == 2
+    assert "--batch-sizes" in stderr
 
 
 def _bench(*args, timeout=600):
@@ -150,11 +156,11 @@ def test_throughput_on_a_folder_counts_a_bad_file(tmp_path):
     _assert_rtfx(row, audio_seconds, wall)
 
 
-def test_bench_folder_usage_errors(tmp_path):
-    result = _bench(CLIPS / "short_2s.wav", "--folder", CLIPS, "--model", NEMO_PATH)
-    assert result.returncode == 2 and "not both" in result.stderr
-    result = _bench("--folder", tmp_path, "--model", NEMO_PATH)
-    assert result.returncode == 2 and "no audio files" in result.stderr
+def test_bench_folder_usage_errors(tmp_path, capsys):
+    code, stderr = _bench_in_process(capsys, CLIPS / "short_2s.wav", "--folder", CLIPS, "--model", NEMO_PATH)
+    assert code == 2 and "not both" in stderr
+    code, stderr = _bench_in_process(capsys, "--folder", tmp_path, "--model", NEMO_PATH)
+    assert code == 2 and "no audio files" in stderr
 
 
 @pytest.mark.gpu
