@@ -112,13 +112,13 @@ def _assert_rtfx(row: dict, audio_seconds: float, wall_seconds: float) -> None:
 def test_throughput_on_generated_speech_with_the_demo_model(tmp_path):
     out = tmp_path / "throughput.json"
     # the bench's folder is make_folder's default draw (seed 0): the same files, measured here by their headers
-    audio_seconds = sum(sf.info(str(p)).duration for p in make_folder(tmp_path / "same", files=5))
+    audio_seconds = sum(sf.info(str(p)).duration for p in make_folder(tmp_path / "same", files=3))
     result, wall = _timed_bench(
-        "--throughput", "--files", 5, "--batch-sizes", "2,4", "--reps", 1, "--model", "demo", "--json", out
+        "--throughput", "--files", 3, "--batch-sizes", "2,4", "--reps", 1, "--model", "demo", "--json", out
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
-    assert report["files"] == 5 and report["dtype"] == "float32" and report["reps"] == 1
+    assert report["files"] == 3 and report["dtype"] == "float32" and report["reps"] == 1
     assert report["audio_seconds"] == pytest.approx(audio_seconds)
     rows = report["throughput"]
     assert [(r["batch"], r["graphs"]) for r in rows] == [(2, False), (4, False)]
