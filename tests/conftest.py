@@ -12,7 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+
+# One intra-op thread for torch here and (through the environment) in every process a test starts, unless the
+# caller chose: the tiny models gain nothing from more, and on a 2-core machine that also runs the CLI, its workers
+# and servers, OpenMP threads spinning for a busy core made tests 5-10x slower (test_streaming's chunked and
+# resampled streams: 35 s -> 4 s on a shared 2-core machine). Set before torch is imported, which reads it.
+_THREADS_CHOSEN = "OMP_NUM_THREADS" in os.environ
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402  (after OMP_NUM_THREADS)
+
+if not _THREADS_CHOSEN:
+    torch.set_num_threads(1)  # in case torch was imported (by a plugin) before the line above
 
 if not torch.cuda.is_available():
     # the fused decode step's Triton kernels run on the CPU through Triton's interpreter (tests/test_fused_step.py);

@@ -82,15 +82,21 @@ def test_bench_on_cpu_says_what_it_runs_and_sizes_its_defaults_for_the_cpu(tmp_p
     assert {row["batch"] for row in report["tiers"][0]["rows"]} == {1}
 
 
-def test_bad_batch_sizes_are_bad_usage():
-    result = subprocess.run(
-        [sys.executable, "-m", "graphscribe.cli", "bench", "--model", str(NEMO_PATH), "--batch-sizes", "1,x"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    assert "--batch-sizes" in result.stderr
+def _bench_in_process(capsys, *args) -> tuple[int, str]:
+    """`transcribe bench ARGS` through cli.main in this process, for usage errors (they end before a model loads):
+    its exit code and stderr."""
+    from graphscribe.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["bench", *map(str, args)])
+    return done.value.code, capsys.readouterr().err
+
+
+def test_bad_batch_sizes_are_bad_usage(capsys):
+    code, stderr = _bench_in_process(capsys, "--model", NEMO_PATH, "--batch-sizes", "1,x")
+    assert code == 2
+    assert "--batch-sizes" in stderr
 
 
 def _bench(*args, timeout=600):
@@ -123,13 +129,13 @@ def _assert_rtfx(row: dict, audio_seconds: float, wall_seconds: float) -> None:
 def test_throughput_on_generated_speech_with_the_demo_model(tmp_path):
     out = tmp_path / "throughput.json"
     # the bench's folder is make_folder's default draw (seed 0): the same files, measured here by their headers
-    audio_seconds = sum(sf.info(str(p)).duration for p in make_folder(tmp_path / "same", files=5))
+    audio_seconds = sum(sf.info(str(p)).duration for p in make_folder(tmp_path / "same", files=3))
     result, wall = _timed_bench(
-        "--throughput", "--files", 5, "--batch-sizes", "2,4", "--reps", 1, "--model", "demo", "--json", out
+        "--throughput", "--files", 3, "--batch-sizes", "2,4", "--reps", 1, "--model", "demo", "--json", out
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
-    assert report["files"] == 5 and report["dtype"] == "float32" and report["reps"] == 1
+    assert report["files"] == 3 and report["dtype"] == "float32" and report["reps"] == 1
     assert report["audio_seconds"] == pytest.approx(audio_seconds)
     rows = report["throughput"]
     assert [(r["batch"], r["graphs"]) for r in rows] == [(2, False), (4, False)]
@@ -167,11 +173,11 @@ def test_throughput_on_a_folder_counts_a_bad_file(tmp_path):
     _assert_rtfx(row, audio_seconds, wall)
 
 
-def test_bench_folder_usage_errors(tmp_path):
-    result = _bench(CLIPS / "short_2s.wav", "--folder", CLIPS, "--model", NEMO_PATH)
-    assert result.returncode == 2 and "not both" in result.stderr
-    result = _bench("--folder", tmp_path, "--model", NEMO_PATH)
-    assert result.returncode == 2 and "no audio files" in result.stderr
+def test_bench_folder_usage_errors(tmp_path, capsys):
+    code, stderr = _bench_in_process(capsys, CLIPS / "short_2s.wav", "--folder", CLIPS, "--model", NEMO_PATH)
+    assert code == 2 and "not both" in stderr
+    code, stderr = _bench_in_process(capsys, "--folder", tmp_path, "--model", NEMO_PATH)
+    assert code == 2 and "no audio files" in stderr
 
 
 @pytest.mark.gpu

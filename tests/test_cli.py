@@ -34,6 +34,23 @@ def transcribe(*args, model: str | None = str(NEMO_PATH), env: dict | None = Non
     return subprocess.run(command, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=120)
 
 
+def in_process(capsys, *args, model: str | None = str(NEMO_PATH)) -> subprocess.CompletedProcess:
+    """`graphscribe.cli.main(ARGS [--model MODEL])` in this process, for usage errors and help, which end before a
+    model loads: what `transcribe` would print and its exit code, without a Python and torch start each. Tests of
+    signals, exit codes of a whole run and stdout's behaviour keep the real process (`transcribe`)."""
+    from graphscribe.cli import main
+
+    argv = [*map(str, args)] + (["--model", model] if model is not None else [])
+    capsys.readouterr()
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out.out, out.err)
+
+
 def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
@@ -280,15 +297,15 @@ def test_the_demo_chosen_by_name_has_no_note():
     assert result.stderr == "" and result.stdout.strip()
 
 
-def test_bad_dtype_is_bad_usage():
-    result = transcribe(SPEECH_CLIP, "--dtype", "int7")
+def test_bad_dtype_is_bad_usage(capsys):
+    result = in_process(capsys, SPEECH_CLIP, "--dtype", "int7")
     assert result.returncode == 2
     [error] = _error_lines(result.stderr)
     assert "int7" in error
 
 
-def test_missing_model_file_is_bad_usage(tmp_path):
-    result = transcribe(SPEECH_CLIP, model=str(tmp_path / "nope.nemo"))
+def test_missing_model_file_is_bad_usage(tmp_path, capsys):
+    result = in_process(capsys, SPEECH_CLIP, model=str(tmp_path / "nope.nemo"))
     assert result.returncode == 2
     [error] = _error_lines(result.stderr)
     assert "nope.nemo" in error and "Traceback" not in result.stderr
@@ -329,8 +346,8 @@ def test_cuda_with_graphs_gives_nemo_text():
     assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
 
 
-def test_bench_help():
-    result = transcribe("bench", "--help", model=None)
+def test_bench_help(capsys):
+    result = in_process(capsys, "bench", "--help", model=None)
     assert result.returncode == 0, result.stderr
     assert "Usage: transcribe bench" in result.stdout
 
@@ -344,7 +361,7 @@ def test_installed_script_runs():
     assert "--model" in result.stdout and "--output-dir" in result.stdout
 
 
-def test_two_inputs_for_one_output_file_are_bad_usage_before_loading(tmp_path):
+def test_two_inputs_for_one_output_file_are_bad_usage_before_loading(tmp_path, capsys):
     """a/x.wav and b/x.wav, both folder inputs, would both write out/x.txt: one line naming both, exit 2, before the
     model loads (the missing model is never looked at)."""
     a, b = tmp_path / "a", tmp_path / "b"
@@ -352,7 +369,7 @@ def test_two_inputs_for_one_output_file_are_bad_usage_before_loading(tmp_path):
     shutil.copy(CLIPS / "short_2s.wav", a / "x.wav")
     shutil.copy(CLIPS / "espeak_fox.wav", b / "x.wav")
     out = tmp_path / "out"
-    result = transcribe(a, b, "--output-dir", out, model=str(tmp_path / "missing.nemo"))
+    result = in_process(capsys, a, b, "--output-dir", out, model=str(tmp_path / "missing.nemo"))
     assert result.returncode == 2
     [error] = _error_lines(result.stderr)
     assert str(a / "x.wav") in error and str(b / "x.wav") in error and str(out / "x.txt") in error
@@ -416,15 +433,15 @@ def test_a_checkpoint_that_fails_to_load_stops_the_early_readers(tmp_path, clip_
     assert not [n for n in names if n.startswith("graphscribe-")], names
 
 
-def test_version_is_the_installed_distributions():
+def test_version_is_the_installed_distributions(capsys):
     from importlib.metadata import version
 
-    result = transcribe("--version", model=None)
+    result = in_process(capsys, "--version", model=None)
     assert result.returncode == 0 and result.stdout == f"graphscribe {version('graphscribe')}\n"
 
 
-def test_help_names_the_other_commands():
-    result = transcribe("--help", model=None)
+def test_help_names_the_other_commands(capsys):
+    result = in_process(capsys, "--help", model=None)
     assert result.returncode == 0
     for command in ("transcribe serve", "transcribe ray", "transcribe bench", "graphscribe[serve]"):
         assert command in result.stdout

@@ -8,11 +8,22 @@ import tarfile
 import pytest
 import torch
 import yaml
-from conftest import NEMO_PATH
+from conftest import FIXTURES, NEMO_PATH
 
-from graphscribe.io.config import UnsupportedModelError, model_config_from_nemo
+from graphscribe.io.config import (
+    DecodingConfig,
+    EncoderConfig,
+    FeatureConfig,
+    JointConfig,
+    ModelConfig,
+    PredictionConfig,
+    UnsupportedModelError,
+    model_config_from_nemo,
+)
 from graphscribe.model.features import LogMel
 from graphscribe.model.transducer import Transducer, load_state
+
+CONFIGS = FIXTURES / "configs"  # released checkpoints' config fields (README.md there names the sources)
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +174,53 @@ def test_hybrid_tdt_ctc_is_a_transducer(nemo_config):
     config["target"] = "nemo.collections.asr.models.hybrid_rnnt_ctc_bpe_models.EncDecHybridRNNTCTCBPEModel"
     config["aux_ctc"] = {"decoder": {"_target_": "nemo.collections.asr.modules.ConvASRDecoder"}}
     assert model_config_from_nemo(config) == model_config_from_nemo(nemo_config)
+
+
+def _released(mels: int, layers: int, xscaling: bool, use_bias: bool, vocab: int, durations: tuple[int, ...]):
+    """A released checkpoint's ModelConfig: what they share written out once, what differs as arguments."""
+    return ModelConfig(
+        features=FeatureConfig(
+            sample_rate=16000, n_mels=mels, n_fft=512, win_length=400, hop_length=160, preemph=0.97, mag_power=2.0
+        ),
+        encoder=EncoderConfig(
+            n_mels=mels,
+            d_model=1024,
+            n_layers=layers,
+            n_heads=8,
+            ff_expansion=4,
+            conv_kernel=9,
+            subsampling_factor=8,
+            subsampling_channels=256,
+            xscaling=xscaling,
+            use_bias=use_bias,
+            local_context=None,
+        ),
+        prediction=PredictionConfig(vocab_size=vocab, hidden=640, layers=2),
+        joint=JointConfig(
+            encoder_hidden=1024,
+            pred_hidden=640,
+            hidden=640,
+            vocab_size=vocab,
+            num_durations=len(durations),
+            dropout_layer=True,
+        ),
+        decoding=DecodingConfig(durations=durations, max_symbols=10),
+    )
+
+
+RELEASED = {  # fixtures/configs/README.md names the source of every field
+    "parakeet-tdt-0.6b-v2": _released(128, 24, False, False, 1024, (0, 1, 2, 3, 4)),
+    "parakeet-tdt-0.6b-v3": _released(128, 24, False, False, 8192, (0, 1, 2, 3, 4)),
+    "parakeet-rnnt-0.6b": _released(80, 24, True, True, 1024, ()),
+    "parakeet-tdt-1.1b": _released(80, 42, False, True, 1024, (0, 1, 2, 3, 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(RELEASED))
+def test_released_configs_read_into_their_dataclasses(name):
+    """NVIDIA's released checkpoints' config fields (transcribed in fixtures/configs) give their known shapes."""
+    raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    cfg = model_config_from_nemo(raw)
+    assert cfg == RELEASED[name]
+    assert cfg.blank_id == RELEASED[name].prediction.vocab_size
+    assert cfg.decoding.is_tdt == (name != "parakeet-rnnt-0.6b")

@@ -29,9 +29,19 @@ def start(*args) -> subprocess.Popen:
 
 
 def transcribe(*args) -> subprocess.CompletedProcess:
-    process = start(*args)
+    return finish(start(*args))
+
+
+def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
     stdout, stderr = process.communicate(timeout=300)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def side_by_side(one: list, two: list) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """Two commands run at once (one process, and the same with --devices cpu,cpu): most of each run is starting
+    Python and torch and loading the model, which the two overlap."""
+    started = start(*one), start(*two)
+    return finish(started[0]), finish(started[1])
 
 
 def children_of(pid: int) -> list[tuple[int, bytes]]:
@@ -80,8 +90,7 @@ def mixed(tmp_path_factory) -> Path:
 
 
 def test_two_cpu_workers_print_what_one_process_prints(mixed):
-    one = transcribe(mixed, "--batch", "2")
-    two = transcribe(mixed, "--batch", "2", "--devices", "cpu,cpu")
+    one, two = side_by_side([mixed, "--batch", "2"], [mixed, "--batch", "2", "--devices", "cpu,cpu"])
     assert one.returncode == two.returncode == 1  # the two bad files
     assert len(one.stdout.splitlines()) == 6
     assert two.stdout == one.stdout
@@ -107,8 +116,8 @@ def test_two_cpu_workers_print_what_one_process_prints(mixed):
 
 
 def test_two_cpu_workers_write_what_one_process_writes(mixed, tmp_path):
-    one = transcribe(mixed, "--batch", "3", "-f", "txt,json", "-o", tmp_path / "one")
-    two = transcribe(mixed, "--batch", "3", "-f", "txt,json", "-o", tmp_path / "two", "--devices", "cpu,cpu")
+    args = [mixed, "--batch", "3", "-f", "txt,json", "-o"]
+    one, two = side_by_side([*args, tmp_path / "one"], [*args, tmp_path / "two", "--devices", "cpu,cpu"])
     assert one.returncode == two.returncode == 1
     written = outputs(tmp_path / "one")
     assert len(written) == 12  # six clips, two formats
@@ -233,12 +242,16 @@ print("order", *dict.fromkeys(order))
     assert order == (["forkserver", "torch", "worker"] if sys.platform.startswith("linux") else ["worker", "torch"])
 
 
-def test_bad_devices_exit_2_before_loading(tmp_path):
-    result = transcribe(CLIPS / "short_2s.wav", "--devices", "cpu,tpu")
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip().splitlines() == [
-        "error: --devices cpu,tpu: tpu: use all, or a comma list of cpu, cuda:N"
-    ]
+def test_bad_devices_exit_2_before_loading(capsys):
+    """A usage error, before anything loads: through cli.main in this process (no Python and torch start)."""
+    from graphscribe.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main([str(CLIPS / "short_2s.wav"), "--devices", "cpu,tpu", "--model", str(NEMO_PATH)])
+    out = capsys.readouterr()
+    assert done.value.code == 2 and out.out == ""
+    assert out.err.strip().splitlines() == ["error: --devices cpu,tpu: tpu: use all, or a comma list of cpu, cuda:N"]
 
 
 def test_a_model_no_worker_can_load_exits_2(tmp_path):
