@@ -1,0 +1,1 @@
+"""Reading what comes from outside: audio, checkpoints, their configs, the tokenizer."""

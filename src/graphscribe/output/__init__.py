@@ -1,0 +1,1 @@
+"""What goes out: transcripts, NeMo's word and segment times, one writer per format."""
