@@ -63,29 +63,36 @@ def test_a_stream_fed_a_sample_at_a_time_equals_one_fed_whole(model):
     assert whole[-1].type == "done" and whole[-1].token_ids
 
 
+def _staggered(engine: StreamEngine, audios: list, piece: int = 4800) -> list[list]:
+    """Each audio a stream of `engine`, one more joining at every step, each fed `piece` more samples a step
+    (0.3 s at 16 kHz) until its end -> each stream's events."""
+    streams, fed, events = [], [], []
+    while len(streams) < len(audios) or not all(s.closed for s in streams):
+        if len(streams) < len(audios):
+            streams.append(engine.open())
+            fed.append(0)
+            events.append([])
+        for i, s in enumerate(streams):
+            if not s.finished:
+                end = min(audios[i].numel(), fed[i] + piece)
+                s.feed(audios[i][fed[i] : end])
+                fed[i] = end
+                if end == audios[i].numel():
+                    s.finish()
+        engine.step()
+        for i, s in enumerate(streams):
+            events[i].extend(s.take_events())
+    return events
+
+
 def test_streams_batched_with_staggered_starts_equal_each_alone(model):
     """Eight streams of one engine, opened at different steps, stepped together: each gets what it gets alone."""
     clips = sorted(CLIPS.glob("*.wav"))
     audios = [model.read(c) for c in clips][:6]
     audios += [audios[0][8000:], audios[2][: audios[2].numel() // 2]]
     alone = [_whole(model.stream(*SMALL), a)[-1].token_ids for a in audios]
-    engine = StreamEngine(model, *SMALL)
-    streams, fed = [], []
-    for step in range(200):
-        if step < len(audios):  # one more stream joins at every step
-            streams.append(engine.open())
-            fed.append(0)
-        for i, s in enumerate(streams):  # 0.3 s more of each open stream's audio per step
-            if not s.finished:
-                end = min(audios[i].numel(), fed[i] + 4800)
-                s.feed(audios[i][fed[i] : end])
-                fed[i] = end
-                if end == audios[i].numel():
-                    s.finish()
-        engine.step()
-        if len(streams) == len(audios) and all(s.closed for s in streams):
-            break
-    done = [next(e for e in s.take_events() if e.type == "done") for s in streams]
+    events = _staggered(StreamEngine(model, *SMALL), audios)
+    done = [next(e for e in stream if e.type == "done") for stream in events]
     assert [d.token_ids for d in done] == alone
 
 
@@ -206,21 +213,6 @@ def test_streams_batched_with_staggered_starts_say_what_nemo_says(models, name):
     model, runs = models[name], ORACLE["models"][name]["settings"]["v3"]
     clips = sorted(runs["streams"])
     audios = [_audio(model, c) for c in clips]
-    engine = StreamEngine(model, *_settings(runs["geometry"]))
-    streams, fed, events = [], [], {}
-    while len(streams) < len(audios) or not all(s.closed for s in streams):
-        if len(streams) < len(audios):
-            streams.append(engine.open())
-            fed.append(0)
-        for i, s in enumerate(streams):
-            if not s.finished:
-                end = min(audios[i].numel(), fed[i] + 4800)
-                s.feed(audios[i][fed[i] : end])
-                fed[i] = end
-                if end == audios[i].numel():
-                    s.finish()
-        engine.step()
-        for i, s in enumerate(streams):
-            events.setdefault(i, []).extend(s.take_events())
+    events = _staggered(StreamEngine(model, *_settings(runs["geometry"])), audios)
     for i, clip in enumerate(clips):
         assert _said(events[i]) == _nemo_said(runs["streams"][clip]), clip
