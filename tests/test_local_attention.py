@@ -283,7 +283,17 @@ def test_fixed_shape_stretches_are_the_same(model):
         assert not fixed[1, :, int(frames[1]) :].any()
 
 
-def test_chunks_are_sized_per_row_so_a_batch_does_not_change_a_clip(model, monkeypatch):
+@pytest.fixture
+def two_threads():
+    """torch's default of more than one intra-op thread, which this test's bits are about (the suite runs with one,
+    with which the CPU's float32 kernels round a clip alone and in a batch differently whatever the chunking)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_chunks_are_sized_per_row_so_a_batch_does_not_change_a_clip(model, monkeypatch, two_threads):
     """Chunked and one-pass products round differently in float32, so the chunking of a clip must not depend on
     its batch: memory budgets that one clip fits in but 32 do not leave the clip's bits as they are alone."""
     import graphscribe.model.encoder as encoder_module
