@@ -191,14 +191,17 @@ def test_verbose_json_segments_only_by_default(client):
     assert answer.segments and answer.words is None
 
 
-def test_stream(client, expected):
-    record = expected[SPEECH_CLIP.name]
+def test_stream_sends_the_streaming_engines_deltas(client, model):
+    """stream=true: the upload is transcribed by the live streams' engine, a step's chunk at a time, and each step's
+    growth of the text is a delta sent as it is made; the text is the streaming engine's for that audio."""
+    stream = model.stream(0.8, 9.6, 1.6)
+    expected = (stream.feed(model.read(SPEECH_CLIP)) + stream.finish())[-1].text
     events = list(transcribe(client, SPEECH_CLIP, stream=True))
     *deltas, done = events
     assert [e.type for e in deltas] == ["transcript.text.delta"] * len(deltas)
-    assert len(deltas) == max(1, len(record["segments"]))  # one a segment
-    assert done.type == "transcript.text.done" and done.text == record["text"]
-    assert "".join(e.delta for e in deltas) == record["text"]
+    assert len(deltas) >= 2  # the text grows chunk by chunk, not in one piece at the end
+    assert done.type == "transcript.text.done" and done.text == expected
+    assert "".join(e.delta for e in deltas) == expected
 
 
 # ============================================================================ unhappy paths, then the next request
@@ -779,10 +782,10 @@ def test_a_worker_socket_that_cannot_be_made_stops_the_start_with_one_line(monke
 
 
 def test_only_loopback_counts_as_private():
-    from graphscribe.serve.server import _loopback
+    from graphscribe.serve.sockets import is_loopback
 
-    assert all(map(_loopback, ["127.0.0.1", "::1", "localhost", "127.0.0.2"]))
-    assert not any(map(_loopback, ["0.0.0.0", "::", "192.168.1.10", "example.org"]))
+    assert all(map(is_loopback, ["127.0.0.1", "::1", "localhost", "127.0.0.2"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.10", "example.org"]))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT spreads connections on Linux only")
@@ -790,7 +793,7 @@ def test_connections_spread_over_the_workers_sockets():
     """Each HTTP worker accepts on a socket of its own on the server's port: 64 connections land on all four (one
     shared socket gave a burst of them to whichever worker woke first); a second server cannot take the port; a
     worker's socket gone, its port still answers through the others."""
-    from graphscribe.serve.server import listen, worker_socket
+    from graphscribe.serve.sockets import listen, worker_socket
 
     held = listen("127.0.0.1", 0)
     port = held.getsockname()[1]

@@ -98,7 +98,11 @@ def bench_command(
     ),
     concurrency: str = typer.Option("1,8,32,128", metavar="N,N,...", help="--serve: clients at once, a row each."),
     api_key: Optional[str] = typer.Option(
-        None, "--api-key", envvar="GRAPHSCRIBE_API_KEY", metavar="KEY", help="--serve: the server's API key."
+        None,
+        "--api-key",
+        envvar="GRAPHSCRIBE_API_KEY",
+        metavar="KEY",
+        help="--serve, --realtime: the server's API key.",
     ),
     response_format: str = typer.Option("json", metavar="FORMAT", help="--serve: the response_format asked for."),
     client_processes: Optional[int] = typer.Option(
@@ -106,8 +110,15 @@ def bench_command(
         "--client-processes",
         metavar="P",
         show_default=False,
-        help="--serve: processes the clients are spread over (default: one).",
+        help="--serve, --realtime: processes the clients are spread over (default: one).",
     ),
+    realtime: Optional[str] = typer.Option(
+        None,
+        "--realtime",
+        metavar="ws://HOST:PORT",
+        help="Load-test a running server's /v1/realtime sessions with the files under --folder, sent at real-time pace.",
+    ),
+    sessions: str = typer.Option("1,64,256", metavar="N,N,...", help="--realtime: sessions at once, a row each."),
     streams: Optional[str] = typer.Option(
         None, "--streams", metavar="N,N,...", help="Live streams instead: each file under --folder a stream, N at once."
     ),
@@ -134,6 +145,16 @@ def bench_command(
         if json_path is not None:
             json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        return
+    if realtime is not None:
+        from graphscribe.serve.realtime_load import bench_realtime, print_realtime_report
+
+        try:
+            report = bench_realtime(realtime, folder, sessions, api_key, client_processes)
+        except ValueError as err:
+            fail_usage(str(err))
+        print_realtime_report(report, Console(width=None if sys.stdout.isatty() else 240))
+        _write_report(report, json_path)
         return
     if streams is not None:
         _bench_streams(streams, folder, pace, model, device, dtype, graphs, chunk, left, right, profile, json_path)

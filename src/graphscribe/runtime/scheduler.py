@@ -57,6 +57,7 @@ class Scheduler(Generic[K]):
         self._arrived: dict[int, float] = {}  # arrival number -> monotonic time it was put
         self._count = itertools.count()
         self._closed = False
+        self._nudged = False
         self._changed = threading.Condition()
 
     def put(self, key: K, seconds: float) -> None:
@@ -75,11 +76,22 @@ class Scheduler(Generic[K]):
             self._closed = True
             self._changed.notify_all()
 
+    def nudge(self) -> None:
+        """Wake a `take` that waits with nothing waiting: it returns None as if its timeout had passed (the server's
+        live streams have work for the batching thread that waits here)."""
+        with self._changed:
+            self._nudged = True
+            self._changed.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def take(
         self, wait: float = 0.0, timeout: float | None = None, company: Callable[[], int] | None = None
     ) -> list[K] | None:
-        """The next batch of keys, longest first; None once closed and empty, or after `timeout` seconds with
-        nothing waiting.
+        """The next batch of keys, longest first; None once closed and empty, after `timeout` seconds with
+        nothing waiting, or when nudged with nothing waiting.
 
         wait: seconds a batch that is not full may wait for company, counted from the arrival of the oldest input
         waiting (a server's --max-wait-ms); it is cut short by closing or by the batch filling up, and, with
@@ -88,7 +100,8 @@ class Scheduler(Generic[K]):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while not self._waiting:
-                if self._closed:
+                if self._closed or self._nudged:
+                    self._nudged = False
                     return None
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -101,6 +114,7 @@ class Scheduler(Generic[K]):
                     if left <= 0 or (company is not None and company() <= 0):
                         break
                     self._changed.wait(left if company is None else min(left, COMPANY_POLL_SECONDS))
+            self._nudged = False
             return self._cut()
 
     def _full(self) -> bool:

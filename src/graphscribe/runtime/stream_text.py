@@ -261,10 +261,21 @@ class StreamText:
         self.eou_before = is_eou
         return new
 
-    def _final(self, first: bool) -> Final:
+    def open_text(self) -> tuple[str, bool]:
+        """The open utterance's text as its final would have it if it ended now, and whether that final would be
+        joined to the text before with a space."""
+        if not self.tokens:
+            return "", False
+        return self._text(), self.vocab.starts_word(self.tokens[0])
+
+    def _text(self) -> str:
         text = self.decode(self.tokens).strip()
         if self._space_before is not None:
             text = self._repeated.sub(r"\1", self._space_before.sub(r"\1", text))
+        return text
+
+    def _final(self, first: bool) -> Final:
+        text = self._text()
         start, end = self.frames[0], self.frames[-1]
         if self.vocab.is_blank_like(self.tokens[0]):
             start = next((f for f, t in zip(self.frames, self.tokens) if not self.vocab.is_blank_like(t)), start)

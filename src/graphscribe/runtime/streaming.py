@@ -70,7 +70,7 @@ class Stream:
         self.events: list[StreamEvent] = []
         self.final_text = ""
         self.token_ids: list[int] = []
-        self._partial = ""
+        self.partial = ""  # the open utterance's text after the last step
 
     def feed(self, samples) -> list[StreamEvent]:
         """Samples at the model's rate, (L,) float in [-1, 1] or int16, any length -> the events that audio made
@@ -351,8 +351,8 @@ class StreamEngine:
                 StreamEvent("final", final.text, final.token_ids, final.start * seconds, final.end * seconds, words)
             )
         stream.token_ids.extend(said.new_tokens)
-        if said.partial != stream._partial:
-            stream._partial = said.partial
+        if said.partial != stream.partial:
+            stream.partial = said.partial
             if said.partial:
                 stream.events.append(StreamEvent("partial", said.partial, list(stream.text.tokens)))
         if last:

@@ -10,7 +10,7 @@ engine (server.py), which batches them through the model and hands back transcri
            -> samples over the worker's pipe -> [engine: Service.submit, batching across every worker's requests]
            -> transcript over the pipe -> [HTTP worker: answered in OpenAI's shape (openai_api.py)]
 
-Every worker accepts on a socket of its own on the server's port (`server.worker_socket`), so the kernel spreads
+Every worker accepts on a socket of its own on the server's port (`sockets.worker_socket`), so the kernel spreads
 connections over them evenly.
 They run apart from the engine because of the GIL: an upload's HTTP parsing, multipart splitting and decoding
 hold it for about a millisecond a request, and in one process that time is taken from the thread that launches
@@ -45,12 +45,13 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from graphscribe.io.audio import AudioError, read_bytes
-from graphscribe.serve.ipc import LOG, METRICS, READY, REFUSED, SUBMIT, UP, Admission, FrontSettings
+from graphscribe.serve.ipc import LOG, METRICS, READY, REFUSED, SAID, SUBMIT, UP, Admission, FrontSettings
 from graphscribe.serve.openai_api import (
     ApiError,
     Upload,
@@ -60,9 +61,12 @@ from graphscribe.serve.openai_api import (
     read_form,
     shutting_down,
 )
+from graphscribe.serve.realtime import Realtime, UploadStream
+from graphscribe.serve.realtime_api import RATE, SUBPROTOCOL_KEY
 
 PATHS = ("/v1/audio/transcriptions", "/v1/models", "/health", "/metrics")  # metric labels; anything else: other
 UPLOAD_THREADS = 4  # decoding threads a worker: libsndfile and resampling release the GIL
+WS_MAX_BYTES = 4 << 20  # a realtime event at most (about 65 s of 24 kHz audio in one append); 1009 past it
 HEADERS_SECONDS = 10.0  # a connection's request head must be whole this long after it opened or its last answer
 
 
@@ -85,6 +89,7 @@ class Link:
         self.lost = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_lost = lambda: None
+        self.on_said = lambda number, said: None  # a realtime turn's text (realtime.Realtime.said)
         if ready is not None:  # a worker started for a warm engine (one replacing a dead worker)
             self._settle(ready)
 
@@ -135,6 +140,9 @@ class Link:
             _, health, self.max_queue, self.sample_rate = message
             self.health = health
             return
+        if kind == SAID:
+            self.on_said(message[1], message[2])
+            return
         future = self._waiting.pop(message[1], None)
         if future is None or future.done():  # its client went away
             return
@@ -155,9 +163,12 @@ class Link:
 class Front:
     """One worker's routes: admission, uploads, answers. Transcription is the engine's, through `link`."""
 
-    def __init__(self, settings: FrontSettings, link: Link, admission: Admission, slot: int):
+    def __init__(self, settings: FrontSettings, link: Link, admission: Admission, sessions: Admission, slot: int):
         self.settings, self.link = settings, link
         self.admission, self.slot = admission, slot  # the engine's counts, and this worker's place in them
+        self.sessions = sessions  # realtime sessions open, counted as the requests are
+        self.realtime = Realtime(self, settings.vad)
+        link.on_said = self.realtime.said
         self.uploads = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="graphscribe-upload")
         self.stopping = False
         self.created = int(time.time())
@@ -167,16 +178,40 @@ class Front:
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics_text, methods=["GET"]),
+                WebSocketRoute("/v1/realtime", self.realtime.endpoint),
             ],
             exception_handlers={HTTPException: _route_error, Exception: _internal_error},
         )
 
-    def authorized(self, request: Request) -> bool:
+    def authorized(self, request: Request | WebSocket) -> bool:
+        """The API key in the Authorization header (Bearer), or for a WebSocket in the subprotocol browsers send it
+        in (`openai-insecure-api-key.KEY`)."""
         key = self.settings.api_key
         if key is None:
             return True
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode()):
+            return True
+        offered = request.scope.get("subprotocols", ()) if request.scope["type"] == "websocket" else ()
+        keys = [p[len(SUBPROTOCOL_KEY) :] for p in offered if p.startswith(SUBPROTOCOL_KEY)]
+        return any(hmac.compare_digest(k.encode(), key.encode()) for k in keys)
+
+    def admit_session(self, ws: WebSocket) -> ApiError | None:
+        """A place among --max-sessions for a realtime session, before its upgrade; else why not."""
+        if self.stopping:
+            return shutting_down()
+        if not self.authorized(ws):
+            return _unauthorized()
+        if self.link.health is None:
+            return ApiError(503, "the server is warming up", code="warming_up")
+        if self.link.sample_rate != RATE:
+            return ApiError(503, f"realtime sessions need a {RATE} Hz model", code="sessions_off")
+        limit = self.settings.max_sessions
+        if limit <= 0:
+            return ApiError(503, "realtime sessions are off on this server (--max-sessions 0)", code="sessions_off")
+        if not self.sessions.admit(self.slot, limit):
+            return ApiError(503, f"the server is busy ({limit} realtime sessions open)", code="sessions_full")
+        return None
 
     async def transcriptions(self, request: Request) -> Response:
         upload = Upload(request, self.settings.upload_stall, lambda: self.stopping)
@@ -184,14 +219,18 @@ class Front:
             self._admit(request)
         except ApiError as err:
             return await self._refuse(upload, err)
+        held = True
         try:
-            return await self._transcribe(request, upload)
+            response = await self._transcribe(request, upload)
+            held = not isinstance(response, StreamingResponse)  # a stream gives its place back when it ends
+            return response
         except ApiError as err:
             refused = err
         except ClientDisconnect:
             return Response(status_code=499)  # nobody reads it: the access log's "client closed the request"
         finally:
-            self.admission.release(self.slot)
+            if held:
+                self.admission.release(self.slot)
         return await self._refuse(upload, refused)  # its place freed first: a drain holds none
 
     def _admit(self, request: Request) -> None:
@@ -210,6 +249,8 @@ class Front:
         if form.file is None:
             raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
         options = parse_options(form)
+        if options.stream:
+            return await self._stream(request, form)
         n, future = self.link.expect()
         try:
             try:
@@ -229,6 +270,29 @@ class Front:
         if transcript.error is not None:
             raise ApiError(500, transcript.error)
         return answer(transcript, options)
+
+    async def _stream(self, request: Request, form) -> Response:
+        """stream=true: the upload decoded, then transcribed by the live engine, its deltas sent as they come."""
+        stream = UploadStream(self.realtime)
+        rate = self.link.sample_rate
+        try:
+            samples = await asyncio.get_running_loop().run_in_executor(
+                self.uploads, self._start_stream, stream, form.file, form.filename
+            )
+        except AudioError as err:
+            raise ApiError(400, str(err), "file") from None
+        except EngineLost:
+            raise shutting_down() from None
+        finally:
+            form.file = None
+        request.scope["graphscribe"] = (samples / rate, 0.0)
+        events = stream.events(lambda: self.admission.release(self.slot))
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    def _start_stream(self, stream: UploadStream, data: memoryview, name: str) -> int:
+        audio = read_bytes(data, self.link.sample_rate, name, self.settings.max_audio_seconds).numpy()
+        stream.start(audio)
+        return audio.size
 
     def _submit(self, n: int, data: memoryview, name: str, word_times: bool) -> None:
         """On an upload thread: decode, resample, send to the engine."""
@@ -376,13 +440,19 @@ class _Uvicorn(uvicorn.Server):
     """uvicorn's server, telling the worker when a signal asks it to stop; it exits 0 once the requests it admitted
     are answered (uvicorn would raise the signal again after shutting down, ending the process by it)."""
 
-    def __init__(self, config: uvicorn.Config, on_stop):
+    def __init__(self, config: uvicorn.Config, on_stop, before_shutdown):
         super().__init__(config)
-        self.on_stop = on_stop
+        self.on_stop, self.before_shutdown = on_stop, before_shutdown
 
     def handle_exit(self, sig, frame) -> None:
         self.on_stop()
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets=None) -> None:
+        """The realtime sessions' open turns answered and their sockets closed first: uvicorn's own shutdown fails
+        every WebSocket at once (close code 1012)."""
+        await self.before_shutdown()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -399,6 +469,7 @@ def worker_main(
     listening: socket.socket,
     conn: Connection,
     admission: Admission,
+    sessions: Admission,
     slot: int,
     settings: FrontSettings,
     ready: tuple | None = None,
@@ -411,17 +482,19 @@ def worker_main(
 
     torch.set_num_threads(1)  # resampling only; the upload threads are the parallelism
     link = Link(conn, ready)
-    front = Front(settings, link, admission, slot)
+    front = Front(settings, link, admission, sessions, slot)
 
     def stop() -> None:
         front.stopping = True
 
     def lost() -> None:
         stop()
+        front.realtime.lost()
         server.should_exit = True
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        front.realtime.start(asyncio.get_running_loop())
         link.start(asyncio.get_running_loop(), lost)
         with contextlib.suppress(EngineLost):
             link.send((UP,))
@@ -437,8 +510,10 @@ def worker_main(
         lifespan="on",
         timeout_graceful_shutdown=None,  # admitted requests are answered, however long they take
         server_header=False,
+        ws_max_size=WS_MAX_BYTES,
+        ws_ping_interval=None,  # a session's liveness is its events (--session-idle)
     )
-    server = _Uvicorn(config, on_stop=stop)
+    server = _Uvicorn(config, on_stop=stop, before_shutdown=front.realtime.wind_down)
     try:
         server.run(sockets=[listening])
     except KeyboardInterrupt:

@@ -5,8 +5,10 @@ settings a worker starts with, and the admission counts. No Starlette or uvicorn
 Messages on a worker's pipe are pickled tuples:
     worker -> engine   (UP,)   (SUBMIT, id, bytes, word_times, name) + the samples, raw   (METRICS, id)
                        (LOG, path, status, seconds, audio seconds, access-log line)
+                       a realtime turn: (OPEN, turn)   (AUDIO, turn, bytes) + the samples, raw   (FINISH, turn)
+                       (DROP, turn)
     engine -> worker   (READY, health, max_queue, sample_rate)   (DONE, id, transcript, queue seconds)
-                       (REFUSED, id)   (METRICS, id, text)
+                       (REFUSED, id)   (METRICS, id, text)   (SAID, turn, sessions.Said)
 A SUBMIT's samples follow it as a message of their own, raw float32 bytes, which the engine reads straight into an
 array (`receive_samples`): pickled with it, they would be copied four times over in the engine, each copy holding
 the GIL that its batching thread launches the GPU's work with (~0.7 ms a 7.5 s request on a 2-core machine against
@@ -31,6 +33,7 @@ import numpy as np
 from graphscribe.io.config import MAX_AUDIO_SECONDS
 
 SUBMIT, LOG, METRICS, UP, READY, DONE, REFUSED = "submit", "log", "metrics", "up", "ready", "done", "refused"
+OPEN, AUDIO, FINISH, DROP, SAID = "open", "audio", "finish", "drop", "said"
 UPLOAD_STALL_SECONDS = 30.0  # an upload with no byte for this long is refused (408) and its place freed
 
 
@@ -44,6 +47,9 @@ class FrontSettings:
     upload_stall: float = UPLOAD_STALL_SECONDS
     metrics_public: bool = False  # /metrics answers without the API key
     max_audio_seconds: float = MAX_AUDIO_SECONDS  # an upload of more audio is refused (400)
+    max_sessions: int = 0  # realtime sessions open at once over every worker (0: none)
+    session_idle: float = 0.0  # seconds a realtime session may send nothing before it is closed
+    vad: bool = True  # server_vad available (Silero's model through onnxruntime)
 
 
 class Admission:

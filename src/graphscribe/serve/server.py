@@ -21,7 +21,6 @@ them. A worker that dies is replaced, and the places it held in the counts are f
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import multiprocessing
 import os
@@ -56,12 +55,18 @@ from graphscribe.console import (
 )
 from graphscribe.io.checkpoint import DEMO_NAME
 from graphscribe.io.config import RunOptions
+from graphscribe.runtime.streaming import MAX_ROWS
 from graphscribe.serve.ipc import (
+    AUDIO,
     DONE,
+    DROP,
+    FINISH,
     LOG,
     METRICS,
+    OPEN,
     READY,
     REFUSED,
+    SAID,
     SUBMIT,
     UP,
     UPLOAD_STALL_SECONDS,
@@ -72,6 +77,7 @@ from graphscribe.serve.ipc import (
 )
 from graphscribe.serve.metrics import Metrics
 from graphscribe.serve.service import Service, warm_up_plans
+from graphscribe.serve.sockets import host_text, is_loopback, listen, worker_socket
 
 if TYPE_CHECKING:
     from graphscribe.api import Model
@@ -79,10 +85,18 @@ if TYPE_CHECKING:
 API_KEY_ENV = "GRAPHSCRIBE_API_KEY"
 QUEUE_PER_ROW = 4  # requests admitted at once per batch row: a batch running, one forming, two more uploading
 MAX_UPLOAD_MB = 100  # about 50 minutes of 16 kHz 16-bit WAV
-BACKLOG = 2048  # connections the kernel queues for the workers to accept
 STARTUP_SECONDS = 10.0  # a worker that exits sooner than this after its start failed to start: the server stops
 _WORKER_CORES = 4  # beside a GPU, one HTTP worker per this many cores (at most MAX_HTTP_WORKERS)
 MAX_HTTP_WORKERS = 4
+GPU_SESSIONS, CPU_SESSIONS = 1024, 16  # realtime sessions at once by default
+SESSION_IDLE_SECONDS = 60.0
+
+
+def vad_available() -> bool:
+    """Whether server_vad can run: Silero's model and onnxruntime installed (the serve extra has them)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("silero_vad", "onnxruntime"))
 
 
 def default_http_workers(device: str) -> int:
@@ -133,6 +147,7 @@ class Engine:
         self.listening, self.settings, self.count = listening, settings, workers
         self._context = multiprocessing.get_context("spawn")  # no CUDA state or threads copied into a worker
         self.admission = Admission(workers)  # requests each worker admitted and has not answered, a slot a worker
+        self.sessions = Admission(workers)  # realtime sessions each worker holds open
         self.metrics = Metrics(lambda: self.admitted_count)
         self.workers: list[_Worker] = []
         self.service: Service | None = None
@@ -158,7 +173,7 @@ class Engine:
             ready = self.ready  # a warm engine's, given at the start: its first connections are served
         process = self._context.Process(
             target=worker_main,
-            args=(accepting, theirs, self.admission, slot, self.settings, ready),
+            args=(accepting, theirs, self.admission, self.sessions, slot, self.settings, ready),
             name="graphscribe-http",
             daemon=True,
         )
@@ -220,6 +235,9 @@ class Engine:
                     self.service.submit(samples, word_times, _answer_to(worker, n), name)
                 except RuntimeError:  # closed: the server is stopping
                     worker.send((REFUSED, n))
+            elif kind in (OPEN, AUDIO, FINISH, DROP):
+                if not self._turn(worker, message):
+                    return
             elif kind == LOG:
                 _, path, status, seconds, audio_seconds, line = message
                 self.metrics.answered(path, status, seconds, audio_seconds)
@@ -233,6 +251,36 @@ class Engine:
                     if self.ready is not None:
                         worker.send(self.ready)
 
+    def _turn(self, worker: _Worker, message: tuple) -> bool:
+        """A realtime turn's message to the live sessions; False when the pipe closed or is out of step."""
+        kind, turn = message[0], (worker, message[1])
+        live = self.service.live
+        if kind == AUDIO:
+            nbytes = message[2]
+            try:
+                if nbytes < 0 or nbytes % 4:
+                    raise ValueError(f"{nbytes} bytes announced")
+                samples = receive_samples(worker.conn, nbytes)
+            except (EOFError, OSError):
+                return False
+            except ValueError as err:
+                err_console.print(f"error: an HTTP worker's message was malformed ({err}); stopping it")
+                worker.process.kill()
+                return False
+            live.feed(turn, samples)
+        elif kind == OPEN:
+            live.open(turn)
+        elif kind == FINISH:
+            live.finish(turn)
+        else:
+            live.drop(turn)
+        return True
+
+    def said(self, turn: tuple, said) -> None:
+        """On the batching thread: what a turn's stream said, to its worker."""
+        worker, n = turn
+        worker.send((SAID, n, said))
+
     def check_workers(self) -> str | None:
         """Replace a worker that died, its places in the admission counts freed (its clients' connections went with
         it; what the engine still transcribes for it is dropped); a reason to stop the server if one died at its
@@ -245,6 +293,9 @@ class Engine:
             w.gone = True
             w.outbox.put(None)
             held = self.admission.clear(w.slot)
+            self.sessions.clear(w.slot)
+            if self.service is not None and self.service.live is not None:
+                self.service.live.drop_all(lambda turn, gone=w: turn[0] is gone)
             code = w.process.exitcode
             how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
             if time.monotonic() - w.started < STARTUP_SECONDS and not w.up:
@@ -268,6 +319,7 @@ class Engine:
             w.process.join()
             w.outbox.put(None)
             self.admission.clear(w.slot)  # nothing is coming from a worker that is gone
+            self.sessions.clear(w.slot)
 
 
 def _answer_to(worker: _Worker, n: int):
@@ -275,42 +327,6 @@ def _answer_to(worker: _Worker, n: int):
         worker.send((DONE, n, transcript, queue_seconds))
 
     return done
-
-
-# Linux spreads a port's new connections evenly over the sockets listening on it with SO_REUSEPORT (by a hash of
-# each connection's addresses). One socket shared by the workers is not spread: a worker woken by a burst of
-# connections accepts up to a hundred at once and keeps them (clients hold theirs open), and serves them all on its
-# one event loop while the other workers idle.
-PORT_PER_WORKER = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """The server's socket, bound; OSError with the reason when it cannot be. Where each worker listens on a socket
-    of its own (PORT_PER_WORKER) this one only holds the port: it is bound as any server's socket (so a port another
-    server listens on, another graphscribe's workers included, fails here) and then marked for the workers' sockets
-    to share its port, but never listens (nobody would take what came to it). Elsewhere it listens, and the workers
-    share it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    if not PORT_PER_WORKER:
-        return socket.create_server((host, port), family=family, backlog=BACKLOG)
-    held = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            held.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        held.bind((host, port))
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    except OSError:
-        held.close()
-        raise
-    return held
-
-
-def worker_socket(held: socket.socket) -> socket.socket:
-    """The socket an HTTP worker accepts on: its own, listening on `held`'s port (PORT_PER_WORKER), else `held`."""
-    if not PORT_PER_WORKER:
-        return held
-    return socket.create_server(held.getsockname()[:2], family=held.family, backlog=BACKLOG, reuse_port=True)
 
 
 class _Stop:
@@ -340,6 +356,7 @@ def run(
 ) -> int:
     """Warm `model` up and serve it through `engine`'s workers until `stop`; the exit code (0, or 1 if warming up
     failed or a worker could not start). max_wait: seconds; max_queue None: QUEUE_PER_ROW x the batch size."""
+    sessions = engine.settings.max_sessions
     service = Service(
         model,
         max_batch,
@@ -347,6 +364,8 @@ def run(
         on_batch=engine.metrics.batch,
         # admitted by a worker, not submitted yet (uploading, decoding; or answered, its worker not yet told)
         coming=lambda: engine.admitted_count - service.in_flight,
+        on_said=engine.said,  # the realtime sessions' turns, and uploads with stream=true
+        live_rows=live_warm_up_rows(model.device.type, max(sessions, 1)),
     )
     max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
     device = f"{model.device} {str(model.dtype).removeprefix('torch.')}"
@@ -369,7 +388,7 @@ def run(
             host, port = engine.listening.getsockname()[:2]
             workers = f"{engine.count} HTTP worker{'s' if engine.count > 1 else ''}"
             sys.stderr.write(
-                f"serving {model_name} on http://{_host(host)}:{port} ({device}, batches of up to {service.max_batch}, "
+                f"serving {model_name} on http://{host_text(host)}:{port} ({device}, batches of up to {service.max_batch}, "
                 f"{workers}; warmed up in {service.warm_up_seconds:.1f} s)\n"
             )
             announced = True
@@ -380,6 +399,17 @@ def run(
     return 1 if failed else 0
 
 
+def live_warm_up_rows(device: str, sessions: int) -> list[int]:
+    """Streams stepped together at the warm-up: on CUDA every power of two up to a step's rows (the decode
+    steps' size classes, the encoder's batch shapes), on the CPU one."""
+    if sessions <= 0:
+        return []
+    if device != "cuda":
+        return [1]
+    top = min(sessions, MAX_ROWS)
+    return sorted({min(1 << k, top) for k in range(top.bit_length() + 1)})
+
+
 def _warm_up_work(service: Service) -> str:
     """What the warm-up does, in words: on CUDA graphs are captured and kernels compiled; on the CPU nothing is
     captured, and one short clip goes through every stage once (its first calls' allocations and kernel choices)."""
@@ -387,19 +417,6 @@ def _warm_up_work(service: Service) -> str:
         return "its batch shapes' graphs and kernels"
     (seconds,) = warm_up_plans(service.model, service.max_batch, service.batch_seconds)[0]
     return f"one {seconds:g} s clip through every stage"
-
-
-def _host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def serve_command(
@@ -466,12 +483,27 @@ def serve_command(
     max_audio_hours: float = typer.Option(
         MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP + " 400 past it."
     ),
+    max_sessions: Optional[int] = typer.Option(
+        None,
+        "--max-sessions",
+        min=0,
+        metavar="N",
+        show_default=f"{GPU_SESSIONS} beside a GPU, {CPU_SESSIONS} on the CPU",
+        help="Realtime sessions (WebSocket /v1/realtime) open at once; past it the upgrade is refused (503). 0: off.",
+    ),
+    session_idle: float = typer.Option(
+        SESSION_IDLE_SECONDS,
+        "--session-idle",
+        min=1,
+        metavar="S",
+        help="Seconds a realtime session may send no event before it is ended (its open turn answered).",
+    ),
 ) -> None:
     """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model.
     Needs the serve extra: pip install 'graphscribe\\[serve]'."""
     _check_the_extra()
     setup_logging()
-    if not _loopback(host) and api_key is None:
+    if not is_loopback(host) and api_key is None:
         err_console.print(
             f"warning: listening on {host} without --api-key: anyone who can reach this port can use the server"
         )
@@ -482,8 +514,19 @@ def serve_command(
     except OSError as err:
         err_console.print(f"error: cannot listen on {host}:{port} ({err.strerror or err})")
         raise typer.Exit(1) from None
+    if max_sessions is None:
+        on_gpu = device != "cpu" and torch.cuda.is_available()
+        max_sessions = GPU_SESSIONS if on_gpu else CPU_SESSIONS
     settings = FrontSettings(
-        name, api_key, math.floor(max_upload_mb * 2**20), upload_timeout, metrics_public, max_audio_hours * 3600
+        name,
+        api_key,
+        math.floor(max_upload_mb * 2**20),
+        upload_timeout,
+        metrics_public,
+        max_audio_hours * 3600,
+        max_sessions,
+        session_idle,
+        vad_available(),
     )
     engine = Engine(listening, settings, http_workers or default_http_workers(device))
     with _Stop() as stop:

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Sequence
 
 import torch
 
@@ -38,6 +38,7 @@ from graphscribe.runtime.loaded import FULL_ATTENTION_MAX_SECONDS
 from graphscribe.runtime.pipeline import WARM_UP_CLIP, transcribe_stream, warm_up_encoder
 from graphscribe.runtime.reading import READ_AHEAD, Batch, HostBuffers, collate, gather
 from graphscribe.runtime.scheduler import Scheduler
+from graphscribe.serve.sessions import LiveSessions, Said
 
 if TYPE_CHECKING:
     from graphscribe.api import Model
@@ -108,6 +109,8 @@ class Service:
         batch_seconds: float | None = None,
         on_batch: Callable[[int, float], None] | None = None,
         coming: Callable[[], int] | None = None,
+        on_said: Callable[[Hashable, Said], None] | None = None,
+        live_rows: Sequence[int] = (),
     ):
         files, seconds = default_batching(model.device, model.dtype)
         self.model = model
@@ -135,6 +138,10 @@ class Service:
         self.ready = False
         self.error: BaseException | None = None  # why warming up failed
         self.warm_up_seconds = 0.0
+        # live streams (the realtime sessions' turns), stepped by the batching thread between batches; warmed up
+        # with a step of each of `live_rows` streams
+        self.live = None if on_said is None else LiveSessions(model, on_said, self.scheduler.nudge)
+        self.live_rows = list(live_rows)
         self._thread = threading.Thread(target=self._run, name="graphscribe-batch", daemon=True)
 
     def start(self) -> None:
@@ -240,6 +247,8 @@ class Service:
                 for plan in shapes
             ),
         )
+        if self.live is not None and self.live_rows:
+            self.live.warm_up(self.live_rows)
         left = len(plans)
 
         def warmed(_: Transcript, __: float) -> None:
@@ -341,18 +350,25 @@ class _Batches:
         self.items = service.requests  # named only for unreadable rows, which never come: uploads are decoded first
 
     def __iter__(self) -> Iterator[Batch]:
-        scheduler = self.service.scheduler
+        scheduler, live = self.service.scheduler, self.service.live
         yield from self.warm_up
         queued = bool(self.warm_up)  # a batch is queued on the GPU, not yet decoded
         while True:
+            if live is not None and live.due:
+                if queued:  # the batch before answered first: its decode buffers are the streams' too
+                    yield _empty_batch()
+                    queued = False
+                live.run()
+                continue
             if queued:  # the GPU has work: take what waits, no waiting for company
                 numbers = scheduler.take(timeout=0.0)
             else:
                 numbers = scheduler.take(wait=self.service.max_wait, company=self.service.coming)
-                if numbers is None:
+                if numbers is None and (scheduler.closed or live is None):
                     return  # closed and empty
             if numbers is None:
-                yield _empty_batch()
+                if queued:
+                    yield _empty_batch()
                 queued = False
                 continue
             yield self.service._take(numbers)

@@ -1,0 +1,212 @@
+"""`transcribe bench --realtime ws://HOST:PORT --folder DIR --sessions 1,64,256`: a load test of a running server's
+`/v1/realtime` sessions.
+
+Every file under DIR is read and resampled to 24 kHz PCM16 before any timing. Per level N, N sessions open at once
+(session i sends file i mod the folder's count), each sending its audio at real-time pace in appends of 20 to 100 ms
+(each session its own sizes, seeded), then a second of silence so that server VAD (the session's default) ends its
+last turn, and waiting for every turn's `completed`. A session is timed against the wall clock of its own sends:
+    delta latency   a delta's arrival less the time the audio its step needed (the chunk and its right context,
+                    `audio_end_ms`, which this server adds to each delta) was sent
+    final latency   a turn's `completed` less the time the audio where VAD ended it (`speech_stopped`'s
+                    `audio_end_ms`, the silence included) was sent
+A session kept up when its p95 delta latency is at most KEPT_UP_SECONDS and it failed nothing; a failure is an
+`error` or `failed` event, a refused or dropped connection, or a turn never completed. With `--client-processes P`
+the sessions are spread over P processes (one Python process sends ~10 000 appends a second at most).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import multiprocessing
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+
+from graphscribe.io.audio import find_audio_files, read_input
+
+RATE = 24000
+PIECES_MS = (20, 40, 60, 80, 100)  # append sizes a session draws from
+TAIL_SILENCE_MS = 1000
+KEPT_UP_SECONDS = 1.0
+END_SECONDS = 60.0  # after its last audio, how long a session waits for its turns
+
+
+def parse_sessions(value: str) -> list[int]:
+    try:
+        levels = [int(s) for s in value.split(",") if s.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--sessions {value!r}: use comma-separated whole numbers of 1 or more, such as 1,64,256")
+    return levels
+
+
+def read_pcm(paths: list[Path]) -> list[bytes]:
+    """Each file as 24 kHz mono PCM16 bytes."""
+    out = []
+    for path in paths:
+        audio = read_input(path, RATE).numpy()
+        out.append((audio * 32768).round().clip(-32768, 32767).astype("<i2").tobytes())
+    return out
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+async def one_session(url: str, headers: dict, pcm: bytes, seed: int, start_at: float) -> dict:
+    """One session: its audio at real-time pace, its events timed (module docstring)."""
+    from websockets.asyncio.client import connect
+
+    rng = random.Random(seed)
+    result = {"deltas": [], "finals": [], "failures": [], "turns": 0, "completed": 0}
+    silence = bytes(2 * RATE * TAIL_SILENCE_MS // 1000)
+    audio = pcm + silence
+    sent: list[tuple[int, float]] = []  # (samples sent in all, time) after each append
+
+    def sent_at(ms: int) -> float | None:
+        """When the audio up to `ms` of the session had been sent."""
+        need = ms * RATE // 1000
+        for samples, at in sent:
+            if samples >= need:
+                return at
+        return None
+
+    try:
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        async with connect(url, additional_headers=headers, max_size=None, open_timeout=60, ping_interval=None) as ws:
+            created = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            if created.get("type") != "session.created":
+                raise RuntimeError(f"first event {created.get('type')}")
+            progress = asyncio.Event()  # an event came
+            stopped: dict[str, float] = {}  # turns VAD ended, not completed yet: when their end was sent
+
+            async def receive():
+                while True:
+                    event = json.loads(await ws.recv())
+                    progress.set()
+                    now, kind = time.monotonic(), event["type"]
+                    if kind == "input_audio_buffer.speech_started":
+                        result["turns"] += 1
+                    elif kind == "conversation.item.input_audio_transcription.delta" and "audio_end_ms" in event:
+                        at = sent_at(event["audio_end_ms"])
+                        if at is not None:
+                            result["deltas"].append(now - at)
+                    elif kind == "input_audio_buffer.speech_stopped":
+                        stopped[event["item_id"]] = sent_at(event["audio_end_ms"]) or now
+                    elif kind == "conversation.item.input_audio_transcription.completed":
+                        result["completed"] += 1
+                        if event["item_id"] in stopped:
+                            result["finals"].append(now - stopped.pop(event["item_id"]))
+                    elif kind in ("error", "conversation.item.input_audio_transcription.failed"):
+                        result["failures"].append(event.get("error", {}).get("code", kind))
+
+            receiver = asyncio.ensure_future(receive())
+            begin, position = time.monotonic(), 0
+            while position < len(audio):
+                size = 2 * RATE * rng.choice(PIECES_MS) // 1000
+                piece = audio[position : position + size]
+                position += len(piece)
+                wait = begin + position / 2 / RATE - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                await ws.send(
+                    json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()})
+                )
+                sent.append((position // 2, time.monotonic()))
+                if receiver.done():
+                    break
+            deadline = time.monotonic() + END_SECONDS
+            while result["completed"] < result["turns"] and not receiver.done():  # the last turns' answers
+                progress.clear()
+                await asyncio.wait_for(progress.wait(), max(0.0, deadline - time.monotonic()))
+            if receiver.done():
+                receiver.result()  # the connection's end, raised
+            receiver.cancel()
+    except Exception as err:  # noqa: BLE001 - a failed session is counted, the others go on
+        result["failures"].append(f"{type(err).__name__}: {str(err)[:80]}")
+    if result["completed"] < result["turns"]:
+        result["failures"].append("turn not completed")
+    return result
+
+
+def _run_share(url: str, headers: dict, pcms: list[bytes], indices: list[int], start_at: float) -> list[dict]:
+    async def main():
+        return await asyncio.gather(*(one_session(url, headers, pcms[i % len(pcms)], i, start_at) for i in indices))
+
+    return asyncio.run(main())
+
+
+def _worker(args):
+    return _run_share(*args)
+
+
+def run_level(url: str, headers: dict, pcms: list[bytes], n: int, processes: int) -> dict:
+    start_at = time.monotonic() + 2.0 + n / 500  # every process connected and ready before the audio starts
+    shares = [list(range(p, n, processes)) for p in range(min(processes, n))]
+    if len(shares) == 1:
+        results = _run_share(url, headers, pcms, shares[0], start_at)
+    else:
+        with multiprocessing.get_context("spawn").Pool(len(shares)) as pool:
+            results = [
+                r for part in pool.map(_worker, [(url, headers, pcms, s, start_at) for s in shares]) for r in part
+            ]
+    deltas = [d for r in results for d in r["deltas"]]
+    finals = [f for r in results for f in r["finals"]]
+    kept = sum(1 for r in results if not r["failures"] and (percentile(r["deltas"], 95) or 0.0) <= KEPT_UP_SECONDS)
+    failures = [f for r in results for f in r["failures"]]
+    return {
+        "sessions": n,
+        "kept_up": kept,
+        "failed_sessions": sum(1 for r in results if r["failures"]),
+        "failures": sorted(set(failures))[:5],
+        "turns": sum(r["turns"] for r in results),
+        "deltas": len(deltas),
+        "delta_ms": {f"p{q}": _ms(percentile(deltas, q)) for q in (50, 95, 99)},
+        "final_ms": {f"p{q}": _ms(percentile(finals, q)) for q in (50, 95, 99)},
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 1)
+
+
+def bench_realtime(url: str, folder: Path | None, sessions: str, api_key: str | None, processes: int | None) -> dict:
+    levels = parse_sessions(sessions)
+    if not url.startswith(("ws://", "wss://")):
+        raise ValueError(f"--realtime {url!r}: give the server as ws://HOST:PORT")
+    paths = find_audio_files(folder) if folder is not None and folder.is_dir() else []
+    if not paths:
+        raise ValueError("--realtime: give --folder DIR with audio files to send")
+    url = url.rstrip("/")
+    if not url.endswith("/v1/realtime"):
+        url += "/v1/realtime"
+    url += "?intent=transcription"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    pcms = read_pcm(paths)
+    rows = [run_level(url, headers, pcms, n, processes or 1) for n in levels]
+    seconds = sum(len(p) for p in pcms) / 2 / RATE
+    return {"url": url, "folder": str(folder), "files": len(paths), "audio_seconds": round(seconds, 1), "rows": rows}
+
+
+def print_realtime_report(report: dict, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"realtime sessions: {report['url']} ({report['files']} files, {report['audio_seconds']} s)")
+    for column in ("sessions", "kept up", "failed", "turns", "delta p50/p95/p99 ms", "final p50/p95/p99 ms"):
+        table.add_column(column, justify="right")
+    for row in report["rows"]:
+        delta, final = row["delta_ms"], row["final_ms"]
+        table.add_row(
+            str(row["sessions"]),
+            str(row["kept_up"]),
+            str(row["failed_sessions"]),
+            str(row["turns"]),
+            " / ".join(str(v) for v in delta.values()),
+            " / ".join(str(v) for v in final.values()),
+        )
+    console.print(table)

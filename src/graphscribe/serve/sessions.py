@@ -1,0 +1,148 @@
+"""Live sessions in the server's engine: the realtime WebSocket's turns as streams of one `StreamEngine`, stepped by
+the service's batching thread between its batches of uploads.
+
+    HTTP worker (realtime.py): a turn's audio, resampled to the model's rate -> OPEN, AUDIO..., FINISH (or DROP)
+    intake thread: `open`, `feed`, `finish`, `drop` queue the operation and nudge the batching thread
+    batching thread (service._Batches): while the GPU has no upload batch in flight, `run`: the operations applied,
+    then every stream with a chunk ready stepped as one batch -> `emit(key, said)` for each stream that said
+    something (its worker's writer thread sends it on)
+
+One thread runs the model: the decode steps' buffers and captured graphs are the uploads' too, so the streams are
+stepped where the uploads' batches are made, once the batch before is answered (service.py). A stream is stepped
+as soon as a chunk is ready on an idle GPU; while a step runs, more become ready, so a loaded server's steps fill by
+themselves, as its upload batches do.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Hashable
+
+import numpy as np
+
+from graphscribe.runtime.streaming import Stream, StreamEngine, StreamEvent
+
+if TYPE_CHECKING:
+    from graphscribe.api import Model
+
+OPEN, FEED, FINISH, DROP = "open", "feed", "finish", "drop"
+
+
+@dataclass
+class Said:
+    """What a turn's stream said in one step: the turn's text so far (its finals, then the open utterance's text),
+    how many samples of its audio that step needed, and, after its last step, the whole text."""
+
+    text: str
+    needed: int  # samples from the turn's start the step's chunk and right context took
+    done: str | None = None
+    audio_samples: int = 0  # the turn's samples, with `done`
+
+
+class LiveSessions:
+    """Turns of the realtime sessions, each a stream of one engine (module docstring). `emit(key, said)` is called on
+    the batching thread."""
+
+    def __init__(self, model: Model, emit: Callable[[Hashable, Said], None], nudge: Callable[[], None]):
+        self.model, self.emit, self.nudge = model, emit, nudge
+        self.engine: StreamEngine | None = None  # made on the batching thread (its first use warms it up)
+        self._ops: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self._streams: dict[Hashable, Stream] = {}  # batching thread only
+        self.open_count = 0  # turns open (metrics)
+
+    # ------------------------------------------------------------------ any thread (the intake threads)
+    def open(self, key: Hashable) -> None:
+        self._queue(OPEN, key)
+
+    def feed(self, key: Hashable, samples: np.ndarray) -> None:
+        self._queue(FEED, key, samples)
+
+    def finish(self, key: Hashable) -> None:
+        self._queue(FINISH, key)
+
+    def drop(self, key: Hashable) -> None:
+        self._queue(DROP, key)
+
+    def drop_all(self, owner: Callable[[Hashable], bool]) -> None:
+        """Every turn whose key `owner` claims dropped (a worker that died: its clients are gone)."""
+        self._queue(DROP, owner)
+
+    def _queue(self, op: str, key, samples=None) -> None:
+        with self._lock:
+            self._ops.append((op, key, samples))
+        self.nudge()
+
+    # ------------------------------------------------------------------ the batching thread
+    @property
+    def due(self) -> bool:
+        """Work waits: operations to apply, or a stream with a chunk ready."""
+        return bool(self._ops) or (self.engine is not None and any(s.ready for s in self._streams.values()))
+
+    def warm_up(self, rows: list[int]) -> None:
+        """Step batches of `rows` streams of silence and speech once each (graphs captured, kernels loaded)."""
+        from graphscribe.io.audio import read_input, speech_path
+        from graphscribe.runtime.pipeline import WARM_UP_CLIP
+
+        engine = self._engine()
+        clip = read_input(speech_path(WARM_UP_CLIP), self.model.sample_rate).numpy()
+        for n in rows:
+            streams = [engine.open() for _ in range(n)]
+            for s in streams:
+                s.feed(clip[: 2 * engine.geometry.frame_samples + 1])
+            engine.step(streams)
+            for s in streams:
+                engine.close(s)
+
+    def run(self) -> int:
+        """Apply the operations waiting, then step every stream with a chunk ready, once; the streams stepped."""
+        engine = self._engine()
+        with self._lock:
+            ops, self._ops = self._ops, collections.deque()
+        touched: dict[Hashable, Stream] = {}
+        for op, key, samples in ops:
+            if op == OPEN:
+                if key in self._streams:  # a worker's bug: the old turn is dropped
+                    engine.close(self._streams.pop(key))
+                self._streams[key] = engine.open()
+            elif op == DROP:
+                for k in [k for k in self._streams if (k == key if not callable(key) else key(k))]:
+                    engine.close(self._streams.pop(k))
+                    touched.pop(k, None)
+            elif (stream := self._streams.get(key)) is not None:
+                if op == FEED:
+                    stream.feed(samples)
+                elif not stream.finished:
+                    stream.finish()  # no audio at all: `done` at once, the stream closed
+                    touched[key] = stream
+        ready = [s for s in self._streams.values() if s.ready]
+        if ready:
+            engine.step(ready)
+        for key, stream in list(self._streams.items()):
+            if stream.events or key in touched:
+                self._say(key, stream, stream.take_events())
+            if stream.closed:
+                del self._streams[key]
+        self.open_count = len(self._streams)
+        return len(ready)
+
+    def _engine(self) -> StreamEngine:
+        if self.engine is None:
+            self.engine = StreamEngine(self.model)
+        return self.engine
+
+    def _say(self, key: Hashable, stream: Stream, events: list[StreamEvent]) -> None:
+        done = next((e for e in events if e.type == "done"), None)
+        if done is not None:
+            self.emit(key, Said(done.text, stream.fed, done.text, stream.fed))
+            return
+        # the finals so far, then the open utterance as its final would say it now: the text then grows as the
+        # turn's whole text will read, not as the partial's pieces do
+        text = stream.final_text
+        open_text, spaced = stream.text.open_text()
+        if open_text:
+            text = text + (" " if spaced and text else "") + open_text if text else open_text
+        needed = min(stream.fed, stream.steps * self.engine.geometry.frame_samples + 1)
+        self.emit(key, Said(text, needed))
