@@ -7,6 +7,9 @@ graphscribe_batch_rows                     histogram  requests per batch
 graphscribe_padded_seconds_total           counter    seconds of audio run through the model, padding included
 graphscribe_request_seconds                histogram  time from the request's headers to its answer
 graphscribe_graph_capture_seconds_total    counter    time spent capturing CUDA graphs (new batch shapes)
+graphscribe_realtime_sessions              gauge      realtime WebSocket sessions open
+graphscribe_live_step_rows                 histogram  live streams (realtime turns, stream=true uploads) per step
+graphscribe_live_step_seconds_total        counter    the batching thread's time in live steps (operations included)
 """
 
 from __future__ import annotations
@@ -47,15 +50,24 @@ class Histogram:
 class Metrics:
     """What /metrics reports. `queue_depth` is read when the text is made."""
 
-    def __init__(self, queue_depth: Callable[[], int]):
-        self.queue_depth = queue_depth
+    def __init__(self, queue_depth: Callable[[], int], sessions: Callable[[], int] = lambda: 0):
+        self.queue_depth, self.sessions = queue_depth, sessions
         self.capture_seconds: Callable[[], float] = lambda: 0.0  # the model's, once it is loaded
         self.requests: Counter[tuple[str, int]] = Counter()  # (path, status) -> answered
         self.audio_seconds = 0.0
         self.padded_seconds = 0.0
         self.batch_rows = Histogram(BATCH_ROWS)
         self.latency = Histogram(LATENCY_SECONDS)
+        self.live_rows = Histogram(BATCH_ROWS)
+        self.live_seconds = 0.0
         self._lock = threading.Lock()
+
+    def live_step(self, rows: int, seconds: float) -> None:
+        """A live step: the streams it stepped (0: operations only) and the batching thread's seconds in it."""
+        if rows:
+            self.live_rows.observe(rows)
+        with self._lock:
+            self.live_seconds += seconds
 
     def answered(self, path: str, status: int, seconds: float, audio_seconds: float = 0.0) -> None:
         with self._lock:
@@ -72,6 +84,7 @@ class Metrics:
     def text(self) -> str:
         with self._lock:
             requests, audio, padded = sorted(self.requests.items()), self.audio_seconds, self.padded_seconds
+            live_seconds = self.live_seconds
         lines = [
             "# HELP graphscribe_requests_total Requests answered, by path and HTTP status.",
             "# TYPE graphscribe_requests_total counter",
@@ -94,6 +107,15 @@ class Metrics:
             "# HELP graphscribe_graph_capture_seconds_total Seconds spent capturing CUDA graphs for new batch shapes.",
             "# TYPE graphscribe_graph_capture_seconds_total counter",
             f"graphscribe_graph_capture_seconds_total {_number(self.capture_seconds())}",
+            "# HELP graphscribe_realtime_sessions Realtime WebSocket sessions open.",
+            "# TYPE graphscribe_realtime_sessions gauge",
+            f"graphscribe_realtime_sessions {self.sessions()}",
+            "# HELP graphscribe_live_step_rows Live streams (realtime turns, streamed uploads) stepped together.",
+            "# TYPE graphscribe_live_step_rows histogram",
+            *self.live_rows.lines("graphscribe_live_step_rows"),
+            "# HELP graphscribe_live_step_seconds_total Seconds the batching thread spent in live steps.",
+            "# TYPE graphscribe_live_step_seconds_total counter",
+            f"graphscribe_live_step_seconds_total {_number(live_seconds)}",
         ]
         return "\n".join(lines) + "\n"
 

@@ -148,7 +148,7 @@ class Engine:
         self._context = multiprocessing.get_context("spawn")  # no CUDA state or threads copied into a worker
         self.admission = Admission(workers)  # requests each worker admitted and has not answered, a slot a worker
         self.sessions = Admission(workers)  # realtime sessions each worker holds open
-        self.metrics = Metrics(lambda: self.admitted_count)
+        self.metrics = Metrics(lambda: self.admitted_count, lambda: self.sessions.total)
         self.workers: list[_Worker] = []
         self.service: Service | None = None
         self.ready: tuple | None = None  # the READY message once the service is warm
@@ -366,6 +366,7 @@ def run(
         coming=lambda: engine.admitted_count - service.in_flight,
         on_said=engine.said,  # the realtime sessions' turns, and uploads with stream=true
         live_rows=live_warm_up_rows(model.device.type, max(sessions, 1)),
+        on_live_step=engine.metrics.live_step,
     )
     max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
     device = f"{model.device} {str(model.dtype).removeprefix('torch.')}"

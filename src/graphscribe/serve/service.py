@@ -111,6 +111,7 @@ class Service:
         coming: Callable[[], int] | None = None,
         on_said: Callable[[Hashable, Said], None] | None = None,
         live_rows: Sequence[int] = (),
+        on_live_step: Callable[[int, float], None] | None = None,
     ):
         files, seconds = default_batching(model.device, model.dtype)
         self.model = model
@@ -140,7 +141,7 @@ class Service:
         self.warm_up_seconds = 0.0
         # live streams (the realtime sessions' turns), stepped by the batching thread between batches; warmed up
         # with a step of each of `live_rows` streams
-        self.live = None if on_said is None else LiveSessions(model, on_said, self.scheduler.nudge)
+        self.live = None if on_said is None else LiveSessions(model, on_said, self.scheduler.nudge, on_live_step)
         self.live_rows = list(live_rows)
         self._thread = threading.Thread(target=self._run, name="graphscribe-batch", daemon=True)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable
 
@@ -45,12 +46,19 @@ class LiveSessions:
     """Turns of the realtime sessions, each a stream of one engine (module docstring). `emit(key, said)` is called on
     the batching thread."""
 
-    def __init__(self, model: Model, emit: Callable[[Hashable, Said], None], nudge: Callable[[], None]):
-        self.model, self.emit, self.nudge = model, emit, nudge
+    def __init__(
+        self,
+        model: Model,
+        emit: Callable[[Hashable, Said], None],
+        nudge: Callable[[], None],
+        on_step: Callable[[int, float], None] | None = None,
+    ):
+        self.model, self.emit, self.nudge, self.on_step = model, emit, nudge, on_step
         self.engine: StreamEngine | None = None  # made on the batching thread (its first use warms it up)
         self._ops: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._streams: dict[Hashable, Stream] = {}  # batching thread only
+        self._maybe_ready: dict[Hashable, Stream] = {}  # fed, finished or stepped since the last step
         self.open_count = 0  # turns open (metrics)
 
     # ------------------------------------------------------------------ any thread (the intake threads)
@@ -79,7 +87,7 @@ class LiveSessions:
     @property
     def due(self) -> bool:
         """Work waits: operations to apply, or a stream with a chunk ready."""
-        return bool(self._ops) or (self.engine is not None and any(s.ready for s in self._streams.values()))
+        return bool(self._ops) or any(s.ready for s in self._maybe_ready.values())
 
     def warm_up(self, rows: list[int]) -> None:
         """Step batches of `rows` streams of silence and speech once each (graphs captured, kernels loaded)."""
@@ -97,36 +105,50 @@ class LiveSessions:
                 engine.close(s)
 
     def run(self) -> int:
-        """Apply the operations waiting, then step every stream with a chunk ready, once; the streams stepped."""
+        """Apply the operations waiting, then step every stream with a chunk ready, once; the streams stepped.
+        Only the streams an operation or the last step touched are looked at: with a thousand turns open, the
+        operations come thousands of times a second."""
+        start = time.perf_counter()
         engine = self._engine()
         with self._lock:
             ops, self._ops = self._ops, collections.deque()
-        touched: dict[Hashable, Stream] = {}
+        finished: dict[Hashable, Stream] = {}  # finished with no audio: `done` at once, no step
         for op, key, samples in ops:
             if op == OPEN:
                 if key in self._streams:  # a worker's bug: the old turn is dropped
-                    engine.close(self._streams.pop(key))
+                    self._forget(key)
                 self._streams[key] = engine.open()
             elif op == DROP:
-                for k in [k for k in self._streams if (k == key if not callable(key) else key(k))]:
-                    engine.close(self._streams.pop(k))
-                    touched.pop(k, None)
+                for k in [k for k in self._streams if key(k)] if callable(key) else [key]:
+                    self._forget(k)
+                    finished.pop(k, None)
             elif (stream := self._streams.get(key)) is not None:
+                self._maybe_ready[key] = stream
                 if op == FEED:
                     stream.feed(samples)
                 elif not stream.finished:
-                    stream.finish()  # no audio at all: `done` at once, the stream closed
-                    touched[key] = stream
-        ready = [s for s in self._streams.values() if s.ready]
+                    stream.finish()
+                    if stream.closed:
+                        finished[key] = stream
+        ready = {k: s for k, s in self._maybe_ready.items() if s.ready}
         if ready:
-            engine.step(ready)
-        for key, stream in list(self._streams.items()):
-            if stream.events or key in touched:
+            engine.step(list(ready.values()))
+        self._maybe_ready = ready  # stepped: each may have another chunk ready
+        for key, stream in [*ready.items(), *finished.items()]:
+            if stream.events or key in finished:
                 self._say(key, stream, stream.take_events())
             if stream.closed:
-                del self._streams[key]
+                self._forget(key)
         self.open_count = len(self._streams)
+        if self.on_step is not None:
+            self.on_step(len(ready), time.perf_counter() - start)
         return len(ready)
+
+    def _forget(self, key: Hashable) -> None:
+        stream = self._streams.pop(key, None)
+        self._maybe_ready.pop(key, None)
+        if stream is not None and not stream.closed:
+            self.engine.close(stream)
 
     def _engine(self) -> StreamEngine:
         if self.engine is None:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# /v1/realtime on the lent H100: WebSocket sessions of a running `transcribe serve` against the same engine's live
+# streams in process (the streaming issue's capacity), same checkpoint and files, one command:
+#   bash bench/2026-11-realtime/run.sh [PART...]      (carry .whl.tar.xz: the serve extra's wheels, unpacked)
+# Parts: inproc (live streams in process at real-time pace, LEVELS), sessions (the server's sessions at real-time
+# pace, SESSIONS, server VAD), one (one session on an idle server, the 7.4 s clip, five times).
+set -uo pipefail
+source scripts/gpu_setup.sh
+mkdir -p /tmp/clip74; for k in 1 2 3 4 5; do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
+parts=${*:-inproc sessions one}
+for part in $parts; do case $part in
+inproc)
+    step "in process bfloat16 realtime" 300 python3 -m graphscribe.cli bench --streams ${LEVELS:-512,640} \
+        --folder /tmp/f512 -m $ckpt --dtype bfloat16 --json $OUT/inproc.json ;;
+sessions)
+    EXTRA="--max-sessions 2048" serve sessions bfloat16
+    util ws
+    # the busiest threads halfway through the last level, the server's and the clients'
+    (sleep ${TOP_AT:-60}; top -b -H -n 1 -w 160 | head -45 > $OUT/top.txt) &
+    step "sessions bfloat16" 400 python3 -m graphscribe.cli bench --realtime ws://127.0.0.1:8000 --folder /tmp/f512 \
+        --sessions ${SESSIONS:-64,512} --client-processes ${CLIENTS:-4} --json $OUT/sessions.json
+    unutil ws
+    grep -E "^graphscribe_live_step_(rows_(sum|count)|seconds_total)" <(curl -s localhost:8000/metrics) | tee -a $log
+    stop sessions ;;
+one)
+    serve one bfloat16
+    step "one session" 120 python3 -m graphscribe.cli bench --realtime ws://127.0.0.1:8000 --folder /tmp/clip74 \
+        --sessions 1,1,1,1,1 --json $OUT/one.json
+    stop one ;;
+esac; done
