@@ -16,7 +16,7 @@ sessions)
     EXTRA="--max-sessions 2048" serve sessions bfloat16
     util ws
     # the busiest threads halfway through the last level, the server's and the clients'
-    (sleep ${TOP_AT:-60}; top -b -H -n 1 -w 160 | head -45 > $OUT/top.txt) &
+    (sleep ${TOP_AT:-60}; top -b -H -n 2 -d 3 -w 160 | awk "/^top -/{n++} n==2" | head -40 > $OUT/top.txt) &
     step "sessions bfloat16" 400 python3 -m graphscribe.cli bench --realtime ws://127.0.0.1:8000 --folder /tmp/f512 \
         --sessions ${SESSIONS:-64,512} --client-processes ${CLIENTS:-4} --json $OUT/sessions.json
     unutil ws

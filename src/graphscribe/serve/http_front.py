@@ -51,7 +51,18 @@ from starlette.websockets import WebSocket
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from graphscribe.io.audio import AudioError, read_bytes
-from graphscribe.serve.ipc import LOG, METRICS, READY, REFUSED, SAID, SUBMIT, UP, Admission, FrontSettings
+from graphscribe.serve.ipc import (
+    LOG,
+    METRICS,
+    READY,
+    REFUSED,
+    SAID,
+    SUBMIT,
+    UP,
+    Admission,
+    EngineLost,
+    FrontSettings,
+)
 from graphscribe.serve.openai_api import (
     ApiError,
     Upload,
@@ -68,10 +79,6 @@ PATHS = ("/v1/audio/transcriptions", "/v1/models", "/health", "/metrics")  # met
 UPLOAD_THREADS = 4  # decoding threads a worker: libsndfile and resampling release the GIL
 WS_MAX_BYTES = 4 << 20  # a realtime event at most (about 65 s of 24 kHz audio in one append); 1009 past it
 HEADERS_SECONDS = 10.0  # a connection's request head must be whole this long after it opened or its last answer
-
-
-class EngineLost(Exception):
-    """The engine's end of the pipe closed: nothing more will be transcribed."""
 
 
 class Link:
@@ -141,7 +148,8 @@ class Link:
             self.health = health
             return
         if kind == SAID:
-            self.on_said(message[1], message[2])
+            for n, said in message[1]:
+                self.on_said(n, said)
             return
         future = self._waiting.pop(message[1], None)
         if future is None or future.done():  # its client went away

@@ -5,10 +5,11 @@ settings a worker starts with, and the admission counts. No Starlette or uvicorn
 Messages on a worker's pipe are pickled tuples:
     worker -> engine   (UP,)   (SUBMIT, id, bytes, word_times, name) + the samples, raw   (METRICS, id)
                        (LOG, path, status, seconds, audio seconds, access-log line)
-                       a realtime turn: (OPEN, turn)   (AUDIO, turn, bytes) + the samples, raw   (FINISH, turn)
-                       (DROP, turn)
+                       (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes), ...], bytes in all) + the AUDIO
+                       operations' samples end to end, raw: the realtime turns' operations of one burst of the
+                       worker's audio thread (one message for many sessions' appends)
     engine -> worker   (READY, health, max_queue, sample_rate)   (DONE, id, transcript, queue seconds)
-                       (REFUSED, id)   (METRICS, id, text)   (SAID, turn, sessions.Said)
+                       (REFUSED, id)   (METRICS, id, text)   (SAID, [(turn, sessions.Said), ...]) a step's
 A SUBMIT's samples follow it as a message of their own, raw float32 bytes, which the engine reads straight into an
 array (`receive_samples`): pickled with it, they would be copied four times over in the engine, each copy holding
 the GIL that its batching thread launches the GPU's work with (~0.7 ms a 7.5 s request on a 2-core machine against
@@ -33,8 +34,12 @@ import numpy as np
 from graphscribe.io.config import MAX_AUDIO_SECONDS
 
 SUBMIT, LOG, METRICS, UP, READY, DONE, REFUSED = "submit", "log", "metrics", "up", "ready", "done", "refused"
-OPEN, AUDIO, FINISH, DROP, SAID = "open", "audio", "finish", "drop", "said"
+OPEN, AUDIO, FINISH, DROP, SAID, TURNS = "open", "audio", "finish", "drop", "said", "turns"
 UPLOAD_STALL_SECONDS = 30.0  # an upload with no byte for this long is refused (408) and its place freed
+
+
+class EngineLost(Exception):
+    """The engine's end of the pipe closed: nothing more will be transcribed."""
 
 
 @dataclass

@@ -34,7 +34,7 @@ import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from graphscribe.io.resample import StreamResampler
-from graphscribe.serve.ipc import AUDIO, DROP, FINISH, OPEN
+from graphscribe.serve.ipc import AUDIO, DROP, FINISH, OPEN, TURNS, EngineLost
 from graphscribe.serve.realtime_api import (
     RATE,
     VAD_DEFAULTS,
@@ -236,6 +236,10 @@ class AudioThread:
             except Exception as err:  # noqa: BLE001 - the VAD failed: the sessions hear of it, the thread goes on
                 for session in heard:
                     session.post(error_event(f"internal error: {type(err).__name__}: {err}", "server_error"))
+            try:
+                self.hub.send_turn_ops()
+            except EngineLost:  # the worker is stopping: its sessions hear of it from `Realtime.lost`
+                pass
             for session in {s for s, _, _ in burst}:
                 self.hub.loop.call_soon_threadsafe(session._check_end)
 
@@ -294,7 +298,7 @@ class AudioThread:
         if turn is not None:
             session.turn = None
             self.hub.forget(turn)
-            self.hub.link.send((DROP, turn.number))
+            self.hub.turn_op(DROP, turn.number)
         session.tail = np.zeros(0, dtype=np.float32)
         if session.detector is not None:
             session.detector.speaking, session.detector.quiet_since = False, None
@@ -312,7 +316,7 @@ class AudioThread:
         """The client vanished: its open turn is dropped, nobody reads its answer."""
         if session.turn is not None:
             self.hub.forget(session.turn)
-            self.hub.link.send((DROP, session.turn.number))
+            self.hub.turn_op(DROP, session.turn.number)
             session.turn = None
 
     # ------------------------------------------------------------------ turns
@@ -350,12 +354,12 @@ class AudioThread:
         turn = Turn(next(self.hub.numbers), item_id(), start)
         session.turn = turn
         self.hub.remember(session, turn)
-        self.hub.link.send((OPEN, turn.number))
+        self.hub.turn_op(OPEN, turn.number)
 
     def _send(self, session: Session, audio: np.ndarray) -> None:
         if audio.size:
             session.turn.sent += audio.size
-            self.hub.link.send((AUDIO, session.turn.number, audio.nbytes), np.ascontiguousarray(audio))
+            self.hub.turn_op(AUDIO, session.turn.number, audio)
 
     def _close(self, session: Session) -> None:
         """The open turn committed: its item announced, its stream finished."""
@@ -366,7 +370,7 @@ class AudioThread:
         item = {"id": turn.item, "type": "message", "role": "user", "status": "completed",
                 "content": [{"type": "input_audio", "transcript": None}]}  # fmt: skip
         session.post({"type": "conversation.item.created", "previous_item_id": previous, "item": item})
-        self.hub.link.send((FINISH, turn.number))
+        self.hub.turn_op(FINISH, turn.number)
 
     def _flush(self, session: Session) -> None:
         """The resampler's last samples (its context's worth), heard before the format changes or the turn ends."""
@@ -393,9 +397,10 @@ class UploadStream:
         samples = np.ascontiguousarray(samples, dtype=np.float32)
         number = self.turn.number
         self.hub.remember(self, self.turn)
-        self.hub.link.send((OPEN, number))
-        self.hub.link.send((AUDIO, number, samples.nbytes), samples)
-        self.hub.link.send((FINISH, number))
+        self.hub.turn_op(OPEN, number)
+        self.hub.turn_op(AUDIO, number, samples)
+        self.hub.turn_op(FINISH, number)
+        self.hub.send_turn_ops()
 
     def said(self, turn: Turn, said) -> None:
         self.answers.put_nowait(said)
@@ -425,8 +430,9 @@ class UploadStream:
         finally:
             if not self.finished:
                 self.hub.forget(self.turn)
+                self.hub.turn_op(DROP, self.turn.number)
                 with contextlib.suppress(Exception):
-                    self.hub.link.send((DROP, self.turn.number))
+                    self.hub.send_turn_ops()
             on_end()
 
 
@@ -447,10 +453,29 @@ class Realtime:
         # by number, what each turn's answers go to: a Session, or an UploadStream
         self._turns: dict[int, tuple[Session | UploadStream, Turn]] = {}
         self.numbers = itertools.count(1)  # turn numbers on the worker's pipe
+        self._ops: list[tuple[str, int, np.ndarray | None]] = []  # turn operations not sent yet
+        self._ops_lock = threading.Lock()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.audio = AudioThread(self)
+
+    def turn_op(self, kind: str, number: int, samples: np.ndarray | None = None) -> None:
+        """An operation on a turn, sent with the others of its burst (`send_turn_ops`)."""
+        with self._ops_lock:
+            self._ops.append((kind, number, samples))
+
+    def send_turn_ops(self) -> None:
+        """The operations so far, as one message: the engine's intake reads one message for a burst of many
+        sessions' appends (one message an append, thousands a second, each waited on the GIL of a busy engine)."""
+        with self._ops_lock:
+            ops, self._ops = self._ops, []
+            if not ops:
+                return
+            parts = [np.ascontiguousarray(s, dtype=np.float32) for _, _, s in ops if s is not None]
+            samples = np.concatenate(parts) if parts else None
+            header = [(kind, n, 0 if s is None else s.size * 4) for kind, n, s in ops]
+            self.link.send((TURNS, header, 0 if samples is None else samples.nbytes), samples)
 
     def remember(self, session: Session | UploadStream, turn: Turn) -> None:
         self._turns[turn.number] = (session, turn)

@@ -59,15 +59,13 @@ from graphscribe.runtime.streaming import MAX_ROWS
 from graphscribe.serve.ipc import (
     AUDIO,
     DONE,
-    DROP,
-    FINISH,
     LOG,
     METRICS,
-    OPEN,
     READY,
     REFUSED,
     SAID,
     SUBMIT,
+    TURNS,
     UP,
     UPLOAD_STALL_SECONDS,
     Admission,
@@ -235,8 +233,8 @@ class Engine:
                     self.service.submit(samples, word_times, _answer_to(worker, n), name)
                 except RuntimeError:  # closed: the server is stopping
                     worker.send((REFUSED, n))
-            elif kind in (OPEN, AUDIO, FINISH, DROP):
-                if not self._turn(worker, message):
+            elif kind == TURNS:
+                if not self._turns(worker, message):
                     return
             elif kind == LOG:
                 _, path, status, seconds, audio_seconds, line = message
@@ -251,35 +249,36 @@ class Engine:
                     if self.ready is not None:
                         worker.send(self.ready)
 
-    def _turn(self, worker: _Worker, message: tuple) -> bool:
-        """A realtime turn's message to the live sessions; False when the pipe closed or is out of step."""
-        kind, turn = message[0], (worker, message[1])
-        live = self.service.live
-        if kind == AUDIO:
-            nbytes = message[2]
-            try:
-                if nbytes < 0 or nbytes % 4:
-                    raise ValueError(f"{nbytes} bytes announced")
-                samples = receive_samples(worker.conn, nbytes)
-            except (EOFError, OSError):
-                return False
-            except ValueError as err:
-                err_console.print(f"error: an HTTP worker's message was malformed ({err}); stopping it")
-                worker.process.kill()
-                return False
-            live.feed(turn, samples)
-        elif kind == OPEN:
-            live.open(turn)
-        elif kind == FINISH:
-            live.finish(turn)
-        else:
-            live.drop(turn)
+    def _turns(self, worker: _Worker, message: tuple) -> bool:
+        """A burst of realtime turns' operations to the live sessions; False when the pipe closed or is out of
+        step."""
+        _, ops, nbytes = message
+        try:
+            if nbytes < 0 or nbytes % 4 or sum(op[2] for op in ops) != nbytes:
+                raise ValueError(f"{nbytes} bytes announced")
+            samples = receive_samples(worker.conn, nbytes) if nbytes else None
+        except (EOFError, OSError):
+            return False
+        except ValueError as err:
+            err_console.print(f"error: an HTTP worker's message was malformed ({err}); stopping it")
+            worker.process.kill()
+            return False
+        applied, at = [], 0
+        for kind, n, size in ops:
+            part = None
+            if kind == AUDIO:
+                part, at = samples[at // 4 : (at + size) // 4], at + size
+            applied.append((kind, (worker, n), part))
+        self.service.live.apply(applied)
         return True
 
-    def said(self, turn: tuple, said) -> None:
-        """On the batching thread: what a turn's stream said, to its worker."""
-        worker, n = turn
-        worker.send((SAID, n, said))
+    def said(self, said: list) -> None:
+        """On the batching thread: what a step's turns said, to their workers (one message a worker)."""
+        by_worker: dict[_Worker, list] = {}
+        for (worker, n), what in said:
+            by_worker.setdefault(worker, []).append((n, what))
+        for worker, items in by_worker.items():
+            worker.send((SAID, items))
 
     def check_workers(self) -> str | None:
         """Replace a worker that died, its places in the admission counts freed (its clients' connections went with

@@ -109,7 +109,7 @@ class Service:
         batch_seconds: float | None = None,
         on_batch: Callable[[int, float], None] | None = None,
         coming: Callable[[], int] | None = None,
-        on_said: Callable[[Hashable, Said], None] | None = None,
+        on_said: Callable[[list[tuple[Hashable, Said]]], None] | None = None,
         live_rows: Sequence[int] = (),
         on_live_step: Callable[[int, float], None] | None = None,
     ):

@@ -1,11 +1,12 @@
 """Live sessions in the server's engine: the realtime WebSocket's turns as streams of one `StreamEngine`, stepped by
 the service's batching thread between its batches of uploads.
 
-    HTTP worker (realtime.py): a turn's audio, resampled to the model's rate -> OPEN, AUDIO..., FINISH (or DROP)
-    intake thread: `open`, `feed`, `finish`, `drop` queue the operation and nudge the batching thread
+    HTTP worker (realtime.py): a turn's audio, resampled to the model's rate -> OPEN, AUDIO..., FINISH (or DROP),
+    each burst of its audio thread's operations in one message
+    intake thread: `apply` queues the operations and nudges the batching thread
     batching thread (service._Batches): while the GPU has no upload batch in flight, `run`: the operations applied,
-    then every stream with a chunk ready stepped as one batch -> `emit(key, said)` for each stream that said
-    something (its worker's writer thread sends it on)
+    then every stream with a chunk ready stepped as one batch -> `emit([(key, said), ...])`, what each stream that
+    said something said (one message a worker, sent on by its writer thread)
 
 One thread runs the model: the decode steps' buffers and captured graphs are the uploads' too, so the streams are
 stepped where the uploads' batches are made, once the batch before is answered (service.py). A stream is stepped
@@ -21,14 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable
 
-import numpy as np
-
 from graphscribe.runtime.streaming import Stream, StreamEngine, StreamEvent
+from graphscribe.serve.ipc import AUDIO, DROP, OPEN
 
 if TYPE_CHECKING:
     from graphscribe.api import Model
-
-OPEN, FEED, FINISH, DROP = "open", "feed", "finish", "drop"
 
 
 @dataclass
@@ -43,13 +41,13 @@ class Said:
 
 
 class LiveSessions:
-    """Turns of the realtime sessions, each a stream of one engine (module docstring). `emit(key, said)` is called on
-    the batching thread."""
+    """Turns of the realtime sessions, each a stream of one engine (module docstring). `emit([(key, said), ...])` is
+    called on the batching thread after each step."""
 
     def __init__(
         self,
         model: Model,
-        emit: Callable[[Hashable, Said], None],
+        emit: Callable[[list[tuple[Hashable, Said]]], None],
         nudge: Callable[[], None],
         on_step: Callable[[int, float], None] | None = None,
     ):
@@ -62,26 +60,16 @@ class LiveSessions:
         self.open_count = 0  # turns open (metrics)
 
     # ------------------------------------------------------------------ any thread (the intake threads)
-    def open(self, key: Hashable) -> None:
-        self._queue(OPEN, key)
-
-    def feed(self, key: Hashable, samples: np.ndarray) -> None:
-        self._queue(FEED, key, samples)
-
-    def finish(self, key: Hashable) -> None:
-        self._queue(FINISH, key)
-
-    def drop(self, key: Hashable) -> None:
-        self._queue(DROP, key)
+    def apply(self, ops: list[tuple]) -> None:
+        """Operations (OPEN | AUDIO | FINISH | DROP, key, samples or None), queued in order; the batching thread
+        applies them at its next step."""
+        with self._lock:
+            self._ops.extend(ops)
+        self.nudge()
 
     def drop_all(self, owner: Callable[[Hashable], bool]) -> None:
         """Every turn whose key `owner` claims dropped (a worker that died: its clients are gone)."""
-        self._queue(DROP, owner)
-
-    def _queue(self, op: str, key, samples=None) -> None:
-        with self._lock:
-            self._ops.append((op, key, samples))
-        self.nudge()
+        self.apply([(DROP, owner, None)])
 
     # ------------------------------------------------------------------ the batching thread
     @property
@@ -124,7 +112,7 @@ class LiveSessions:
                     finished.pop(k, None)
             elif (stream := self._streams.get(key)) is not None:
                 self._maybe_ready[key] = stream
-                if op == FEED:
+                if op == AUDIO:
                     stream.feed(samples)
                 elif not stream.finished:
                     stream.finish()
@@ -134,11 +122,14 @@ class LiveSessions:
         if ready:
             engine.step(list(ready.values()))
         self._maybe_ready = ready  # stepped: each may have another chunk ready
+        said = []
         for key, stream in [*ready.items(), *finished.items()]:
             if stream.events or key in finished:
-                self._say(key, stream, stream.take_events())
+                said.append((key, self._said(stream, stream.take_events())))
             if stream.closed:
                 self._forget(key)
+        if said:
+            self.emit(said)
         self.open_count = len(self._streams)
         if self.on_step is not None:
             self.on_step(len(ready), time.perf_counter() - start)
@@ -155,16 +146,14 @@ class LiveSessions:
             self.engine = StreamEngine(self.model)
         return self.engine
 
-    def _say(self, key: Hashable, stream: Stream, events: list[StreamEvent]) -> None:
+    def _said(self, stream: Stream, events: list[StreamEvent]) -> Said:
         done = next((e for e in events if e.type == "done"), None)
         if done is not None:
-            self.emit(key, Said(done.text, stream.fed, done.text, stream.fed))
-            return
+            return Said(done.text, stream.fed, done.text, stream.fed)
         # the finals so far, then the open utterance as its final would say it now: the text then grows as the
         # turn's whole text will read, not as the partial's pieces do
         text = stream.final_text
         open_text, spaced = stream.text.open_text()
         if open_text:
             text = text + (" " if spaced and text else "") + open_text if text else open_text
-        needed = min(stream.fed, stream.steps * self.engine.geometry.frame_samples + 1)
-        self.emit(key, Said(text, needed))
+        return Said(text, min(stream.fed, stream.steps * self.engine.geometry.frame_samples + 1))
