@@ -1,7 +1,8 @@
 """The fused decode step (Triton kernels) against NeMo's tokens and against the PyTorch step.
 
 Without CUDA the kernels run through Triton's CPU interpreter (conftest sets TRITON_INTERPRET),
-slowly, so these tests use short clips; tests/test_gpu.py runs the same step compiled on a GPU.
+slowly: its time is the programs launched, so these tests decode short clips or a clip's first frames
+(`_encode`), in few steps; tests/test_gpu.py runs the same step compiled on a GPU.
 Expected tokens and frames are NeMo's own (reference.json of each NeMo-made oracle).
 """
 
@@ -22,11 +23,38 @@ pytest.importorskip("triton")
 FIXTURES = Path(__file__).parent / "fixtures"
 CLIPS = FIXTURES / "nemo-tdt-tiny" / "clips"
 SHORT = ["short_2s.wav", "quarter_second.wav", "noise_3s.wav"]  # a padded batch of 3 runs in the 4-row class
+# noise_3s's first 3 frames: its 12 tokens there (10 of them on frame 1, up to max_symbols) in as many steps as
+# quarter_second's 12; the whole clip (19 tokens, to frame 38) made the batch's decode 48 steps
+SHORT_CUT = {"noise_3s.wav": 3}
+# The oracle whose tokens come one a frame (max_symbols 3): in one round of steps a row reaches tokens that the
+# prediction net's output after the first decides (silence_1s's 84 at frame 3), where tdt-tiny's runs of 10 tokens
+# on a frame take 12 steps; for the size classes whose step is many programs (one row, 64 rows)
+SPARSE = ("nemo-tdt-tiny-80mel", "tdt-tiny-80mel.nemo")
 
 
 def _oracle(name: str, checkpoint: str):
     ref = {c["file"]: c for c in json.loads((FIXTURES / name / "reference.json").read_text())["clips"]}
     return gs.load_model(FIXTURES / name / checkpoint, device="cpu", graphs=False), ref
+
+
+def _encode(model, names: list[str], cut: dict[str, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clips' encoder output as one padded batch, a clip in `cut` to its first `cut[name]` frames (the encoder
+    still sees the whole clip): fewer steps to decode, and NeMo's tokens before that frame to expect (`_nemo`)."""
+    encoded, lengths = model.encode([model.read(CLIPS / f) for f in names])
+    cut = cut or {}
+    lengths = torch.tensor([min(int(n), cut.get(f, int(n))) for f, n in zip(names, lengths)], dtype=lengths.dtype)
+    return encoded[:, : int(lengths.max())], lengths
+
+
+def _nemo(ref: dict, names: list[str], cut: dict[str, int] | None = None) -> list[tuple[list[int], list[int]]]:
+    """NeMo's (token ids, frames) of each clip, of a clip in `cut` those before frame `cut[name]`: greedy decoding
+    reads the frames in order, so these are what it emits from the first `cut[name]` frames alone."""
+    cut = cut or {}
+    out = []
+    for f in names:
+        kept = [(i, t) for i, t in zip(ref[f]["token_ids"], ref[f]["timestamps"]) if t < cut.get(f, t + 1)]
+        out.append(([i for i, _ in kept], [t for _, t in kept]))
+    return out
 
 
 def _decoder(model, fused: bool, window: int | None = None) -> GreedyDecoder:
@@ -36,41 +64,49 @@ def _decoder(model, fused: bool, window: int | None = None) -> GreedyDecoder:
 
 
 @pytest.mark.parametrize(
-    "name,checkpoint,window",
+    "name,checkpoint,window,cut",
     [
-        ("nemo-tdt-tiny", "tdt-tiny.nemo", None),  # durations 0-4, max_symbols 10
-        ("nemo-rnnt-tiny", "rnnt-tiny.nemo", 3),  # plain RNN-T, one LSTM layer, xscaling and biases
-        ("nemo-tdt-tiny-80mel", "tdt-tiny-80mel.nemo", 2),  # max_symbols 3
+        ("nemo-tdt-tiny", "tdt-tiny.nemo", None, SHORT_CUT),  # durations 0-4, max_symbols 10
+        # plain RNN-T, one LSTM layer, xscaling and biases: short_2s's 10 tokens are all on frame 0, noise_3s's
+        # first at frame 14
+        ("nemo-rnnt-tiny", "rnnt-tiny.nemo", 3, {"short_2s.wav": 2, "noise_3s.wav": 15}),
+        # max_symbols 3: noise_3s's three tokens on frame 14 are in its first 15 frames
+        ("nemo-tdt-tiny-80mel", "tdt-tiny-80mel.nemo", 2, {"short_2s.wav": 2, "noise_3s.wav": 15}),
     ],
 )
-def test_fused_step_gives_nemo_tokens_in_a_padded_batch(name, checkpoint, window):
+def test_fused_step_gives_nemo_tokens_in_a_padded_batch(name, checkpoint, window, cut):
     model, ref = _oracle(name, checkpoint)
-    encoded, lengths = model.encode([model.read(CLIPS / f) for f in SHORT])
+    encoded, lengths = _encode(model, SHORT, cut)
     decoder = _decoder(model, fused=True, window=window)
     hyps = decoder.decode(encoded, lengths)
     assert decoder.fused is not False and list(decoder._buffers) == [size_class(len(SHORT))] == [4]
-    assert [(h.token_ids, h.frames) for h in hyps] == [(ref[f]["token_ids"], ref[f]["timestamps"]) for f in SHORT]
+    assert len(set(lengths.tolist())) == len(SHORT)  # padded: every row ends at another frame
+    assert [(h.token_ids, h.frames) for h in hyps] == _nemo(ref, SHORT, cut)
 
 
 def test_tall_tiles_give_nemo_tokens():
     """A batch of 64 rows runs in the 64-row tiles of `fused_step.TALL`: a weight tile read once for all its rows."""
-    model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")
-    names = ["quarter_second.wav", "short_2s.wav"] * 32  # short: the interpreter runs every program in turn
-    encoded, lengths = model.encode([model.read(CLIPS / f) for f in names])
+    model, ref = _oracle(*SPARSE)
+    names = ["silence_1s.wav", "short_2s.wav"] * 32
+    # the interpreter runs every program in turn, 64 advance programs a step: the clips' first 4 frames, two tokens
+    # each, in one round of steps
+    cut = {"silence_1s.wav": 4, "short_2s.wav": 4}
+    encoded, lengths = _encode(model, names, cut)
     decoder = _decoder(model, fused=True)
     hyps = decoder.decode(encoded, lengths)
     assert list(decoder._buffers) == [64] and decoder._fused_step.tiles_for(64).rows == 64
-    assert [(h.token_ids, h.frames) for h in hyps] == [(ref[f]["token_ids"], ref[f]["timestamps"]) for f in names]
+    assert [(h.token_ids, h.frames) for h in hyps] == _nemo(ref, names, cut)
 
 
 def test_one_row_gives_nemo_tokens():
     """A clip alone is the one-row size class, whose prediction net runs on the CUDA cores ("fma" products)."""
-    model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")
+    model, ref = _oracle(*SPARSE)
     decoder = _decoder(model, fused=True)
-    for name in SHORT:
-        encoded, lengths = model.encode([model.read(CLIPS / name)])
-        (hyp,) = decoder.decode(encoded, lengths)
-        assert (hyp.token_ids, hyp.frames) == (ref[name]["token_ids"], ref[name]["timestamps"]), name
+    # one round of steps each (one row's step is 77 programs): silence_1s's first 8 frames (3 tokens), then
+    # quarter_second whole in the same buffers, restarted
+    for name, cut in (("silence_1s.wav", {"silence_1s.wav": 8}), ("quarter_second.wav", None)):
+        (hyp,) = decoder.decode(*_encode(model, [name], cut))
+        assert [(hyp.token_ids, hyp.frames)] == _nemo(ref, [name], cut), name
     assert list(decoder._buffers) == [1] and decoder._fused_step.tiles_for(1).net == "fma"
 
 
@@ -90,10 +126,12 @@ def test_fused_state_follows_the_pytorch_step():
         if fused:
             step.start(buf)
         buffers[fused] = (decoder, step, buf)
-    for _ in range(12):
+    # max_symbols 2 (the 80mel oracle's is 3) for both steps: the clip's run of 10 tokens on frame 0 (and on frame 1)
+    # is cut short, the row moved on, within the few steps the interpreter affords at one row (77 programs a step)
+    for _ in range(4):
         states = []
         for decoder, step, buf in buffers.values():
-            step(buf, decoder.prediction, decoder.joint, decoder.blank_id, decoder.cfg.max_symbols)
+            step(buf, decoder.prediction, decoder.joint, decoder.blank_id, 2)
             states.append(buf)
         ref, fused = states
         for name in ("t", "active", "count", "run", "last_frame", "row_steps", "records"):
@@ -101,7 +139,8 @@ def test_fused_state_follows_the_pytorch_step():
         h, c = buffers[True][0]._fused_step.state(fused)  # the fused step alternates two state buffers
         for name, got in (("h", h), ("c", c), ("g", fused.g)):
             torch.testing.assert_close(got, getattr(ref, name), rtol=1e-5, atol=1e-5, msg=name)
-    assert int(ref.count[0]) >= 5  # the steps above emitted tokens, so the LSTM path ran
+    assert int(ref.count[0]) >= 3  # the steps above emitted tokens, so the LSTM path ran
+    assert int(ref.t[0]) >= 2  # and twice max_symbols tokens on a frame moved the row on
 
 
 def test_token_slots_grow_in_the_middle_of_a_decode(monkeypatch):
@@ -110,12 +149,13 @@ def test_token_slots_grow_in_the_middle_of_a_decode(monkeypatch):
 
     monkeypatch.setattr(graphscribe.model.decoding, "frame_capacity", lambda frames: frames)
     model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")
-    names = ["silence_1s.wav", "quarter_second.wav"]  # 13 frames, 17 tokens; 4 frames, 12 tokens
-    encoded, lengths = model.encode([model.read(CLIPS / f) for f in names])
+    names = ["silence_1s.wav", "quarter_second.wav"]  # 1 frame (of 13), 10 tokens; 4 frames, 12 tokens
+    cut = {"silence_1s.wav": 1}
+    encoded, lengths = _encode(model, names, cut)
     decoder = _decoder(model, fused=True)
     hyps = decoder.decode(encoded, lengths)
     assert decoder._buffers[2].max_tokens > encoded.shape[1] + 1  # grown
-    assert [(h.token_ids, h.frames) for h in hyps] == [(ref[f]["token_ids"], ref[f]["timestamps"]) for f in names]
+    assert [(h.token_ids, h.frames) for h in hyps] == _nemo(ref, names, cut)
 
 
 def test_tensor_core_path_float16():
@@ -123,12 +163,12 @@ def test_tensor_core_path_float16():
     from graphscribe.model.fused_step import FusedStep
 
     model, ref = _oracle("nemo-tdt-tiny", "tdt-tiny.nemo")
-    encoded, lengths = model.encode([model.read(CLIPS / f) for f in SHORT])
+    encoded, lengths = _encode(model, SHORT, SHORT_CUT)
     decoder = _decoder(model, fused=True)
     decoder._fused_step = FusedStep(decoder.prediction, decoder.joint, torch.float16, model.cfg.decoding.durations)
     assert not decoder._fused_step.tiles.fp32
     hyps = decoder.decode(encoded, lengths)
-    assert [(h.token_ids, h.frames) for h in hyps] == [(ref[f]["token_ids"], ref[f]["timestamps"]) for f in SHORT]
+    assert [(h.token_ids, h.frames) for h in hyps] == _nemo(ref, SHORT, SHORT_CUT)
 
 
 def test_kernels_compile_for_hopper():
