@@ -354,17 +354,21 @@ class _Batches:
         scheduler, live = self.service.scheduler, self.service.live
         yield from self.warm_up
         queued = bool(self.warm_up)  # a batch is queued on the GPU, not yet decoded
+        step_in = None  # seconds until the live streams' next step
         while True:
-            if live is not None and live.due:
-                if queued:  # the batch before answered first: its decode buffers are the streams' too
-                    yield _empty_batch()
-                    queued = False
-                live.run()
-                continue
+            if live is not None:
+                live.apply_ops()
+                step_in = live.step_in()
+                if step_in == 0.0:
+                    if queued:  # the batch before answered first: its decode buffers are the streams' too
+                        yield _empty_batch()
+                        queued = False
+                    live.step()
+                    continue
             if queued:  # the GPU has work: take what waits, no waiting for company
                 numbers = scheduler.take(timeout=0.0)
             else:
-                numbers = scheduler.take(wait=self.service.max_wait, company=self.service.coming)
+                numbers = scheduler.take(wait=self.service.max_wait, company=self.service.coming, timeout=step_in)
                 if numbers is None and (scheduler.closed or live is None):
                     return  # closed and empty
             if numbers is None:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Callable, Hashable
 from graphscribe.runtime.streaming import Stream, StreamEngine, StreamEvent
 from graphscribe.serve.ipc import AUDIO, DROP, OPEN
 
+GATHER_SECONDS = 0.02  # a step waits this long at most after its first stream was ready (`step_in`)
+
 if TYPE_CHECKING:
     from graphscribe.api import Model
 
@@ -56,7 +58,8 @@ class LiveSessions:
         self._ops: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._streams: dict[Hashable, Stream] = {}  # batching thread only
-        self._maybe_ready: dict[Hashable, Stream] = {}  # fed, finished or stepped since the last step
+        self._ready: dict[Hashable, Stream] = {}  # streams with a chunk ready, for the next step
+        self._ready_since: float | None = None  # when the first of them became ready
         self.open_count = 0  # turns open (metrics)
 
     # ------------------------------------------------------------------ any thread (the intake threads)
@@ -72,10 +75,16 @@ class LiveSessions:
         self.apply([(DROP, owner, None)])
 
     # ------------------------------------------------------------------ the batching thread
-    @property
-    def due(self) -> bool:
-        """Work waits: operations to apply, or a stream with a chunk ready."""
-        return bool(self._ops) or any(s.ready for s in self._maybe_ready.values())
+    def step_in(self) -> float | None:
+        """Seconds until the next step is due: 0 now, None while no stream has a chunk ready. A step waits up to
+        GATHER_SECONDS after the first stream became ready, for others to become ready too: a step costs the GPU
+        about the same for one stream as for dozens, and steps made as soon as any one stream was ready ran one
+        row each and fell behind at a third of the streams the engine keeps up with (bench/README.md)."""
+        if self._ready_since is None:
+            return None
+        if len(self._ready) >= self.engine.max_rows:
+            return 0.0
+        return max(0.0, self._ready_since + GATHER_SECONDS - time.monotonic())
 
     def warm_up(self, rows: list[int]) -> None:
         """Step batches of `rows` streams of silence and speech once each (graphs captured, kernels loaded)."""
@@ -92,11 +101,12 @@ class LiveSessions:
             for s in streams:
                 engine.close(s)
 
-    def run(self) -> int:
-        """Apply the operations waiting, then step every stream with a chunk ready, once; the streams stepped.
-        Only the streams an operation or the last step touched are looked at: with a thousand turns open, the
-        operations come thousands of times a second."""
-        start = time.perf_counter()
+    def apply_ops(self) -> None:
+        """The operations waiting, applied: any time on the batching thread (no decode buffer is touched). Only the
+        streams an operation touches are looked at: with a thousand turns open, operations come thousands of
+        times a second."""
+        if not self._ops:
+            return
         engine = self._engine()
         with self._lock:
             ops, self._ops = self._ops, collections.deque()
@@ -111,33 +121,52 @@ class LiveSessions:
                     self._forget(k)
                     finished.pop(k, None)
             elif (stream := self._streams.get(key)) is not None:
-                self._maybe_ready[key] = stream
                 if op == AUDIO:
                     stream.feed(samples)
                 elif not stream.finished:
                     stream.finish()
                     if stream.closed:
                         finished[key] = stream
-        ready = {k: s for k, s in self._maybe_ready.items() if s.ready}
-        if ready:
-            engine.step(list(ready.values()))
-        self._maybe_ready = ready  # stepped: each may have another chunk ready
+                if stream.ready and key not in self._ready:
+                    self._ready[key] = stream
+                    if self._ready_since is None:
+                        self._ready_since = time.monotonic()
+        if finished:
+            self.emit([(key, self._said(stream, stream.take_events())) for key, stream in finished.items()])
+            for key in finished:
+                self._forget(key)
+        self.open_count = len(self._streams)
+
+    def step(self) -> int:
+        """Step every stream with a chunk ready, once, as one batch (the batching thread, with no upload batch in
+        flight); the streams stepped."""
+        start = time.perf_counter()
+        stepped, self._ready, self._ready_since = self._ready, {}, None
+        streams = [s for s in stepped.values() if s.ready]
+        if streams:
+            self.engine.step(streams)
         said = []
-        for key, stream in [*ready.items(), *finished.items()]:
-            if stream.events or key in finished:
+        for key, stream in stepped.items():
+            if stream.events:
                 said.append((key, self._said(stream, stream.take_events())))
             if stream.closed:
                 self._forget(key)
+            elif stream.ready:  # another chunk already here: in the next step
+                self._ready[key] = stream
+        if self._ready:
+            self._ready_since = start
         if said:
             self.emit(said)
         self.open_count = len(self._streams)
         if self.on_step is not None:
-            self.on_step(len(ready), time.perf_counter() - start)
-        return len(ready)
+            self.on_step(len(streams), time.perf_counter() - start)
+        return len(streams)
 
     def _forget(self, key: Hashable) -> None:
         stream = self._streams.pop(key, None)
-        self._maybe_ready.pop(key, None)
+        self._ready.pop(key, None)
+        if not self._ready:
+            self._ready_since = None
         if stream is not None and not stream.closed:
             self.engine.close(stream)
 
