@@ -13,7 +13,7 @@ inproc)
     step "in process bfloat16 realtime" 300 python3 -m graphscribe.cli bench --streams ${LEVELS:-512,640} \
         --folder /tmp/f512 -m $ckpt --dtype bfloat16 --json $OUT/inproc.json ;;
 sessions)
-    EXTRA="--max-sessions 2048" serve sessions bfloat16
+    EXTRA="--max-sessions 2048 --http-workers ${WORKERS:-8}" serve sessions bfloat16
     util ws
     # the busiest threads halfway through the last level, the server's and the clients'
     (sleep ${TOP_AT:-60}; top -b -H -n 2 -d 3 -w 160 | awk "/^top -/{n++} n==2" | head -40 > $OUT/top.txt) &
