@@ -151,6 +151,10 @@ class StreamEngine:
         self._state: DecodeState | None = None  # (slots) rows
         self._zero_encoded: torch.Tensor | None = None  # (T, D) the encoder's output for a buffer of silence
         self.profile: dict[str, float] | None = None  # {}: seconds per stage of the steps, each waited for (slower)
+        # slots opened since the last step: their rings and states are reset together there, not one at a time as
+        # they open (each reset's index copied to the device waited for the GPU's queued work: a server opening
+        # dozens of turns a second stalled its batching thread on every one)
+        self._fresh_slots: list[int] = []
 
     # ------------------------------------------------------------------ streams
     def new_text(self) -> StreamText:
@@ -162,11 +166,8 @@ class StreamEngine:
         if not self._free:
             self._grow(max(8, 2 * self._capacity))
         slot = self._free.pop()
-        self._ring[slot].zero_()
         self._write[slot] = 0
-        fresh = self.model.decoder.fresh_state(1, self.device, self.model.dtype)
-        for pool, value in zip(self._pools(), (fresh.h, fresh.c, fresh.g, fresh.skip)):
-            pool.index_copy_(-2 if pool.dim() == 3 else 0, torch.tensor([slot], device=self.device), value)
+        self._fresh_slots.append(slot)  # its ring and decoder state reset at the next step, with the others opened
         stream = Stream(self, slot)
         self.streams[slot] = stream
         return stream
@@ -217,6 +218,7 @@ class StreamEngine:
         A batch's encoder is queued on the device before the text of the batch before it is made on the host, so
         the two run side by side."""
         streams = [s for s in (self.ready() if streams is None else streams) if s.ready]
+        self._reset_fresh_slots()
         decoded = None
         for start in range(0, len(streams), self.max_rows):
             launched = self._launch(streams[start : start + self.max_rows])
@@ -226,6 +228,20 @@ class StreamEngine:
         if decoded is not None:
             self._say(*decoded)
         return len(streams)
+
+    def _reset_fresh_slots(self) -> None:
+        """The rings and decoder states of the slots opened since the last step, reset in one go."""
+        if not self._fresh_slots:
+            return
+        slots, self._fresh_slots = self._fresh_slots, []
+        index = torch.tensor(slots).to(self.device, non_blocking=True)
+        self._ring.index_fill_(0, index, 0.0)
+        fresh = self.model.decoder.fresh_state(1, self.device, self.model.dtype)
+        for pool, value in zip(self._pools(), (fresh.h, fresh.c, fresh.g, fresh.skip)):
+            dim = -2 if pool.dim() == 3 else 0
+            shape = list(value.shape)
+            shape[dim] = len(slots)
+            pool.index_copy_(dim, index, value.expand(*shape).contiguous())
 
     def _stage(self, name: str, since: float) -> float:
         """With `profile`: wait for the device and add the seconds since `since` to the stage; the time now."""
