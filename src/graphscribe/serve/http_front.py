@@ -93,6 +93,7 @@ class Link:
         self.health: dict | None = None  # the engine's /health body once it is warm
         self.max_queue = 0  # requests admitted at once over every worker, and the model's sample rate: from READY
         self.sample_rate = 0
+        self.chunk_samples = 0  # samples a live step takes of a stream (from READY)
         self.lost = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_lost = lambda: None
@@ -144,7 +145,7 @@ class Link:
     def _settle(self, message: tuple) -> None:
         kind = message[0]
         if kind == READY:
-            _, health, self.max_queue, self.sample_rate = message
+            _, health, self.max_queue, self.sample_rate, self.chunk_samples = message
             self.health = health
             return
         if kind == SAID:

@@ -28,7 +28,7 @@ import json
 import queue
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -61,7 +61,9 @@ class Turn:
     number: int  # the turn's id on the worker's pipe
     item: str
     start: int
-    sent: int = 0  # samples sent to the engine
+    sent: int = 0  # samples heard (sent to the engine, or held until they pass the next chunk's end)
+    flushed: int = 0  # samples sent to the engine
+    held: list = field(default_factory=list)
     needed: int = 0  # samples the engine's last step took
     shown: str = ""
     committed: bool = False
@@ -357,13 +359,30 @@ class AudioThread:
         self.hub.turn_op(OPEN, turn.number)
 
     def _send(self, session: Session, audio: np.ndarray) -> None:
-        if audio.size:
-            session.turn.sent += audio.size
-            self.hub.turn_op(AUDIO, session.turn.number, audio)
+        """A turn's audio, held until it passes the next multiple of a step's chunk: the engine can step the
+        turn's stream only then, and one message a chunk instead of one an append keeps its intake and its
+        batching thread's operations ten times fewer."""
+        if not audio.size:
+            return
+        turn = session.turn
+        turn.sent += audio.size
+        turn.held.append(audio)
+        chunk = self.hub.link.chunk_samples
+        if not chunk or turn.sent > -(-turn.flushed // chunk) * chunk:  # past the end of the chunk the engine waits on
+            self._release(turn)
+
+    def _release(self, turn: Turn) -> None:
+        """The audio a turn holds, to the engine."""
+        if turn.held:
+            audio = np.concatenate(turn.held) if len(turn.held) > 1 else turn.held[0]
+            turn.held = []
+            turn.flushed += audio.size
+            self.hub.turn_op(AUDIO, turn.number, audio)
 
     def _close(self, session: Session) -> None:
         """The open turn committed: its item announced, its stream finished."""
         turn, session.turn = session.turn, None
+        self._release(turn)
         turn.committed = True
         previous, session.previous_item = session.previous_item, turn.item
         session.post({"type": "input_audio_buffer.committed", "item_id": turn.item, "previous_item_id": previous})

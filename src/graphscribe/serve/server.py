@@ -198,7 +198,8 @@ class Engine:
         self.metrics.capture_seconds = lambda: model.capture_seconds
         with self._lock:
             self.service = service
-            self.ready = (READY, health, max_queue, model.sample_rate)
+            chunk = service.live.chunk_samples if service.live is not None else 0
+            self.ready = (READY, health, max_queue, model.sample_rate, chunk)
             for worker in self.workers:
                 if worker.up:
                     worker.send(self.ready)

@@ -170,6 +170,12 @@ class LiveSessions:
         if stream is not None and not stream.closed:
             self.engine.close(stream)
 
+    @property
+    def chunk_samples(self) -> int:
+        """Samples a step takes of a stream: a turn's audio needs to reach the engine only as it passes each
+        multiple of this (the HTTP workers hold it until then)."""
+        return self._engine().geometry.frame_samples
+
     def _engine(self) -> StreamEngine:
         if self.engine is None:
             self.engine = StreamEngine(self.model)
