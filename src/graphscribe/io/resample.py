@@ -32,7 +32,7 @@ class StreamResampler:
         self.block = max(self.down, -(-source // 50 // self.down) * self.down)  # ~20 ms of input, whole periods
         self._pending = np.zeros(self.context, dtype=np.float32)  # the context before the stream: silence
         self._done = 0  # input samples (after the leading context) whose output was given
-        self._kernel: tuple[torch.Tensor, int] | None = None  # torchaudio's filter for these rates
+        self._kernel: tuple[np.ndarray, int] | None = None  # torchaudio's filter for these rates, as (taps, up)
 
     def push(self, samples: np.ndarray) -> np.ndarray:
         if self.up == self.down:
@@ -67,17 +67,19 @@ class StreamResampler:
         return result
 
     def _resample_piece(self, piece: torch.Tensor) -> torch.Tensor:
-        """torchaudio's `resample` of `piece`, its filter made once per resampler rather than once a call (the
-        filter was half of a live session's 60 ms append: 0.33 ms of 0.37)."""
-        import torchaudio.functional as AF  # here: its import is for inputs at another rate only
-
+        """torchaudio's `resample` of `piece` (its windowed-sinc filter, made once per resampler), applied as a
+        polyphase product in NumPy: each output period is one input window times the filter's phases. torchaudio
+        makes the filter on every call and applies it with a strided convolution, 0.26-0.37 ms for a live
+        session's 60 ms append against ~0.04 ms here; the two agree to float rounding (3e-8)."""
         try:
-            from torchaudio.functional.functional import _apply_sinc_resample_kernel, _get_sinc_resample_kernel
-        except ImportError:  # another torchaudio's layout: the public call, the same numbers
+            from torchaudio.functional.functional import _get_sinc_resample_kernel
+        except ImportError:  # another torchaudio's layout: the public call
+            import torchaudio.functional as AF
+
             return AF.resample(piece, self.source, self.target)
-        gcd = math.gcd(self.source, self.target)
         if self._kernel is None:
-            self._kernel = _get_sinc_resample_kernel(
+            gcd = math.gcd(self.source, self.target)
+            kernel, width = _get_sinc_resample_kernel(
                 self.source,
                 self.target,
                 gcd,
@@ -88,5 +90,13 @@ class StreamResampler:
                 piece.device,
                 piece.dtype,
             )
-        kernel, width = self._kernel
-        return _apply_sinc_resample_kernel(piece, self.source, self.target, gcd, kernel, width)
+            self._kernel = (np.ascontiguousarray(kernel[:, 0, :].numpy().T), width)  # (taps, up)
+        phases, width = self._kernel
+        x = piece.numpy()
+        padded = np.concatenate([np.zeros(width, np.float32), x, np.zeros(width + self.down, np.float32)])
+        taps = phases.shape[0]
+        periods = (padded.size - taps) // self.down + 1
+        step = padded.strides[0]
+        windows = np.lib.stride_tricks.as_strided(padded, (periods, taps), (step * self.down, step), writeable=False)
+        out = np.dot(windows, phases).reshape(-1)[: math.ceil(self.up * x.size / self.down)]
+        return torch.from_numpy(out)

@@ -72,8 +72,9 @@ from graphscribe.serve.openai_api import (
     read_form,
     shutting_down,
 )
-from graphscribe.serve.realtime import Realtime, UploadStream
+from graphscribe.serve.realtime import Realtime
 from graphscribe.serve.realtime_api import RATE, SUBPROTOCOL_KEY
+from graphscribe.serve.streamed import UploadStream
 
 PATHS = ("/v1/audio/transcriptions", "/v1/models", "/health", "/metrics")  # metric labels; anything else: other
 UPLOAD_THREADS = 4  # decoding threads a worker: libsndfile and resampling release the GIL
