@@ -328,3 +328,25 @@ def test_the_load_test_times_real_time_sessions(server, tmp_path):
     (row,) = json.loads(report_path.read_text())["rows"]
     assert row["sessions"] == 2 and row["failed_sessions"] == 0, row
     assert row["turns"] >= 2 and row["deltas"] > 0 and row["delta_ms"]["p50"] is not None
+
+
+def test_an_idle_session_is_ended_with_its_turn_answered(tmp_path):
+    served = start_server(tmp_path / "stderr.txt", "--session-idle", "1")
+    try:
+        with raw_session(served) as ws:
+            receive(ws, "session.created")
+            ws.send(json.dumps({"type": "session.update", "session": MANUAL}))
+            for piece in appends(pcm24(SPEECH_CLIP, 1.5)):
+                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
+            # then nothing: the session ends, its open turn committed and answered first
+            events = []
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    events.append(json.loads(ws.recv(timeout=WAIT)))
+        kinds = [e["type"] for e in events]
+        assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["session_idle_timeout"]
+        assert kinds.index("input_audio_buffer.committed") < kinds.index(
+            "conversation.item.input_audio_transcription.completed"
+        )
+    finally:
+        assert served.stop() == 0, served.log.read_text()
