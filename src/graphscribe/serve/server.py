@@ -3,6 +3,8 @@
     POST /v1/audio/transcriptions  multipart: file; response_format json | text | srt | vtt | verbose_json;
                                    stream; timestamp_granularities[]; model, language, prompt, temperature
                                    (accepted, unused: one model answers, greedy decoding, no prompting)
+    GET  /v1/realtime              ?intent=transcription: OpenAI's Realtime transcription sessions over a WebSocket
+                                   (realtime.py); `--max-sessions` at once, `--session-idle` seconds without an event
     GET  /v1/models                the loaded model
     GET  /health                   200 when warm, 503 while loading, warming up or stopping
     GET  /metrics                  Prometheus text (metrics.py); with --api-key it needs the key (--metrics-public: not)

@@ -8,6 +8,9 @@
       into a reused host buffer) -> pipeline.transcribe_stream: features and encoder of the
       next batch are queued while this one decodes (one captured graph per size class) -> done(transcript, queue s)
 
+The same thread steps the live streams (sessions.py: the realtime sessions' turns, uploads with stream=true) between
+batches, once the batch before is answered: the decode steps' buffers and captured graphs are shared.
+
 The batching thread takes the next batch while the one before decodes, without waiting for company: under
 load requests pile up while a batch runs, so batches fill by themselves; it blocks on the scheduler only when
 nothing is waiting, and then first hands transcribe_stream an empty batch so the last one is finished and
