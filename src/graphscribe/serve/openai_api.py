@@ -8,7 +8,6 @@ CLI's files byte for byte.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import zlib
 from bisect import bisect_right
@@ -231,7 +230,7 @@ class Options:
     @property
     def word_times(self) -> bool:
         """Whether the answer needs token, word and segment times."""
-        return self.stream or self.response_format in ("srt", "vtt", "verbose_json")
+        return self.response_format in ("srt", "vtt", "verbose_json")
 
 
 def parse_options(form: Form) -> Options:
@@ -258,11 +257,8 @@ def parse_options(form: Form) -> Options:
 
 # ------------------------------------------------------------------ answers in OpenAI's shapes
 def answer(transcript: Transcript, options: Options) -> Response:
-    """The response for a transcript: OpenAI's shape for the requested format (or its event stream)."""
-    if options.stream:
-        return Response(
-            stream_events(transcript), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+    """The response for a transcript: OpenAI's shape for the requested format (stream=true is the live streams'
+    engine's, streamed.py)."""
     fmt = options.response_format
     if fmt == "json":
         return JSONResponse({"text": transcript.text, "usage": _usage(transcript)})
@@ -321,15 +317,3 @@ def _compression_ratio(text: str) -> float:
     """whisper's: UTF-8 bytes over zlib-compressed bytes (repetitive text compresses well)."""
     data = text.encode("utf-8")
     return round(len(data) / len(zlib.compress(data)), 3) if data else 0.0
-
-
-def stream_events(transcript: Transcript) -> str:
-    """Server-sent events as OpenAI streams a transcription: a `transcript.text.delta` per segment (one for the whole
-    text if it has none), then `transcript.text.done`. The deltas join to the text."""
-    texts = [s.text for s in transcript.segments]
-    deltas = [t if i == 0 else " " + t for i, t in enumerate(texts)]
-    if "".join(deltas) != transcript.text:
-        deltas = [transcript.text]
-    events = [{"type": "transcript.text.delta", "delta": d} for d in deltas]
-    events.append({"type": "transcript.text.done", "text": transcript.text})
-    return "".join(f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events)
