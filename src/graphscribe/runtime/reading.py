@@ -97,7 +97,7 @@ class ReadAhead:
             while True:
                 self._room.acquire()  # before asking for a batch: batches handed out elsewhere wait there till then
                 if self._closed.is_set():
-                    return
+                    break  # the end marker still goes in: a consumer iterating after `close` ends, not waits
                 indices = next(batches, None)
                 if indices is None:
                     break
@@ -111,6 +111,8 @@ class ReadAhead:
     def __iter__(self) -> Iterator[Batch]:
         try:
             while (item := self._batches.get()) is not None:
+                if self._closed.is_set():  # closed: what was queued before is not read (its reads were cancelled)
+                    break
                 if isinstance(item, BaseException):
                     raise item
                 with self.clock.host("wait"):
