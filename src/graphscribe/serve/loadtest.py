@@ -33,14 +33,14 @@ REQUEST_TIMEOUT = 600.0  # seconds: a request that takes longer counts as failed
 _BOUNDARY = "graphscribe-load-test-boundary"
 
 
-def parse_levels(value: str) -> list[int]:
+def parse_levels(value: str, option: str = "--concurrency", example: str = "1,8,32") -> list[int]:
     """ "1,8,32" -> [1, 8, 32]; ValueError naming the option."""
     try:
         levels = [int(s) for s in value.split(",") if s.strip()]
     except ValueError:
         levels = []
     if not levels or min(levels) < 1:
-        raise ValueError(f"--concurrency {value!r}: use comma-separated whole numbers of 1 or more, such as 1,8,32")
+        raise ValueError(f"{option} {value!r}: use comma-separated whole numbers of 1 or more, such as {example}")
     return levels
 
 

@@ -66,8 +66,6 @@ class Turn:
     held: list = field(default_factory=list)
     needed: int = 0  # samples the engine's last step took
     shown: str = ""
-    committed: bool = False
-    done: bool = False
 
 
 class Session:
@@ -383,7 +381,6 @@ class AudioThread:
         """The open turn committed: its item announced, its stream finished."""
         turn, session.turn = session.turn, None
         self._release(turn)
-        turn.committed = True
         previous, session.previous_item = session.previous_item, turn.item
         session.post({"type": "input_audio_buffer.committed", "item_id": turn.item, "previous_item_id": previous})
         item = {"id": turn.item, "type": "message", "role": "user", "status": "completed",

@@ -27,22 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from graphscribe.io.audio import find_audio_files, read_input
+from graphscribe.serve.loadtest import parse_levels
 
 RATE = 24000
 PIECES_MS = (20, 40, 60, 80, 100)  # append sizes a session draws from
 TAIL_SILENCE_MS = 1000
 KEPT_UP_SECONDS = 1.0
 END_SECONDS = 60.0  # after its last audio, how long a session waits for its turns
-
-
-def parse_sessions(value: str) -> list[int]:
-    try:
-        levels = [int(s) for s in value.split(",") if s.strip()]
-    except ValueError:
-        levels = []
-    if not levels or min(levels) < 1:
-        raise ValueError(f"--sessions {value!r}: use comma-separated whole numbers of 1 or more, such as 1,64,256")
-    return levels
 
 
 def read_pcm(paths: list[Path]) -> list[bytes]:
@@ -176,7 +167,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def bench_realtime(url: str, folder: Path | None, sessions: str, api_key: str | None, processes: int | None) -> dict:
-    levels = parse_sessions(sessions)
+    levels = parse_levels(sessions, "--sessions", "1,64,256")
     if not url.startswith(("ws://", "wss://")):
         raise ValueError(f"--realtime {url!r}: give the server as ws://HOST:PORT")
     paths = find_audio_files(folder) if folder is not None and folder.is_dir() else []

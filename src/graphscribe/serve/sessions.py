@@ -60,7 +60,6 @@ class LiveSessions:
         self._streams: dict[Hashable, Stream] = {}  # batching thread only
         self._ready: dict[Hashable, Stream] = {}  # streams with a chunk ready, for the next step
         self._ready_since: float | None = None  # when the first of them became ready
-        self.open_count = 0  # turns open (metrics)
 
     # ------------------------------------------------------------------ any thread (the intake threads)
     def apply(self, ops: list[tuple]) -> None:
@@ -135,7 +134,6 @@ class LiveSessions:
             self.emit([(key, self._said(stream, stream.take_events())) for key, stream in finished.items()])
             for key in finished:
                 self._forget(key)
-        self.open_count = len(self._streams)
 
     def step(self) -> int:
         """Step every stream with a chunk ready, once, as one batch (the batching thread, with no upload batch in
@@ -157,7 +155,6 @@ class LiveSessions:
             self._ready_since = start
         if said:
             self.emit(said)
-        self.open_count = len(self._streams)
         if self.on_step is not None:
             self.on_step(len(streams), time.perf_counter() - start)
         return len(streams)
