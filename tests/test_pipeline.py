@@ -164,8 +164,8 @@ def test_closing_before_reading_ends_stops_every_thread(short_folder):
     names = [t.name for t in threading.enumerate()]
     assert not [n for n in names if n.startswith("graphscribe-")], names
     assert list(reads) == []  # closed: nothing more comes
-    # closed while the feeder is between batches (a plan given: it starts at once): iterating ends, never waits (the
-    # feeder once left without its end marker, and a consumer after `close` waited for ever, about once in three)
+    # closed while the feeder is between batches (a plan given: it starts at once): iterating ends, never waits for
+    # an end marker the feeder did not put
     for _ in range(50):
         plan = [[0, 1], [2, 3], [4, 5]]
         reads = ReadAhead(short_folder, lambda item: load_audio(item, 16000), 16000, 2, 0, False, 2, batches=plan)

@@ -152,8 +152,8 @@ class StreamEngine:
         self._zero_encoded: torch.Tensor | None = None  # (T, D) the encoder's output for a buffer of silence
         self.profile: dict[str, float] | None = None  # {}: seconds per stage of the steps, each waited for (slower)
         # slots opened since the last step: their rings and states are reset together there, not one at a time as
-        # they open (each reset's index copied to the device waited for the GPU's queued work: a server opening
-        # dozens of turns a second stalled its batching thread on every one)
+        # they open: a reset's index copied to the device on its own waits for the GPU's queued work, and a server
+        # opens dozens of turns a second
         self._fresh_slots: list[int] = []
 
     # ------------------------------------------------------------------ streams

@@ -77,8 +77,8 @@ class LiveSessions:
     def step_in(self) -> float | None:
         """Seconds until the next step is due: 0 now, None while no stream has a chunk ready. A step waits up to
         GATHER_SECONDS after the first stream became ready, for others to become ready too: a step costs the GPU
-        about the same for one stream as for dozens, and steps made as soon as any one stream was ready ran one
-        row each and fell behind at a third of the streams the engine keeps up with (bench/README.md)."""
+        about the same for one stream as for dozens, so a step for each stream as it becomes ready would spend
+        the GPU's time on one-row steps (bench/README.md has the measurement)."""
         if self._ready_since is None:
             return None
         if len(self._ready) >= self.engine.max_rows:
