@@ -64,6 +64,15 @@ def workers_of(pid: int) -> list[int]:
     return [child for child, line in children if b"spawn_main" in line]
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user and system), from /proc; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
 def outputs(folder: Path) -> dict[str, bytes]:
     """Every output file's bytes; JSON's "seconds" (wall time spent on the file) left out, as it differs run to run."""
     found = {}
@@ -178,7 +187,9 @@ def test_one_killed_worker_loses_nothing(tmp_path):
         time.sleep(0.02)
     while not (workers := workers_of(process.pid)) and time.monotonic() < deadline:
         time.sleep(0.01)  # /proc lists a process's children as its threads see them: look again
-    os.kill(workers[0], signal.SIGKILL)
+    # the worker that has run the most: it has loaded and holds batches (the other may still be loading, and one
+    # killed then held nothing to hand on)
+    os.kill(max(workers, key=cpu_seconds), signal.SIGKILL)
     _, stderr = process.communicate(timeout=240)
     assert process.returncode == 0, stderr
     assert sorted(p.stem for p in out.iterdir()) == [f"copy_{k:02d}" for k in range(60)]

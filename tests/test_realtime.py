@@ -328,6 +328,13 @@ def test_the_load_test_times_real_time_sessions(server, tmp_path):
     (row,) = json.loads(report_path.read_text())["rows"]
     assert row["sessions"] == 2 and row["failed_sessions"] == 0, row
     assert row["turns"] >= 2 and row["deltas"] > 0 and row["delta_ms"]["p50"] is not None
+    # one turn a session, committed after its audio: VAD off, so exactly one turn, answered
+    run = subprocess.run(command + ["--turns", "commit"], capture_output=True, text=True, env=ENV, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(report_path.read_text())
+    (row,) = report["rows"]
+    assert report["turns"] == "commit" and row["failed_sessions"] == 0, row
+    assert row["turns"] == 2 and row["deltas"] > 0 and row["final_ms"]["p50"] is not None, row
 
 
 def test_an_idle_session_is_ended_with_its_turn_answered(tmp_path):

@@ -3,7 +3,8 @@
 # streams in process (the streaming issue's capacity), same checkpoint and files, one command:
 #   bash bench/2026-11-realtime/run.sh [PART...]      (carry .whl.tar.xz: the serve extra's wheels, unpacked)
 # Parts: inproc (live streams in process at real-time pace, LEVELS), sessions (the server's sessions at real-time
-# pace, SESSIONS, server VAD), one (one session on an idle server, the 7.4 s clip, five times).
+# pace, SESSIONS, TURNS=vad: server VAD, or commit: one turn a session, the in-process streams' audio), one (one
+# session on an idle server, the 7.4 s clip, five times).
 set -uo pipefail
 source scripts/gpu_setup.sh
 mkdir -p /tmp/clip74; for k in 1 2 3 4 5; do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
@@ -17,8 +18,16 @@ sessions)
     util ws
     # the busiest threads halfway through the last level, the server's and the clients'
     (sleep ${TOP_AT:-60}; top -b -H -n 2 -d 3 -w 160 | awk "/^top -/{n++} n==2" | head -40 > $OUT/top.txt) &
+    # PYSPY=1 (carry .pyspy.xz, py-spy xz-packed): the engine's threads sampled for PYSPY_S (15) seconds from TOP_AT, then 8 s of the GIL holder
+    if [ -n "${PYSPY:-}" ]; then
+        [ -x /tmp/py-spy ] || xz -dc .pyspy.xz > /tmp/py-spy && chmod +x /tmp/py-spy
+        (sleep ${TOP_AT:-60}; /tmp/py-spy record --pid $server -d ${PYSPY_S:-15} -r 200 -f raw --threads -o $OUT/engine.txt \
+            > $OUT/pyspy.log 2>&1; /tmp/py-spy record --pid $server -d 8 -r 200 -f raw --gil -o $OUT/engine-gil.txt \
+            >> $OUT/pyspy.log 2>&1) &
+    fi
     step "sessions bfloat16" 400 python3 -m graphscribe.cli bench --realtime ws://127.0.0.1:8000 --folder /tmp/f512 \
-        --sessions ${SESSIONS:-64,512} --client-processes ${CLIENTS:-4} --json $OUT/sessions.json
+        --sessions ${SESSIONS:-64,512} --client-processes ${CLIENTS:-4} --turns ${TURNS:-vad} \
+        --json $OUT/sessions-${TURNS:-vad}.json
     unutil ws
     grep -E "^graphscribe_live_step_(rows_(sum|count)|seconds_total)" <(curl -s localhost:8000/metrics) | tee -a $log
     stop sessions ;;

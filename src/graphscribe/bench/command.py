@@ -119,6 +119,11 @@ def bench_command(
         help="Load-test a running server's /v1/realtime sessions with the files under --folder, sent at real-time pace.",
     ),
     sessions: str = typer.Option("1,64,256", metavar="N,N,...", help="--realtime: sessions at once, a row each."),
+    turns: str = typer.Option(
+        "vad",
+        metavar="vad|commit",
+        help="--realtime: turns by the server's VAD, or one turn a session, committed after its last audio.",
+    ),
     streams: Optional[str] = typer.Option(
         None, "--streams", metavar="N,N,...", help="Live streams instead: each file under --folder a stream, N at once."
     ),
@@ -150,7 +155,7 @@ def bench_command(
         from graphscribe.serve.realtime_load import bench_realtime, print_realtime_report
 
         try:
-            report = bench_realtime(realtime, folder, sessions, api_key, client_processes)
+            report = bench_realtime(realtime, folder, sessions, api_key, client_processes, turns)
         except ValueError as err:
             fail_usage(str(err))
         print_realtime_report(report, Console(width=None if sys.stdout.isatty() else 240))

@@ -164,12 +164,14 @@ def run_stream_bench(
     right: float,
     profile: bool = False,
 ):
-    """One report: a row per level (`realtime_level` or `max_pace_level`), after a warm-up level of the largest N
-    on a second of each stream (capture and first uses off the clock)."""
+    """One report: a row per level (`realtime_level` or `max_pace_level`), after the server's warm-up
+    (`StreamEngine.warm_up`: a step of each size class) and a level of the largest N on two chunks of each stream
+    (capture and first uses off the clock)."""
     audios, errors = read_folder(paths, model.sample_rate)
     if not audios:
         raise ValueError("no readable audio files in the folder")
     engine = StreamEngine(model, chunk, left, right)
+    engine.warm_up(max(levels))
     warm = [a[: 2 * engine.geometry.frame_samples] for a in audios[: max(levels)]]
     max_pace_level(engine, warm * max(1, max(levels) // max(1, len(warm))), max(levels))
     rows = [

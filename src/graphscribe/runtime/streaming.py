@@ -191,6 +191,21 @@ class StreamEngine:
     def ready(self) -> list[Stream]:
         return [s for s in self.streams.values() if s.ready]
 
+    def warm_up(self, most: int) -> None:
+        """Step batches of each of `warm_up_rows` stream counts once, on speech (decode graphs of each size class
+        captured, encoder shapes and kernels met), so that the first live steps do not wait for them."""
+        from graphscribe.io.audio import read_input, speech_path
+        from graphscribe.runtime.pipeline import WARM_UP_CLIP
+
+        clip = read_input(speech_path(WARM_UP_CLIP), self.model.sample_rate).numpy()
+        for n in warm_up_rows(self.device.type, most, self.max_rows):
+            streams = [self.open() for _ in range(n)]
+            for s in streams:
+                s.feed(clip[: 2 * self.geometry.frame_samples + 1])
+            self.step(streams)
+            for s in streams:
+                self.close(s)
+
     def _grow(self, capacity: int) -> None:
         old = self._capacity
         ring = torch.zeros(capacity, self.geometry.buffer_samples, device=self.device)
@@ -269,9 +284,10 @@ class StreamEngine:
         mark = self._stage("buffers", mark)
         encoded, enc_lengths = self._encode(buffers, torch.tensor(lengths))
         # the buffer's left padding back in place, as the encoder's output for silence (NeMo's zero_encoded)
-        roll = torch.tensor([int(int(p / g.hop_length) / g.subsampling) for p in left_pad])
-        roll = roll.to(self.device, non_blocking=True)
-        encoded = self._rolled(encoded, roll)
+        rolls = [int(int(p / g.hop_length) / g.subsampling) for p in left_pad]
+        roll = torch.tensor(rolls).to(self.device, non_blocking=True)
+        if any(rolls):  # known on the host: asking the device would wait for the encoder queued above
+            encoded = self._rolled(encoded, roll)
         self._stage("features and encoder", mark)
         return streams, slots, last, encoded, enc_lengths + roll
 
@@ -337,8 +353,6 @@ class StreamEngine:
 
     def _rolled(self, encoded: torch.Tensor, roll: torch.Tensor) -> torch.Tensor:
         """Each row moved `roll` frames later, the frames before it the encoder's output for silence."""
-        if not bool((roll > 0).any()):
-            return encoded
         zero = self._silence(encoded.shape[1])  # (T, D)
         t = torch.arange(encoded.shape[1], device=self.device)
         source = t[None, :] - roll[:, None]  # (B, T)
@@ -386,6 +400,17 @@ class StreamEngine:
             pieces, spans, model.tokenizer.decode_pieces, model.word_rules, False, lambda f: round(f * seconds, 6)
         )
         return words
+
+
+def warm_up_rows(device: str, most: int, max_rows: int = MAX_ROWS) -> list[int]:
+    """Streams stepped together at a warm-up for up to `most` at once: on CUDA every power of two up to a step's
+    rows (the decode steps' size classes), on the CPU one (nothing is captured there)."""
+    if most <= 0:
+        return []
+    if device != "cuda":
+        return [1]
+    top = min(most, max_rows)
+    return sorted({min(1 << k, top) for k in range(top.bit_length() + 1)})
 
 
 def _shifted(window: torch.Tensor, start: torch.Tensor) -> torch.Tensor:

@@ -1,14 +1,17 @@
 """`transcribe bench --realtime ws://HOST:PORT --folder DIR --sessions 1,64,256`: a load test of a running server's
 `/v1/realtime` sessions.
 
-Every file under DIR is read and resampled to 24 kHz PCM16 before any timing. Per level N, N sessions open at once
-(session i sends file i mod the folder's count), each sending its audio at real-time pace in appends of 20 to 100 ms
-(each session its own sizes, seeded), then a second of silence so that server VAD (the session's default) ends its
-last turn, and waiting for every turn's `completed`. A session is timed against the wall clock of its own sends:
+Every file under DIR is read and resampled to 24 kHz PCM16 before any timing. Per level N, N sessions open, their
+starts spread over 0.8 s (session i sends file i mod the folder's count), each sending its audio at real-time pace
+in appends of 20 to 100 ms (each session its own sizes, seeded), then a second of silence so that server VAD (the
+session's default) ends its last turn, and waiting for every turn's `completed`; with `--turns commit`, VAD off
+(`turn_detection: null`), no second of silence and one turn a session, committed after its last audio (the same
+audio and steps as the in-process bench's stream of that file). A session is timed against the wall clock of its
+own sends:
     delta latency   a delta's arrival less the time the audio its step needed (the chunk and its right context,
                     `audio_end_ms`, which this server adds to each delta) was sent
     final latency   a turn's `completed` less the time the audio where VAD ended it (`speech_stopped`'s
-                    `audio_end_ms`, the silence included) was sent
+                    `audio_end_ms`, the silence included) was sent, or its commit
 A session kept up when its p95 delta latency is at most KEPT_UP_SECONDS and it failed nothing; a failure is an
 `error` or `failed` event, a refused or dropped connection, or a turn never completed. With `--client-processes P`
 the sessions are spread over P processes (one Python process sends ~10 000 appends a second at most).
@@ -34,6 +37,10 @@ PIECES_MS = (20, 40, 60, 80, 100)  # append sizes a session draws from
 TAIL_SILENCE_MS = 1000
 KEPT_UP_SECONDS = 1.0
 END_SECONDS = 60.0  # after its last audio, how long a session waits for its turns
+# the sessions' starts spread evenly over this, as the in-process bench (`transcribe bench --streams`) spreads its
+# streams' over a chunk (NVIDIA's streaming config's, 0.8 s): clients that all start in the same instant would
+# send their chunks in one burst every 0.8 s, a load no real set of callers makes
+START_SPREAD_SECONDS = 0.8
 
 
 def read_pcm(paths: list[Path]) -> list[bytes]:
@@ -49,14 +56,15 @@ def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-async def one_session(url: str, headers: dict, pcm: bytes, seed: int, start_at: float) -> dict:
-    """One session: its audio at real-time pace, its events timed (module docstring)."""
+async def one_session(url: str, headers: dict, pcm: bytes, seed: int, start_at: float, commit: bool) -> dict:
+    """One session: its audio at real-time pace, its events timed (module docstring); `commit`: VAD off, one turn
+    committed after the audio."""
     from websockets.asyncio.client import connect
 
     rng = random.Random(seed)
     result = {"deltas": [], "finals": [], "failures": [], "turns": 0, "completed": 0}
     silence = bytes(2 * RATE * TAIL_SILENCE_MS // 1000)
-    audio = pcm + silence
+    audio = pcm if commit else pcm + silence
     sent: list[tuple[int, float]] = []  # (samples sent in all, time) after each append
 
     def sent_at(ms: int) -> float | None:
@@ -73,8 +81,12 @@ async def one_session(url: str, headers: dict, pcm: bytes, seed: int, start_at: 
             created = json.loads(await asyncio.wait_for(ws.recv(), 60))
             if created.get("type") != "session.created":
                 raise RuntimeError(f"first event {created.get('type')}")
+            if commit:
+                update = {"type": "transcription", "audio": {"input": {"turn_detection": None}}}
+                await ws.send(json.dumps({"type": "session.update", "session": update}))
             progress = asyncio.Event()  # an event came
             stopped: dict[str, float] = {}  # turns VAD ended, not completed yet: when their end was sent
+            committed_at: list[float] = []  # commit: when the commit was sent
 
             async def receive():
                 while True:
@@ -83,6 +95,9 @@ async def one_session(url: str, headers: dict, pcm: bytes, seed: int, start_at: 
                     now, kind = time.monotonic(), event["type"]
                     if kind == "input_audio_buffer.speech_started":
                         result["turns"] += 1
+                    elif commit and kind == "input_audio_buffer.committed":
+                        result["turns"] += 1
+                        stopped[event["item_id"]] = committed_at[0]
                     elif kind == "conversation.item.input_audio_transcription.delta" and "audio_end_ms" in event:
                         at = sent_at(event["audio_end_ms"])
                         if at is not None:
@@ -111,8 +126,12 @@ async def one_session(url: str, headers: dict, pcm: bytes, seed: int, start_at: 
                 sent.append((position // 2, time.monotonic()))
                 if receiver.done():
                     break
+            if commit:
+                committed_at.append(time.monotonic())
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             deadline = time.monotonic() + END_SECONDS
-            while result["completed"] < result["turns"] and not receiver.done():  # the last turns' answers
+            # the last turns' answers (with commit, the one turn's, which is announced after the commit)
+            while result["completed"] < max(result["turns"], commit) and not receiver.done():
                 progress.clear()
                 await asyncio.wait_for(progress.wait(), max(0.0, deadline - time.monotonic()))
             if receiver.done():
@@ -125,9 +144,14 @@ async def one_session(url: str, headers: dict, pcm: bytes, seed: int, start_at: 
     return result
 
 
-def _run_share(url: str, headers: dict, pcms: list[bytes], indices: list[int], start_at: float) -> list[dict]:
+def _run_share(
+    url: str, headers: dict, pcms: list[bytes], indices: list[int], start_at: float, n: int, commit: bool
+) -> list[dict]:
     async def main():
-        return await asyncio.gather(*(one_session(url, headers, pcms[i % len(pcms)], i, start_at) for i in indices))
+        starts = [start_at + START_SPREAD_SECONDS * i / n for i in indices]
+        return await asyncio.gather(
+            *(one_session(url, headers, pcms[i % len(pcms)], i, at, commit) for i, at in zip(indices, starts))
+        )
 
     return asyncio.run(main())
 
@@ -136,15 +160,17 @@ def _worker(args):
     return _run_share(*args)
 
 
-def run_level(url: str, headers: dict, pcms: list[bytes], n: int, processes: int) -> dict:
+def run_level(url: str, headers: dict, pcms: list[bytes], n: int, processes: int, commit: bool = False) -> dict:
     start_at = time.monotonic() + 2.0 + n / 500  # every process connected and ready before the audio starts
     shares = [list(range(p, n, processes)) for p in range(min(processes, n))]
     if len(shares) == 1:
-        results = _run_share(url, headers, pcms, shares[0], start_at)
+        results = _run_share(url, headers, pcms, shares[0], start_at, n, commit)
     else:
         with multiprocessing.get_context("spawn").Pool(len(shares)) as pool:
             results = [
-                r for part in pool.map(_worker, [(url, headers, pcms, s, start_at) for s in shares]) for r in part
+                r
+                for part in pool.map(_worker, [(url, headers, pcms, s, start_at, n, commit) for s in shares])
+                for r in part
             ]
     deltas = [d for r in results for d in r["deltas"]]
     finals = [f for r in results for f in r["finals"]]
@@ -166,8 +192,12 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(1000 * seconds, 1)
 
 
-def bench_realtime(url: str, folder: Path | None, sessions: str, api_key: str | None, processes: int | None) -> dict:
+def bench_realtime(
+    url: str, folder: Path | None, sessions: str, api_key: str | None, processes: int | None, turns: str = "vad"
+) -> dict:
     levels = parse_levels(sessions, "--sessions", "1,64,256")
+    if turns not in ("vad", "commit"):
+        raise ValueError(f"--turns {turns}: use vad or commit")
     if not url.startswith(("ws://", "wss://")):
         raise ValueError(f"--realtime {url!r}: give the server as ws://HOST:PORT")
     paths = find_audio_files(folder) if folder is not None and folder.is_dir() else []
@@ -179,15 +209,17 @@ def bench_realtime(url: str, folder: Path | None, sessions: str, api_key: str | 
     url += "?intent=transcription"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     pcms = read_pcm(paths)
-    rows = [run_level(url, headers, pcms, n, processes or 1) for n in levels]
+    rows = [run_level(url, headers, pcms, n, processes or 1, turns == "commit") for n in levels]
     seconds = sum(len(p) for p in pcms) / 2 / RATE
-    return {"url": url, "folder": str(folder), "files": len(paths), "audio_seconds": round(seconds, 1), "rows": rows}
+    return {"url": url, "folder": str(folder), "files": len(paths), "audio_seconds": round(seconds, 1), "turns": turns,
+            "rows": rows}  # fmt: skip
 
 
 def print_realtime_report(report: dict, console) -> None:
     from rich.table import Table
 
-    table = Table(title=f"realtime sessions: {report['url']} ({report['files']} files, {report['audio_seconds']} s)")
+    title = f"realtime sessions: {report['url']} ({report['files']} files, {report['audio_seconds']} s)"
+    table = Table(title=title + (", one committed turn a session" if report.get("turns") == "commit" else ""))
     for column in ("sessions", "kept up", "failed", "turns", "delta p50/p95/p99 ms", "final p50/p95/p99 ms"):
         table.add_column(column, justify="right")
     for row in report["rows"]:

@@ -57,7 +57,6 @@ from graphscribe.console import (
 )
 from graphscribe.io.checkpoint import DEMO_NAME
 from graphscribe.io.config import RunOptions
-from graphscribe.runtime.streaming import MAX_ROWS
 from graphscribe.serve.ipc import (
     AUDIO,
     DONE,
@@ -332,15 +331,27 @@ def _answer_to(worker: _Worker, n: int):
 
 
 class _Stop:
-    """SIGTERM and SIGINT set `event` (the main thread polls it); the handlers before are put back on exit."""
+    """SIGTERM and SIGINT set `requested`, which the main thread polls (`wait`); the handlers before are put back on
+    exit. The handler takes no lock: it runs in the main thread between two bytecodes, possibly while that thread
+    holds the very lock it would take (a `threading.Event.set` there deadlocks when the signal lands inside
+    `Event.wait`, and the server never stops)."""
 
     def __init__(self):
-        self.event = threading.Event()
+        self.requested = False
 
     def __enter__(self):
         handled = (signal.SIGINT, signal.SIGTERM)
-        self._previous = {sig: signal.signal(sig, lambda *_: self.event.set()) for sig in handled}
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in handled}
         return self
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep `seconds` unless a stop was asked for already; whether one was."""
+        if not self.requested:
+            time.sleep(seconds)
+        return self.requested
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -367,7 +378,7 @@ def run(
         # admitted by a worker, not submitted yet (uploading, decoding; or answered, its worker not yet told)
         coming=lambda: engine.admitted_count - service.in_flight,
         on_said=engine.said,  # the realtime sessions' turns, and uploads with stream=true
-        live_rows=live_warm_up_rows(model.device.type, max(sessions, 1)),
+        live_streams=max(sessions, 1),
         on_live_step=engine.metrics.live_step,
     )
     max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
@@ -376,7 +387,7 @@ def run(
     sys.stderr.write(f"warming up {model_name} on {device}: {_warm_up_work(service)}\n")
     service.start()
     failed, announced = None, False
-    while not stop.event.wait(0.05):
+    while not stop.wait(0.05):
         failed = engine.check_workers()
         if failed:
             break
@@ -400,17 +411,6 @@ def run(
     if failed:
         sys.stderr.write(f"error: {failed}\n")
     return 1 if failed else 0
-
-
-def live_warm_up_rows(device: str, sessions: int) -> list[int]:
-    """Streams stepped together at the warm-up: on CUDA every power of two up to a step's rows (the decode
-    steps' size classes, the encoder's batch shapes), on the CPU one."""
-    if sessions <= 0:
-        return []
-    if device != "cuda":
-        return [1]
-    top = min(sessions, MAX_ROWS)
-    return sorted({min(1 << k, top) for k in range(top.bit_length() + 1)})
 
 
 def _warm_up_work(service: Service) -> str:

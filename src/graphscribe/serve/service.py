@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Iterator
 
 import torch
 
@@ -113,7 +113,7 @@ class Service:
         on_batch: Callable[[int, float], None] | None = None,
         coming: Callable[[], int] | None = None,
         on_said: Callable[[list[tuple[Hashable, Said]]], None] | None = None,
-        live_rows: Sequence[int] = (),
+        live_streams: int = 0,
         on_live_step: Callable[[int, float], None] | None = None,
     ):
         files, seconds = default_batching(model.device, model.dtype)
@@ -143,9 +143,9 @@ class Service:
         self.error: BaseException | None = None  # why warming up failed
         self.warm_up_seconds = 0.0
         # live streams (the realtime sessions' turns), stepped by the batching thread between batches; warmed up
-        # with a step of each of `live_rows` streams
+        # for up to `live_streams` at once
         self.live = None if on_said is None else LiveSessions(model, on_said, self.scheduler.nudge, on_live_step)
-        self.live_rows = list(live_rows)
+        self.live_streams = live_streams
         self._thread = threading.Thread(target=self._run, name="graphscribe-batch", daemon=True)
 
     def start(self) -> None:
@@ -251,8 +251,8 @@ class Service:
                 for plan in shapes
             ),
         )
-        if self.live is not None and self.live_rows:
-            self.live.warm_up(self.live_rows)
+        if self.live is not None and self.live_streams:
+            self.live.warm_up(self.live_streams)
         left = len(plans)
 
         def warmed(_: Transcript, __: float) -> None:

@@ -85,20 +85,9 @@ class LiveSessions:
             return 0.0
         return max(0.0, self._ready_since + GATHER_SECONDS - time.monotonic())
 
-    def warm_up(self, rows: list[int]) -> None:
-        """Step batches of `rows` streams of silence and speech once each (graphs captured, kernels loaded)."""
-        from graphscribe.io.audio import read_input, speech_path
-        from graphscribe.runtime.pipeline import WARM_UP_CLIP
-
-        engine = self._engine()
-        clip = read_input(speech_path(WARM_UP_CLIP), self.model.sample_rate).numpy()
-        for n in rows:
-            streams = [engine.open() for _ in range(n)]
-            for s in streams:
-                s.feed(clip[: 2 * engine.geometry.frame_samples + 1])
-            engine.step(streams)
-            for s in streams:
-                engine.close(s)
+    def warm_up(self, most: int) -> None:
+        """The engine made and warmed up for up to `most` streams at once (`StreamEngine.warm_up`)."""
+        self._engine().warm_up(most)
 
     def apply_ops(self) -> None:
         """The operations waiting, applied: any time on the batching thread (no decode buffer is touched). Only the
@@ -151,8 +140,8 @@ class LiveSessions:
                 self._forget(key)
             elif stream.ready:  # another chunk already here: in the next step
                 self._ready[key] = stream
-        if self._ready:
-            self._ready_since = start
+        if self._ready:  # streams behind by a chunk more: they gather company from now, as a new one would
+            self._ready_since = time.monotonic()
         if said:
             self.emit(said)
         if self.on_step is not None:
