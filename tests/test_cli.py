@@ -1,4 +1,6 @@
-"""End to end: the real `transcribe` command in a subprocess, on the NeMo fixture.
+"""End to end: the `transcribe` command on the NeMo fixture, in this process (`in_process`: what it prints and its
+exit code) or, where the process itself is the subject (signals, the environment, stdout's behaviour, what native
+libraries print on the stderr file), as a real one (`transcribe`).
 
 Expected text, ids and frames are NeMo's (reference.json).
 """
@@ -35,9 +37,8 @@ def transcribe(*args, model: str | None = str(NEMO_PATH), env: dict | None = Non
 
 
 def in_process(capsys, *args, model: str | None = str(NEMO_PATH)) -> subprocess.CompletedProcess:
-    """`graphscribe.cli.main(ARGS [--model MODEL])` in this process, for usage errors and help, which end before a
-    model loads: what `transcribe` would print and its exit code, without a Python and torch start each. Tests of
-    signals, exit codes of a whole run and stdout's behaviour keep the real process (`transcribe`)."""
+    """`graphscribe.cli.main(ARGS [--model MODEL])` in this process: what `transcribe` would print and its exit
+    code, without a Python and torch start each (~3 s of CPU on a 2-core machine)."""
     from graphscribe.cli import main
 
     argv = [*map(str, args)] + (["--model", model] if model is not None else [])
@@ -55,17 +56,17 @@ def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
-def test_one_file_prints_nemo_text():
-    result = transcribe(SPEECH_CLIP)
+def test_one_file_prints_nemo_text(capsys):
+    result = in_process(capsys, SPEECH_CLIP)
     assert result.returncode == 0, result.stderr
     assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
     assert _error_lines(result.stderr) == []
 
 
-def test_several_files_print_path_and_text_longest_first():
+def test_several_files_print_path_and_text_longest_first(capsys):
     """Lines come as batches are done, and batches run longest first."""
     names = [CLIP_NAMES[2], CLIP_NAMES[0], CLIP_NAMES[4]]
-    result = transcribe(*[CLIPS / n for n in names], "--batch", "2")
+    result = in_process(capsys, *[CLIPS / n for n in names], "--batch", "2")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     longest_first = sorted(names, key=lambda n: -reference_clip(n)["samples"])
@@ -84,8 +85,8 @@ def clip_tree(tmp_path) -> Path:
     return root
 
 
-def test_folder_batch_json(clip_tree):
-    result = transcribe(clip_tree, "--batch", "4", "--format", "json")
+def test_folder_batch_json(clip_tree, capsys):
+    result = in_process(capsys, clip_tree, "--batch", "4", "--format", "json")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert sorted(Path(r["path"]).name for r in records) == sorted(CLIP_NAMES)  # found in every subfolder
@@ -103,13 +104,13 @@ def test_folder_batch_json(clip_tree):
             assert token["end"] >= token["start"]
 
 
-def test_output_dir_keeps_structure_and_survives_a_bad_file(clip_tree, tmp_path):
+def test_output_dir_keeps_structure_and_survives_a_bad_file(clip_tree, tmp_path, capsys):
     bad = clip_tree / "sub" / "broken.wav"
     bad.write_text("not audio\n")
     single = tmp_path / "single_file.wav"  # a file given by name lands at the top of the output folder
     shutil.copy(SPEECH_CLIP, single)
     out = tmp_path / "out"
-    result = transcribe(clip_tree, single, "--output-dir", out, "--batch", "4")
+    result = in_process(capsys, clip_tree, single, "--output-dir", out, "--batch", "4")
     assert result.returncode == 1
     assert result.stdout == ""
     [error] = _error_lines(result.stderr)
@@ -123,9 +124,9 @@ def test_output_dir_keeps_structure_and_survives_a_bad_file(clip_tree, tmp_path)
     assert written == {name: text + "\n" for name, text in expected.items()}
 
 
-def test_output_dir_json_one_file_per_input(tmp_path):
+def test_output_dir_json_one_file_per_input(tmp_path, capsys):
     out = tmp_path / "out"
-    result = transcribe(CLIPS / CLIP_NAMES[0], CLIPS / CLIP_NAMES[2], "--output-dir", out, "--format", "json")
+    result = in_process(capsys, CLIPS / CLIP_NAMES[0], CLIPS / CLIP_NAMES[2], "--output-dir", out, "--format", "json")
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(
         Path(n).stem + ".json" for n in (CLIP_NAMES[0], CLIP_NAMES[2])
@@ -135,7 +136,7 @@ def test_output_dir_json_one_file_per_input(tmp_path):
         assert record["text"] == reference_clip(path.stem + ".wav")["text"]
 
 
-def test_bad_inputs_exit_1_and_the_good_ones_still_print(tmp_path):
+def test_bad_inputs_exit_1_and_the_good_ones_still_print(tmp_path, capsys):
     empty_folder = tmp_path / "empty"
     empty_folder.mkdir()
     (empty_folder / "notes.txt").write_text("no audio here\n")
@@ -155,7 +156,7 @@ def test_bad_inputs_exit_1_and_the_good_ones_still_print(tmp_path):
         nan_wav: "NaN",
         noise_mp3: "noise.mp3: not a readable audio file (unknown format or corrupt data)",
     }
-    result = transcribe(good[0], *bad, good[1], "--batch", "3")
+    result = in_process(capsys, good[0], *bad, good[1], "--batch", "3")
     assert result.returncode == 1
     assert sorted(result.stdout.splitlines()) == sorted(f"{p}: {reference_clip(p.name)['text']}" for p in good)
     errors = _error_lines(result.stderr)
@@ -166,11 +167,11 @@ def test_bad_inputs_exit_1_and_the_good_ones_still_print(tmp_path):
     assert "2 of" in result.stderr  # the summary counts what was done
 
 
-def test_json_on_stdout_gives_a_failed_file_its_record(tmp_path):
+def test_json_on_stdout_gives_a_failed_file_its_record(tmp_path, capsys):
     """-f json printed nothing for a file that failed (issue 46): its record holds the error line."""
     letter = tmp_path / "letter.wav"
     letter.write_text("Dear reader,\n" * 10)
-    result = transcribe(letter, SPEECH_CLIP, "-f", "json")
+    result = in_process(capsys, letter, SPEECH_CLIP, "-f", "json")
     assert result.returncode == 1, result.stderr
     records = {r["path"]: r for r in map(json.loads, result.stdout.splitlines())}
     assert records[str(SPEECH_CLIP)]["text"] == reference_clip(SPEECH_CLIP.name)["text"]
@@ -178,12 +179,12 @@ def test_json_on_stdout_gives_a_failed_file_its_record(tmp_path):
     assert records[str(letter)] == {"path": str(letter), "error": error.removeprefix("error: ")}
 
 
-def test_a_file_name_with_a_newline_keeps_each_line_one_line(tmp_path):
+def test_a_file_name_with_a_newline_keeps_each_line_one_line(tmp_path, capsys):
     """`PATH: text` and error lines name such a file with the newline escaped (issue 46)."""
     good, bad = tmp_path / "two\nlines.wav", tmp_path / "bad\nnews.wav"
     shutil.copy(SPEECH_CLIP, good)
     bad.write_text("not audio\n")
-    result = transcribe(good, bad, tmp_path / "back\\slash.wav")
+    result = in_process(capsys, good, bad, tmp_path / "back\\slash.wav")
     assert result.returncode == 1, result.stderr
     assert result.stdout == f"{tmp_path}/two\\nlines.wav: {reference_clip(SPEECH_CLIP.name)['text']}\n"
     errors = _error_lines(result.stderr)
@@ -192,7 +193,7 @@ def test_a_file_name_with_a_newline_keeps_each_line_one_line(tmp_path):
     assert f"error: {tmp_path}/back\\slash.wav: no such file" in errors  # no newline: as it is
 
 
-def test_a_folder_notes_a_named_pipe_and_names_a_broken_link(tmp_path):
+def test_a_folder_notes_a_named_pipe_and_names_a_broken_link(tmp_path, capsys):
     """Both were left out without a word (issue 46). A pipe is never opened (it would block): skipped, with a note;
     a broken link is an error, as a missing file given by name is."""
     folder = tmp_path / "in"
@@ -200,7 +201,7 @@ def test_a_folder_notes_a_named_pipe_and_names_a_broken_link(tmp_path):
     shutil.copy(SPEECH_CLIP, folder / "speech.wav")
     os.mkfifo(folder / "stream.wav")
     (folder / "gone.wav").symlink_to("moved-away.wav")
-    result = transcribe(folder)
+    result = in_process(capsys, folder)
     assert result.returncode == 1, result.stderr
     assert result.stdout == f"{folder / 'speech.wav'}: {reference_clip(SPEECH_CLIP.name)['text']}\n"
     assert _error_lines(result.stderr) == [
@@ -210,7 +211,7 @@ def test_a_folder_notes_a_named_pipe_and_names_a_broken_link(tmp_path):
     assert "transcribed 1 of 2 files (1 failed)" in result.stderr
 
 
-def test_clips_shorter_than_a_frame_print_nemo_text(tmp_path):
+def test_clips_shorter_than_a_frame_print_nemo_text(tmp_path, capsys):
     """NeMo transcribes any clip with samples: no encoder frame below 10 ms (empty text), one below 80 ms."""
     short = json.loads((Path(__file__).parent / "fixtures" / "nemo-short" / "reference.json").read_text())
     pcm, rate = sf.read(SPEECH_CLIP, dtype="int16")
@@ -220,7 +221,7 @@ def test_clips_shorter_than_a_frame_print_nemo_text(tmp_path):
         sf.write(path, pcm[short["offset"] : short["offset"] + clip["samples"]], rate, subtype="PCM_16")
         clips[path] = clip
     assert any(not c["token_ids"] for c in clips.values()) and any(c["token_ids"] for c in clips.values())
-    result = transcribe(*clips, SPEECH_CLIP, "--format", "json")
+    result = in_process(capsys, *clips, SPEECH_CLIP, "--format", "json")
     assert result.returncode == 0, result.stderr
     assert _error_lines(result.stderr) == []
     records = {r["path"]: r for r in map(json.loads, result.stdout.splitlines())}
@@ -258,10 +259,10 @@ def test_odd_mp3s_keep_stderr_to_our_own_lines(tmp_path):
     assert printed[str(SPEECH_CLIP)] == reference_clip(SPEECH_CLIP.name)["text"]
 
 
-def test_error_names_file_with_brackets(tmp_path):
+def test_error_names_file_with_brackets(tmp_path, capsys):
     bad = tmp_path / "notes[bold].wav"
     bad.write_text("not audio\n")
-    result = transcribe(bad, SPEECH_CLIP)
+    result = in_process(capsys, bad, SPEECH_CLIP)
     assert result.returncode == 1
     [error] = _error_lines(result.stderr)
     assert "notes[bold].wav" in error
@@ -275,8 +276,8 @@ def test_an_empty_output_dir_is_bad_usage(tmp_path):
     assert list(tmp_path.iterdir()) == [] and result.stdout == ""
 
 
-def test_only_an_empty_folder_exits_1(tmp_path):
-    result = transcribe(tmp_path)
+def test_only_an_empty_folder_exits_1(tmp_path, capsys):
+    result = in_process(capsys, tmp_path)
     assert result.returncode == 1
     [error] = _error_lines(result.stderr)
     assert str(tmp_path) in error and "no audio" in error
