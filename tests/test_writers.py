@@ -137,24 +137,29 @@ def speech_tree(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def written(speech_tree, tmp_path_factory) -> Path:
+def written_run(speech_tree, tmp_path_factory) -> tuple[Path, str]:
+    """The CLI on the folder, every format with times: the output folder and the command's stdout."""
     out = tmp_path_factory.mktemp("out")
     result = transcribe(speech_tree, "--format", "srt,vtt,tsv,json", "-o", out, "--batch", "3", model=str(DEMO_PATH))
     assert result.returncode == 0, result.stderr
-    return out
+    return out, result.stdout
+
+
+@pytest.fixture(scope="module")
+def written(written_run) -> Path:
+    return written_run[0]
 
 
 def _stems(tree: Path) -> list[str]:
     return sorted(str(p.relative_to(tree).with_suffix("")) for p in tree.rglob("*.flac"))
 
 
-def test_srt_and_json_for_every_input_of_a_folder(speech_tree, tmp_path):
-    out = tmp_path / "out"
-    result = transcribe(speech_tree, "--format", "srt,json", "-o", out, model=str(DEMO_PATH))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == ""
+def test_every_format_for_every_input_of_a_folder(speech_tree, written_run):
+    out, stdout = written_run
+    assert stdout == ""
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert written == sorted(f"{stem}.{ext}" for stem in _stems(speech_tree) for ext in ("json", "srt"))
+    formats = ("json", "srt", "tsv", "vtt")
+    assert written == sorted(f"{stem}.{ext}" for stem in _stems(speech_tree) for ext in formats)
 
 
 def test_written_files_are_the_in_process_writers_bytes(speech_tree, written):
