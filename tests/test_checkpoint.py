@@ -303,7 +303,8 @@ def test_canary_checkpoint_is_named_before_its_tokenizer_is_looked_for(tmp_path)
         read_checkpoint(path)
     assert str(err.value) == (
         f"{path}: a Canary (attention encoder-decoder) model (EncDecMultiTaskModel); "
-        "graphscribe runs full-context Parakeet transducers (TDT, RNN-T, hybrid TDT/RNN-T + CTC) only"
+        "graphscribe runs Parakeet transducers (TDT, RNN-T, hybrid TDT/RNN-T + CTC), full-context or cache-aware "
+        "streaming, only"
     )
 
 

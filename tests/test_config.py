@@ -161,12 +161,32 @@ def test_other_model_kinds_are_named(config, named):
         ({"causal_downsampling": True}, "causal_downsampling=true"),
     ],
 )
-def test_cache_aware_streaming_is_named(nemo_config, encoder, named):
+def test_part_of_cache_aware_streaming_is_named(nemo_config, encoder, named):
+    """A cache-aware model sets the three switches together (tests/test_cache_aware.py loads one): one alone is
+    no model NeMo streams."""
     config = changed(nemo_config, encoder=encoder, preprocessor={"normalize": "NA"})
     with pytest.raises(UnsupportedModelError) as err:
         model_config_from_nemo(config)
-    assert str(err.value).startswith("a cache-aware streaming model (encoder ")
-    assert named in str(err.value)
+    assert str(err.value).startswith("encoder: a cache-aware streaming model needs all of ")
+    assert str(err.value).endswith(f"this one has only {named}")
+
+
+def test_cache_aware_streaming_is_read(nemo_config):
+    config = changed(
+        nemo_config,
+        encoder={
+            "att_context_size": [[70, 13], [70, 6], [70, 1], [70, 0]],
+            "att_context_style": "chunked_limited",
+            "conv_context_size": "causal",
+            "causal_downsampling": True,
+            "conv_norm_type": "layer_norm",
+        },
+        preprocessor={"normalize": "NA"},
+    )
+    cfg = model_config_from_nemo(config)
+    assert cfg.encoder.streaming_contexts == ((70, 13), (70, 6), (70, 1), (70, 0))
+    assert cfg.encoder.cache_aware and cfg.encoder.conv_layer_norm and not cfg.features.normalize
+    assert cfg.encoder.local_context is None
 
 
 def test_hybrid_tdt_ctc_is_a_transducer(nemo_config):

@@ -27,11 +27,12 @@ from graphscribe.io.config import (
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model.transducer import DTYPE_NAMES, empty_transducer, load_state, resolve_device, resolve_dtype
 from graphscribe.output.transcript import Transcript
+from graphscribe.runtime.cache_aware_streams import engine_for
 from graphscribe.runtime.clock import StageClock
 from graphscribe.runtime.loaded import Input, LoadedModel
 from graphscribe.runtime.pipeline import transcribe_stream
 from graphscribe.runtime.reading import read_ahead
-from graphscribe.runtime.streaming import Stream, StreamEngine
+from graphscribe.runtime.streaming import Stream
 
 
 class Model(LoadedModel):
@@ -84,7 +85,7 @@ class Model(LoadedModel):
         NVIDIA's streaming config for parakeet-tdt-0.6b-v3). `stream.feed(samples)` returns the events that audio
         made ready (`partial`, `final`), `stream.finish()` the rest and `done`. Many streams batched together:
         `runtime.streaming.StreamEngine`."""
-        engine = StreamEngine(self, chunk_seconds, left_seconds, right_seconds, max_rows=1, steps_on_feed=True)
+        engine = engine_for(self, chunk_seconds, left_seconds, right_seconds, max_rows=1, steps_on_feed=True)
         return engine.open()
 
     def transcribe(

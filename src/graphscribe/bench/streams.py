@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from graphscribe.io.audio import AudioError, read_input
+from graphscribe.runtime.cache_aware_streams import engine_for
 from graphscribe.runtime.streaming import StreamEngine
 
 PIECE_SECONDS = 0.02  # a real-time source's appends
@@ -170,7 +171,7 @@ def run_stream_bench(
     audios, errors = read_folder(paths, model.sample_rate)
     if not audios:
         raise ValueError("no readable audio files in the folder")
-    engine = StreamEngine(model, chunk, left, right)
+    engine = engine_for(model, chunk, left, right)
     engine.warm_up(max(levels))
     warm = [a[: 2 * engine.geometry.frame_samples] for a in audios[: max(levels)]]
     max_pace_level(engine, warm * max(1, max(levels) // max(1, len(warm))), max(levels))

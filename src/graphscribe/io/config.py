@@ -28,6 +28,7 @@ class FeatureConfig:
     mag_power: float = 2.0  # |STFT| ** mag_power
     log_zero_guard: float = 2**-24
     std_guard: float = 1e-5  # added to the per-feature std
+    normalize: bool = True  # per_feature; False: NeMo's "NA" (raw log-mel, padding frames 0.0), as streaming models
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,15 @@ class EncoderConfig:
     use_bias: bool = False
     # NeMo's rel_pos_local_attn: (left, right) frames each query sees; None: full attention (rel_pos)
     local_context: tuple[int, int] | None = None
+    # cache-aware streaming (NeMo's conf/fastconformer/cache_aware_streaming): the (left, lookahead) attention
+    # contexts the model was trained with, the first the default (`att_context_style: chunked_limited`); empty for
+    # a full-context model. Such an encoder has causal subsampling and causal depthwise convolutions.
+    streaming_contexts: tuple[tuple[int, int], ...] = ()
+    conv_layer_norm: bool = False  # conv_norm_type: layer_norm (streaming models) instead of batch_norm
+
+    @property
+    def cache_aware(self) -> bool:
+        return bool(self.streaming_contexts)
 
     @property
     def d_k(self) -> int:
@@ -272,15 +282,17 @@ def _log_zero_guard(value) -> float:
 
 # the small model shipped in the package (graphscribe/data/demo.nemo); named here, as checkpoint.py imports torch
 DEMO_NAME = "demo"
-SUPPORTED_MODELS = "graphscribe runs full-context Parakeet transducers (TDT, RNN-T, hybrid TDT/RNN-T + CTC) only"
+SUPPORTED_MODELS = (
+    "graphscribe runs Parakeet transducers (TDT, RNN-T, hybrid TDT/RNN-T + CTC), full-context or cache-aware "
+    "streaming, only"
+)
 
 
 def model_kind_problem(cfg: dict) -> str | None:
-    """Why the model a NeMo config describes is not one graphscribe runs (Canary, CTC, cache-aware streaming), or None.
+    """Why the model a NeMo config describes is not one graphscribe runs (Canary, CTC), or None.
 
     Read from the model class NeMo saves as `target` (a hybrid `EncDecHybridRNNTCTC*` model is a
-    transducer with an extra CTC head, which is ignored) and, for streaming, from the encoder's switches
-    that NeMo's cache-aware streaming configs set (conf/fastconformer/cache_aware_streaming).
+    transducer with an extra CTC head, which is ignored).
     """
     target = str(cfg.get("target") or cfg.get("_target_") or "").rsplit(".", 1)[-1]
     sections = {key for key, value in cfg.items() if isinstance(value, dict)}
@@ -291,15 +303,6 @@ def model_kind_problem(cfg: dict) -> str | None:
         return f"a CTC model ({target or decoder}); {SUPPORTED_MODELS}"
     if target and "RNNT" not in target:
         return f"a {target} model, not a transducer; {SUPPORTED_MODELS}"
-    enc = cfg["encoder"] if "encoder" in sections else {}
-    streaming = [
-        "att_context_style=chunked_limited" if enc.get("att_context_style") == "chunked_limited" else "",
-        "conv_context_size=causal" if enc.get("conv_context_size") == "causal" else "",
-        "causal_downsampling=true" if enc.get("causal_downsampling") is True else "",
-    ]
-    switches = ", ".join(s for s in streaming if s)
-    if switches:
-        return f"a cache-aware streaming model (encoder {switches}); {SUPPORTED_MODELS}"
     return None
 
 
@@ -318,8 +321,8 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         f"preprocessor {_short_target(pre)} is not supported (only AudioToMelSpectrogramPreprocessor)",
     )
     _require(
-        pre.get("normalize", "per_feature") == "per_feature",
-        f"preprocessor normalize={pre.get('normalize')!r} is not supported (only per_feature)",
+        pre.get("normalize", "per_feature") in ("per_feature", "NA"),
+        f"preprocessor normalize={pre.get('normalize')!r} is not supported (only per_feature and NA)",
     )
     _require(
         _int(pre, "frame_splicing", 1, "preprocessor") in (0, 1), "preprocessor frame_splicing > 1 is not supported"
@@ -348,6 +351,7 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         preemph=_float(pre, "preemph", 0.97, "preprocessor"),
         mag_power=_float(pre, "mag_power", 2.0, "preprocessor"),
         log_zero_guard=_log_zero_guard(pre.get("log_zero_guard_value", 2**-24)),
+        normalize=pre.get("normalize", "per_feature") == "per_feature",
     )
 
     _require(
@@ -358,13 +362,13 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         enc.get("subsampling", "dw_striding") == "dw_striding",
         f"encoder subsampling={enc.get('subsampling')!r} is not supported (only dw_striding)",
     )
-    local_context = _local_context(enc)
+    streaming_contexts = _streaming_contexts(enc)
+    local_context = None if streaming_contexts else _local_context(enc)
     _require(
-        enc.get("conv_norm_type", "batch_norm") == "batch_norm",
-        f"encoder conv_norm_type={enc.get('conv_norm_type')!r} is not supported (only batch_norm)",
+        enc.get("conv_norm_type", "batch_norm") in ("batch_norm", "layer_norm"),
+        f"encoder conv_norm_type={enc.get('conv_norm_type')!r} is not supported (only batch_norm and layer_norm)",
     )
     _require(enc.get("untie_biases", True) is True, "encoder untie_biases=false is not supported")
-    _require(not enc.get("causal_downsampling", False), "encoder causal_downsampling is not supported")
     _require(
         _int(enc, "feat_out", -1, "encoder") in (0, -1), "encoder feat_out (an output projection) is not supported"
     )
@@ -375,9 +379,11 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         "encoder global_attn_separate=true (Longformer's global attention) is not supported",
     )
     _require(
-        enc.get("conv_context_size") in (None, "null")
+        streaming_contexts
+        or enc.get("conv_context_size") in (None, "null")
         or list(enc["conv_context_size"]) == [(int(enc.get("conv_kernel_size", 31)) - 1) // 2] * 2,
-        f"encoder conv_context_size={enc.get('conv_context_size')!r} is not supported (only symmetric)",
+        f"encoder conv_context_size={enc.get('conv_context_size')!r} is not supported (only symmetric, or causal "
+        "in a cache-aware streaming model)",
     )
     d_model = _size(enc, "d_model", None, "encoder")
     channels = _int(enc, "subsampling_conv_channels", -1, "encoder", low=-1, high=MAX_WIDTH)
@@ -394,6 +400,8 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         xscaling=bool(enc.get("xscaling", True)),
         use_bias=bool(enc.get("use_bias", True)),
         local_context=local_context,
+        streaming_contexts=streaming_contexts,
+        conv_layer_norm=enc.get("conv_norm_type") == "layer_norm",
     )
     _require(
         encoder.n_mels == features.n_mels,
@@ -472,6 +480,62 @@ def model_config_from_nemo(raw: dict) -> ModelConfig:
         joint=joint_cfg,
         decoding=DecodingConfig(durations=durations, max_symbols=max_symbols, **_timestamp_options(decoding)),
     )
+
+
+def _streaming_contexts(enc: dict) -> tuple[tuple[int, int], ...]:
+    """A cache-aware streaming encoder's (left, lookahead) attention contexts, the default first; () for any other.
+
+    NeMo's cache_aware_streaming configs set three switches together: chunked_limited attention, causal depthwise
+    convolutions and causal subsampling. A config with some of them is not a model NeMo streams: refused."""
+    switches = {
+        "att_context_style=chunked_limited": enc.get("att_context_style") == "chunked_limited",
+        "conv_context_size=causal": enc.get("conv_context_size") == "causal"
+        or _is_list(enc.get("conv_context_size"), [int(enc.get("conv_kernel_size", 31)) - 1, 0]),
+        "causal_downsampling=true": enc.get("causal_downsampling") is True,
+    }
+    if not any(switches.values()):
+        _require(
+            enc.get("att_context_style", "regular") == "regular",
+            f"encoder att_context_style={enc.get('att_context_style')!r} is not supported",
+        )
+        return ()
+    _require(
+        all(switches.values()),
+        "encoder: a cache-aware streaming model needs all of "
+        + ", ".join(switches)
+        + f"; this one has only {', '.join(k for k, on in switches.items() if on)}",
+    )
+    _require(
+        enc.get("self_attention_model", "rel_pos") == "rel_pos",
+        f"encoder self_attention_model={enc.get('self_attention_model')!r} in a streaming model is not supported "
+        "(only rel_pos)",
+    )
+    _require(
+        enc.get("subsampling", "dw_striding") == "dw_striding",
+        f"encoder subsampling={enc.get('subsampling')!r} is not supported (only dw_striding)",
+    )
+    raw = enc.get("att_context_size")
+    pairs = raw if isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], (list, tuple)) else [raw]
+    contexts = []
+    for pair in pairs:
+        try:
+            left, right = (int(c) for c in pair)
+        except (TypeError, ValueError):
+            raise UnsupportedModelError(f"encoder att_context_size={raw!r} is not [left, lookahead] pairs") from None
+        _require(
+            left > 0 and 0 <= right <= 1024 and left <= 100_000 and left % (right + 1) == 0,
+            f"encoder att_context_size {[left, right]}: a streaming context needs left > 0 divisible by "
+            "lookahead + 1, lookahead >= 0",
+        )
+        contexts.append((left, right))
+    return tuple(contexts)
+
+
+def _is_list(value, expected: list[int]) -> bool:
+    try:
+        return [int(v) for v in value] == expected
+    except (TypeError, ValueError):
+        return False
 
 
 def _local_context(enc: dict) -> tuple[int, int] | None:

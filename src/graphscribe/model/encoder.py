@@ -314,11 +314,16 @@ def _rel_shift(x: torch.Tensor) -> torch.Tensor:
 
 
 class ConvModule(nn.Module):
-    def __init__(self, d_model: int, kernel: int, bias: bool):
+    """NeMo's ConformerConvolution. A cache-aware streaming model's (`causal`) depthwise convolution sees only the
+    past (K - 1 frames) and its norm is a LayerNorm over channels, under NeMo's name `batch_norm`; that model runs
+    through `model.cache_aware`, which uses these weights."""
+
+    def __init__(self, d_model: int, kernel: int, bias: bool, causal: bool = False, layer_norm: bool = False):
         super().__init__()
         self.pointwise_conv1 = nn.Conv1d(d_model, 2 * d_model, 1, bias=bias)
-        self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel, padding=(kernel - 1) // 2, groups=d_model, bias=bias)
-        self.batch_norm = nn.BatchNorm1d(d_model)
+        padding = 0 if causal else (kernel - 1) // 2
+        self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel, padding=padding, groups=d_model, bias=bias)
+        self.batch_norm = nn.LayerNorm(d_model) if layer_norm else nn.BatchNorm1d(d_model)
         self.pointwise_conv2 = nn.Conv1d(d_model, d_model, 1, bias=bias)
 
     def forward(self, x: torch.Tensor, padding: Padding) -> torch.Tensor:
@@ -342,7 +347,7 @@ class ConformerLayer(nn.Module):
         self.norm_self_att = nn.LayerNorm(d)
         self.self_attn = RelPositionAttention(d, cfg.n_heads, bias)
         self.norm_conv = nn.LayerNorm(d)
-        self.conv = ConvModule(d, cfg.conv_kernel, bias)
+        self.conv = ConvModule(d, cfg.conv_kernel, bias, causal=cfg.cache_aware, layer_norm=cfg.conv_layer_norm)
         self.norm_feed_forward2 = nn.LayerNorm(d)
         self.feed_forward2 = FeedForward(d, cfg.ff_expansion, bias)
         self.norm_out = nn.LayerNorm(d)

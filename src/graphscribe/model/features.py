@@ -40,7 +40,8 @@ class PackedClips:
 
 
 class LogMel(nn.Module):
-    """(B, L) float32 audio at the model's rate -> (B, n_mels, T) normalised log-mel features.
+    """(B, L) float32 audio at the model's rate -> (B, n_mels, T) log-mel features, normalised per feature unless
+    the model says "NA" (streaming models).
 
     Hours of audio are done a stretch of frames at a time (each STFT frame needs only its own
     samples), so the only full-length tensors are the input and the (B, n_mels, T) output; the
@@ -88,7 +89,9 @@ class LogMel(nn.Module):
             ]
         if keep_frames is not None and total > keep_frames:
             features, frames = features[:, :, :keep_frames], frames.clamp(max=keep_frames)
-        if packed is None:
+        if not cfg.normalize:  # NeMo's "NA": the raw log-mel, frames past the signal at its pad value 0.0
+            features.masked_fill_(torch.arange(features.shape[2], device=features.device) >= frames[:, None, None], 0.0)
+        elif packed is None:
             _normalize_per_feature(features, frames, cfg.std_guard)
         else:
             _normalize_clips(features, packed, cfg.std_guard)

@@ -8,6 +8,7 @@ import logging
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from graphscribe.io.config import EncoderConfig
@@ -25,11 +26,23 @@ MIN_CHUNK = 64  # subsampling: output frames a chunk has at least (each chunk re
 _INDEX_LIMIT = 2**31 - 1  # elements a tensor of PyTorch's own CUDA convolution kernels may have (32-bit indexing)
 
 
-def subsampled_lengths(lengths, factor: int):
-    """Frames after `log2(factor)` stride-2 convolutions: floor((L + 2 - 3) / 2 + 1) each; ints or tensors."""
+def subsampled_lengths(lengths, factor: int, causal: bool = False):
+    """Frames after `log2(factor)` stride-2 convolutions: floor((L + 2 - 3) / 2 + 1) each, or with the causal
+    padding (2 before, 1 after) floor(L / 2 + 1); ints or tensors."""
+    pad = _CAUSAL_PAD if causal else 2 * _PAD
     for _ in range(int(math.log2(factor))):
-        lengths = (lengths + 2 * _PAD - _KERNEL) // _STRIDE + 1
+        lengths = (lengths + pad - _KERNEL) // _STRIDE + 1
     return lengths
+
+
+_CAUSAL_PAD = 3  # NeMo's CausalConv2D pads both axes with kernel - 1 = 2 zeros before and stride - 1 = 1 after
+
+
+class CausalConv2d(nn.Conv2d):
+    """NeMo's CausalConv2D: (2, 1) zeros around the time axis and the mel axis alike, then no padding of its own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.pad(x, (2, 1, 2, 1)))
 
 
 class Subsampling(nn.Module):
@@ -44,16 +57,18 @@ class Subsampling(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.factor = cfg.subsampling_factor
+        self.causal = cfg.cache_aware  # NeMo's causal_downsampling
         channels = cfg.subsampling_channels
-        layers: list[nn.Module] = [nn.Conv2d(1, channels, _KERNEL, _STRIDE, _PAD), nn.ReLU()]
+        strided, pad = (CausalConv2d, 0) if self.causal else (nn.Conv2d, _PAD)
+        layers: list[nn.Module] = [strided(1, channels, _KERNEL, _STRIDE, pad), nn.ReLU()]
         for _ in range(int(math.log2(cfg.subsampling_factor)) - 1):
             layers += [
-                nn.Conv2d(channels, channels, _KERNEL, _STRIDE, _PAD, groups=channels),
+                strided(channels, channels, _KERNEL, _STRIDE, pad, groups=channels),
                 nn.Conv2d(channels, channels, 1),
                 nn.ReLU(),
             ]
         self.conv = nn.Sequential(*layers)
-        freq = subsampled_lengths(cfg.n_mels, cfg.subsampling_factor)
+        freq = subsampled_lengths(cfg.n_mels, cfg.subsampling_factor, self.causal)
         self.out = nn.Linear(channels * freq, cfg.d_model)
 
     def forward(
@@ -69,7 +84,9 @@ class Subsampling(nn.Module):
         each stride-2 convolution and after the last: they stand in for the rows' lengths (one pass, no chunks);
         `lengths` are then the clips' frames."""
         b, t, f = x.shape
-        out_lengths = subsampled_lengths(lengths, self.factor)
+        out_lengths = subsampled_lengths(lengths, self.factor, self.causal)
+        if self.causal:  # streaming models' inputs are chunks or one clip: one pass, NeMo's masks
+            return self._project(self._causal_stack(x.unsqueeze(1), lengths)), out_lengths
         if valid is not None:
             return self._project(self._convs(x, lengths, valid)), out_lengths
         t_out = subsampled_lengths(t, self.factor)
@@ -139,6 +156,16 @@ class Subsampling(nn.Module):
             if layer.stride != (1, 1):
                 lengths = _halved(lengths)
         return x  # (B, C, T', F')
+
+    def _causal_stack(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """NeMo's MaskedConvSequential on causal convolutions: the time mask applied before every layer and after
+        the last, the lengths following each stride. (B, 1, T, F) -> (B, C, T', F')."""
+        for layer in self.conv:
+            x = _mask_time(x, lengths)
+            x = layer(x)
+            if isinstance(layer, nn.Conv2d) and layer.stride != (1, 1):
+                lengths = torch.div(lengths + _CAUSAL_PAD - _KERNEL, _STRIDE, rounding_mode="floor") + 1
+        return _mask_time(x, lengths)
 
     @staticmethod
     def _masked_stack(x: torch.Tensor, layers: list[nn.Module], kernels, valid: list[torch.Tensor]) -> torch.Tensor:

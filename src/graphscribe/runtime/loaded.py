@@ -15,6 +15,7 @@ import torch
 from graphscribe.io.audio import read_input
 from graphscribe.io.config import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
+from graphscribe.model import cache_aware
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate
 from graphscribe.model.features import PackedClips
@@ -62,6 +63,8 @@ class LoadedModel:
                 "--attention full runs it with full attention, which is not what NeMo computes for it"
             )
         self.source = source
+        # a cache-aware model's (left, lookahead) attention context offline: NeMo's default, the first it lists
+        self.context = self.cfg.encoder.streaming_contexts[0] if self.cfg.encoder.cache_aware else None
         self.device = resolve_device(options.device)
         self.dtype = resolve_dtype(options.dtype, self.device)
         if self.device.type != "cuda":
@@ -183,7 +186,7 @@ class LoadedModel:
     @property
     def packs_rows(self) -> bool:
         """Whether a batch of clips of many lengths runs its layers on packed rows (`encoder_output`): in 16 bits."""
-        return self.dtype.itemsize == 2
+        return self.dtype.itemsize == 2 and not self.cfg.encoder.cache_aware
 
     @torch.inference_mode()
     def encoder_output(
@@ -201,6 +204,10 @@ class LoadedModel:
         samples: the clips' sample counts, known on the host: in 16 bits a batch of clips of many lengths runs its
         layers on packed rows (`packing.Packing`). float32 keeps a row a clip: its numbers are then NeMo's for that
         batch, which a request's text against the CLI's depends on."""
+        if self.cfg.encoder.cache_aware:  # NeMo's offline pass of a streaming model: one context, no caches
+            with self._float32_math():
+                x, lengths, _ = cache_aware.encode(self.module.encoder, features.to(self.dtype), lengths, self.context)
+            return x, lengths
         layers = None
         if self.options.graphs:
             if self._layer_graphs is None:  # packs the layers' weights at its first small batch (see LayerGraphs)

@@ -257,7 +257,7 @@ class StreamText:
         # pipeline records that last token: in this, the stateful one, the check never fires)
         new, new_frames = kept[overlap:], shifted[overlap:]
         self.tokens.extend(new)
-        self.frames = _merged(self.frames, new_frames)
+        self.frames = merge_frames(self.frames, new_frames)
         self.eou_before = is_eou
         return new
 
@@ -289,7 +289,7 @@ class StreamText:
         return Final(list(self.tokens), list(self.frames), text, start, end, spaced)
 
 
-def _merged(before: list[float], after: list[float]) -> list[float]:
+def merge_frames(before: list[float], after: list[float]) -> list[float]:
     """NeMo's timestamp merge: each list moved to start at 0 if it starts below it; the second moved past the first
     where they overlap."""
     if before and before[0] < 0:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable
 
+from graphscribe.runtime.cache_aware_streams import engine_for
 from graphscribe.runtime.streaming import Stream, StreamEngine, StreamEvent
 from graphscribe.serve.ipc import AUDIO, DROP, OPEN
 
@@ -164,7 +165,7 @@ class LiveSessions:
 
     def _engine(self) -> StreamEngine:
         if self.engine is None:
-            self.engine = StreamEngine(self.model)
+            self.engine = engine_for(self.model)
         return self.engine
 
     def _said(self, stream: Stream, events: list[StreamEvent]) -> Said:

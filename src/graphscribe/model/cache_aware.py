@@ -1,0 +1,218 @@
+"""Cache-aware streaming FastConformer: NeMo's `cache_aware_stream_step` for a batch of streams, and the same
+encoder over a whole clip (NeMo's offline pass of these models).
+
+Such an encoder (NeMo's conf/fastconformer/cache_aware_streaming) attends to `left` frames of the past and the
+rest of its own chunk of `lookahead + 1` frames (`att_context_style: chunked_limited`), its depthwise
+convolutions see only the past, and its subsampling pads only the past. So a chunk of audio needs, from the
+chunks before it, only three caches per stream:
+
+- `channel`: per layer the last `left` normalised attention inputs (NeMo caches the layer input, not projected
+  keys and values; the projections run again each step);
+- `time`: per layer the last K - 1 GLU outputs, the depthwise convolution's past;
+- `length`: how many of the `channel` slots hold frames yet (the first steps' keys are fewer).
+
+The subsampling's own past is the 9 feature frames in front of each chunk (`ChunkGeometry.pre_encode`), whose 2
+encoder frames are dropped after it. Every function takes the `FastConformer` module and uses its weights: one
+set of weights for the offline and the streaming encoder.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from graphscribe.io.config import EncoderConfig, FeatureConfig
+from graphscribe.model.encoder import ConformerLayer, FastConformer, RelPositionAttention, relative_positions
+
+_MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
+
+
+@dataclass
+class Caches:
+    """A batch of streams' encoder caches (module docstring); row b is stream b's."""
+
+    channel: torch.Tensor  # (layers, B, left, D)
+    time: torch.Tensor  # (layers, B, D, K - 1)
+    length: torch.Tensor  # (B,) int64
+
+    @classmethod
+    def zeros(cls, cfg: EncoderConfig, left: int, batch: int, device, dtype: torch.dtype) -> "Caches":
+        """NeMo's `get_initial_cache_state`: zeros, no valid attention slot."""
+        return cls(
+            torch.zeros(cfg.n_layers, batch, left, cfg.d_model, device=device, dtype=dtype),
+            torch.zeros(cfg.n_layers, batch, cfg.d_model, cfg.conv_kernel - 1, device=device, dtype=dtype),
+            torch.zeros(batch, dtype=torch.long, device=device),
+        )
+
+    def rows(self, index: torch.Tensor) -> "Caches":
+        return Caches(self.channel[:, index], self.time[:, index], self.length[index])
+
+    def put(self, index: torch.Tensor, value: "Caches") -> None:
+        """Rows `index` set to `value`'s rows, in place."""
+        self.channel.index_copy_(1, index, value.channel)
+        self.time.index_copy_(1, index, value.time)
+        self.length.index_copy_(0, index, value.length)
+
+    def reset(self, index: torch.Tensor) -> None:
+        self.channel.index_fill_(1, index, 0.0)
+        self.time.index_fill_(1, index, 0.0)
+        self.length.index_fill_(0, index, 0)
+
+
+@dataclass(frozen=True)
+class ChunkGeometry:
+    """The sizes of NeMo's `CacheAwareRNNTPipeline` for one (left, lookahead) context (`init_parameters`):
+    a step takes `frame_samples` new samples, makes `chunk_frames` feature frames of them and gives the encoder
+    the last `buffer_frames` feature frames (the chunk and `pre_encode` frames before it); the encoder's first
+    `drop` output frames are the ones the previous step gave, `encoder_frames` are new."""
+
+    left: int
+    lookahead: int
+    chunk_frames: int  # feature frames
+    pre_encode: int  # feature frames
+    buffer_frames: int  # feature frames the encoder takes per step
+    frame_samples: int
+    encoder_frames: int
+    drop: int
+    hop_length: int
+    sample_rate: int
+
+    @classmethod
+    def of(cls, features: FeatureConfig, factor: int, context: tuple[int, int]) -> "ChunkGeometry":
+        left, lookahead = context
+        chunk = factor + factor * lookahead  # NeMo's chunk_size[1]
+        pre_encode = factor + 1  # the causal subsampling's get_streaming_cache_size()[1]
+        stride = features.hop_length / features.sample_rate  # NeMo's window_stride, 0.01
+        # NeMo's own float arithmetic: 0.09 + 0.08 = 0.16999..., so a 0-lookahead buffer is 16 frames, not 17
+        buffer = int((pre_encode * stride + chunk * stride) / stride)
+        return cls(
+            left=left,
+            lookahead=lookahead,
+            chunk_frames=chunk,
+            pre_encode=buffer - chunk,
+            buffer_frames=buffer,
+            frame_samples=int(chunk * stride * features.sample_rate),
+            encoder_frames=-(-chunk // factor),
+            drop=1 + (pre_encode - 1) // factor,
+            hop_length=features.hop_length,
+            sample_rate=features.sample_rate,
+        )
+
+    @property
+    def chunk_seconds(self) -> float:
+        return self.frame_samples / self.sample_rate
+
+
+def chunked_mask(queries: int, keys: int, cached: int, lengths: torch.Tensor, offset: torch.Tensor, context):
+    """NeMo's `_create_masks` for chunked_limited attention, the query rows kept: (B, 1, queries, keys) True where
+    query i may not see key j. Positions count from the first cache slot (`cached` of them, then the frames);
+    a key is seen when its chunk of `lookahead + 1` positions is the query's or one of `left / (lookahead + 1)`
+    before it, and both are valid: `offset <= position < lengths + cached`."""
+    left, lookahead = context
+    size = lookahead + 1
+    device = lengths.device
+    position = torch.arange(keys, device=device)
+    chunk = torch.div(position, size, rounding_mode="trunc")
+    ahead = chunk[cached:, None] - chunk[None, :]  # (queries, keys)
+    seen = (ahead >= 0) & (ahead <= left // size)
+    valid = (position[None, :] < (lengths + cached)[:, None]) & (position[None, :] >= offset[:, None])  # (B, keys)
+    both = valid[:, cached:, None] & valid[:, None, :]  # (B, queries, keys)
+    return ~(both & seen[None])[:, None]
+
+
+def encode(
+    encoder: FastConformer,
+    features: torch.Tensor,
+    lengths: torch.Tensor,
+    context: tuple[int, int],
+    caches: Caches | None = None,
+    drop: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, Caches | None]:
+    """(B, n_mels, T) features (model dtype) and (B,) valid frames -> (B, T', D) encoder output, (B,) lengths and
+    the caches after it. With `caches`: one streaming step (NeMo's `cache_aware_stream_step`: the first `drop`
+    subsampled frames dropped, the caches in front of the keys); without: the whole clip from nothing (NeMo's
+    offline forward of the model)."""
+    cfg = encoder.cfg
+    x, lengths = encoder.pre_encode(features.transpose(1, 2), lengths)
+    if drop and caches is not None:
+        x, lengths = x[:, drop:], (lengths - drop).clamp(min=0)
+    if cfg.xscaling:
+        x = x * math.sqrt(cfg.d_model)
+    b, t, _ = x.shape
+    cached = 0 if caches is None else caches.channel.shape[2]
+    offset = torch.zeros_like(lengths) if caches is None else cached - caches.length
+    mask = chunked_mask(t, cached + t, cached, lengths, offset, context)
+    pad = (torch.arange(t, device=x.device)[None, :] >= lengths[:, None])[:, None]  # (B, 1, T) True = padding
+    pos_emb = relative_positions(cached + t, cfg.d_model, x.device, x.dtype)
+    channel, time = [], []
+    for i, layer in enumerate(encoder.layers):
+        past = None if caches is None else (caches.channel[i], caches.time[i])
+        x, after = _layer(layer, x, pos_emb, mask, pad, past)
+        if after is not None:
+            channel.append(after[0])
+            time.append(after[1])
+    if caches is None:
+        return x, lengths, None
+    length = torch.clamp(caches.length + t, max=cached)
+    return x, lengths, Caches(torch.stack(channel), torch.stack(time), length)
+
+
+def _layer(layer: ConformerLayer, x, pos_emb, mask, pad, past):
+    """One conformer layer with its caches (NeMo's ConformerLayer.forward with cache_last_channel/time) ->
+    (B, T, D) and the new (channel, time) caches, or None without."""
+    x = torch.add(x, layer.feed_forward1(layer.norm_feed_forward1(x)), alpha=0.5)
+    h = layer.norm_self_att(x)
+    keys = h if past is None else torch.cat([past[0], h], dim=1)
+    x = x + _attention(layer.self_attn, h, keys, pos_emb, mask)
+    conv, time = _conv(layer.conv, layer.norm_conv(x), pad, None if past is None else past[1])
+    x = x + conv
+    x = torch.add(x, layer.feed_forward2(layer.norm_feed_forward2(x)), alpha=0.5)
+    after = None if past is None else (keys[:, keys.shape[1] - past[0].shape[1] :], time)
+    return layer.norm_out(x), after
+
+
+def _attention(attn: RelPositionAttention, h: torch.Tensor, keys: torch.Tensor, pos_emb, mask) -> torch.Tensor:
+    """NeMo's RelPositionMultiHeadAttention over [cache, chunk] keys, its own products (so float32 is NeMo's
+    arithmetic): query i, key j at relative position (cached + i) - j."""
+    b, t, _ = h.shape
+    n = keys.shape[1]
+    heads, d_k = attn.n_heads, attn.d_k
+    q = attn.linear_q(h).view(b, t, heads, d_k)
+    k = attn.linear_k(keys).view(b, n, heads, d_k).transpose(1, 2)
+    v = attn.linear_v(keys).view(b, n, heads, d_k).transpose(1, 2)
+    p = attn.linear_pos(pos_emb).view(1, -1, heads, d_k).transpose(1, 2)  # (1, H, 2n - 1, d_k)
+    q_u = (q + attn.pos_bias_u).transpose(1, 2)
+    q_v = (q + attn.pos_bias_v).transpose(1, 2)
+    scores = torch.matmul(q_u, k.transpose(-2, -1))
+    shifted = _rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))[..., :n]
+    scores = (scores + shifted) / math.sqrt(d_k)
+    weights = torch.softmax(scores.masked_fill(mask, _MASKED_SCORE), dim=-1).masked_fill(mask, 0.0)
+    out = torch.matmul(weights, v).transpose(1, 2).reshape(b, t, heads * d_k)
+    return attn.linear_out(out)
+
+
+def _rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """NeMo's rel_shift: (B, H, T, P) over positions -> row i moved left by T - 1 - i."""
+    b, h, t, p = x.shape
+    x = F.pad(x, (1, 0)).view(b, h, -1, t)
+    return x[:, :, 1:].view(b, h, t, p)
+
+
+def _conv(conv, x: torch.Tensor, pad: torch.Tensor, past: torch.Tensor | None):
+    """NeMo's ConformerConvolution with a causal depthwise convolution: (B, T, D) -> (B, T, D) and the new time
+    cache (the last K - 1 GLU outputs, cache included), or None without a cache."""
+    kernel = conv.depthwise_conv.kernel_size[0]
+    x = F.glu(conv.pointwise_conv1(x.transpose(1, 2)), dim=1)  # (B, D, T)
+    x = x.masked_fill(pad, 0.0)
+    x = F.pad(x, (kernel - 1, 0)) if past is None else torch.cat([past, x], dim=-1)
+    after = None if past is None else x[:, :, x.shape[2] - past.shape[2] :]
+    x = conv.depthwise_conv(x)
+    if isinstance(conv.batch_norm, torch.nn.LayerNorm):
+        x = conv.batch_norm(x.transpose(1, 2)).transpose(1, 2)
+    else:
+        x = conv.batch_norm(x)
+    x = conv.pointwise_conv2(F.silu(x))
+    return x.transpose(1, 2), after

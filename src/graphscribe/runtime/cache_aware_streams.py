@@ -1,0 +1,221 @@
+"""Live streams of a cache-aware streaming model, many at once: NeMo's `CacheAwareRNNTPipeline`, every stream
+with a chunk ready stepped in one batch.
+
+A step of a stream takes the next chunk of audio (lookahead + 1 encoder frames: 80 ms at lookahead 0, 1.12 s at
+13), computes that chunk's feature frames from its own samples and one hop before them, appends them to the
+stream's feature buffer (the chunk and the 9 frames before it), and runs one encoder step on the buffer with the
+stream's caches (`model.cache_aware.encode`); the decoder goes on from the stream's state over the new frames.
+Nothing is computed twice: a chunk costs about its own audio.
+
+Batched as the buffered streams are (`streaming.StreamEngine`, whose scheduling, events and slots this engine
+shares): per slot on the device the audio hop before the next chunk, the feature buffer, the encoder's caches
+and the decoder state; a step gathers the ready streams' rows, runs the features, the encoder step and the
+decode steps as one batch, and scatters the rows back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from graphscribe.io.config import (
+    CHUNK_SECONDS,
+    LEFT_SECONDS,
+    RESIDUE_TOKENS,
+    RIGHT_SECONDS,
+    STOP_HISTORY_MS,
+)
+from graphscribe.model.cache_aware import Caches, ChunkGeometry, encode
+from graphscribe.model.decoding import DecodeState
+from graphscribe.runtime.loaded import LoadedModel
+from graphscribe.runtime.stream_text import StepText, StreamText, merge_frames
+from graphscribe.runtime.streaming import MAX_ROWS, Stream, StreamEngine
+
+
+def contexts_by_chunk(model: LoadedModel) -> dict[float, tuple[int, int]]:
+    """A cache-aware model's chunk seconds -> its (left, lookahead) attention context, the default first."""
+    cfg = model.cfg
+    out = {}
+    for context in cfg.encoder.streaming_contexts:
+        geometry = ChunkGeometry.of(cfg.features, cfg.encoder.subsampling_factor, context)
+        out.setdefault(round(geometry.chunk_seconds, 6), context)
+    return out
+
+
+def choose_context(model: LoadedModel, chunk_seconds: float | None) -> tuple[int, int]:
+    """The context whose chunk is `chunk_seconds`, or the model's default one for None; ValueError naming the
+    chunks there are otherwise."""
+    chunks = contexts_by_chunk(model)
+    if chunk_seconds is None:
+        return next(iter(chunks.values()))
+    for seconds, context in chunks.items():
+        if abs(seconds - chunk_seconds) < 1e-6:
+            return context
+    listed = ", ".join(f"{s:g}" for s in sorted(chunks))
+    raise ValueError(f"--chunk {chunk_seconds:g}: this cache-aware model streams in chunks of {listed} s")
+
+
+class CacheAwareEngine(StreamEngine):
+    """Every open stream of one cache-aware model at one (left, lookahead) context, stepped together."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        chunk_seconds: float | None = None,
+        max_rows: int = MAX_ROWS,
+        steps_on_feed: bool = False,
+    ):
+        cfg = model.cfg
+        self.context = choose_context(model, chunk_seconds)
+        self.chunk = ChunkGeometry.of(cfg.features, cfg.encoder.subsampling_factor, self.context)
+        super().__init__(model, self.chunk.chunk_seconds, 0.0, 0.0, max_rows, steps_on_feed)
+        self.log_zero = math.log(cfg.features.log_zero_guard)  # NeMo's LOG_MEL_ZERO: a fresh buffer's frames
+        self._features = torch.zeros(0, cfg.features.n_mels, self.chunk.buffer_frames, device=self.device)
+        self._hop = torch.zeros(0, cfg.features.hop_length, device=self.device)  # the samples before each chunk
+        self._caches = Caches.zeros(cfg.encoder, self.context[0], 0, self.device, model.dtype)
+
+    def new_text(self) -> StreamText:
+        tokenizer = self.model.tokenizer
+        return CacheAwareText(self.geometry, self.vocab, tokenizer.sp_decode, STOP_HISTORY_MS, RESIDUE_TOKENS)
+
+    def _grow(self, capacity: int) -> None:
+        old = self._capacity
+        super()._grow(capacity)
+        features = torch.full((capacity, *self._features.shape[1:]), self.log_zero, device=self.device)
+        features[:old] = self._features
+        self._features = features
+        self._hop = torch.cat([self._hop, self._hop.new_zeros(capacity - old, self._hop.shape[1])])
+        caches = Caches.zeros(self.model.cfg.encoder, self.context[0], capacity, self.device, self.model.dtype)
+        caches.channel[:, :old], caches.time[:, :old], caches.length[:old] = (
+            self._caches.channel,
+            self._caches.time,
+            self._caches.length,
+        )
+        self._caches = caches
+
+    def _reset_fresh_slots(self) -> None:
+        if self._fresh_slots:
+            index = torch.tensor(self._fresh_slots).to(self.device, non_blocking=True)
+            self._features.index_fill_(0, index, self.log_zero)
+            self._hop.index_fill_(0, index, 0.0)
+            self._caches.reset(index)
+        super()._reset_fresh_slots()
+
+    def _launch(self, streams: list[Stream]):
+        """Queue a batch's features and encoder step on the device -> what `_decode` takes."""
+        g, model = self.chunk, self.model
+        chunks = [s.take_chunk() for s in streams]
+        last = [c[2] for c in chunks]
+        hop = self._hop.shape[1]
+        frames = torch.from_numpy(np.stack([c[0] for c in chunks])).to(self.device, non_blocking=True)  # (B, F)
+        # new frames' valid count: the piece's frames (hop + audio) // hop, less the one before the chunk
+        valid = [(hop + c[1]) // hop for c in chunks]
+        slots = torch.tensor([s.slot for s in streams])
+        index = slots.to(self.device, non_blocking=True)
+        piece = torch.cat([self._hop[index], frames], dim=1)  # (B, hop + F)
+        self._hop.index_copy_(0, index, frames[:, -hop:])
+        piece_lengths = torch.tensor([hop + c[1] for c in chunks]).to(self.device, non_blocking=True)
+        features, _ = model.module.preprocessor.featurizer(piece, piece_lengths)  # (B, M, F / hop + 2)
+        new = features[:, :, 1 : g.chunk_frames + 1]  # the piece's last frame is STFT padding: NeMo cuts it
+        buffers = torch.cat([self._features[index][:, :, g.chunk_frames :], new], dim=2)
+        self._features.index_copy_(0, index, buffers)
+        # the last chunk's padding frames are masked: NeMo's right padding, (chunk + 1) - valid frames
+        lengths = [g.buffer_frames - ((g.chunk_frames + 1) - v if is_last else 0) for v, is_last in zip(valid, last)]
+        caches = self._caches.rows(index)
+        with model._float32_math():
+            encoded, enc_lengths, after = encode(
+                model.module.encoder,
+                buffers.to(model.dtype),
+                torch.tensor(lengths).to(self.device, non_blocking=True),
+                self.context,
+                caches,
+                g.drop,
+            )
+        self._caches.put(index, after)
+        return streams, slots, last, encoded, enc_lengths
+
+    def _decode(self, streams, slots, last, encoded, enc_lengths):
+        """Decode a launched batch's new frames from the streams' states; keep the states after them."""
+        model = self.model
+        index = slots.to(self.device)
+        state = DecodeState(*(p.index_select(-2 if p.dim() == 3 else 0, index) for p in self._pools()))
+        with model._float32_math():
+            hyps, after = model.decoder.decode_chunk(encoded, enc_lengths, state)
+        for pool, value in zip(self._pools(), (after.h, after.c, after.g, after.skip)):
+            pool.index_copy_(-2 if pool.dim() == 3 else 0, index, value)
+        return streams, last, hyps, enc_lengths.tolist()
+
+    def _say(self, streams, last, hyps, frames) -> None:
+        for i, s in enumerate(streams):
+            at = [f + s.decoded for f in hyps[i].frames]
+            s.decoded += frames[i]
+            s.steps += 1
+            self._said(s, s.text.step(hyps[i].token_ids, at, last[i]), last[i])
+            if last[i]:
+                self.close(s)
+
+
+@dataclass
+class CacheAwareText(StreamText):
+    """What a cache-aware stream says after each step (NeMo's `CacheAwareRNNTPipeline.run_greedy_decoder`): every
+    token is kept as it comes (no clipping, no overlap to merge); an utterance ends at the stream's end or when
+    the last `stop_history` frames before the newest carry no token (a ring of the latest frames' labels)."""
+
+    labels: list[int] = field(default_factory=list)  # the latest frames' labels, blank where none: oldest first
+
+    def __post_init__(self):
+        super().__post_init__()
+        blank = len(self.vocab.pieces)
+        self.labels = [blank] * (self.stop_frames + self.residue_tokens) if self.stop_frames > 0 else []
+
+    def step(self, tokens: list[int], frames: list[int], last: bool) -> StepText:
+        """A step's tokens, each at its global encoder frame."""
+        blank, size = len(self.vocab.pieces), self.geometry.chunk
+        step_labels = [blank] * size
+        for frame, token in zip(frames, tokens):
+            step_labels[frame % size] = token
+        if self.labels:
+            self.labels = (self.labels + step_labels)[-len(self.labels) :]
+        first = self.steps == 0
+        is_eou = last or self._silent()
+        if tokens:
+            self.tokens.extend(tokens)
+            self.frames = merge_frames(self.frames, list(frames))
+        final = None
+        if is_eou and self.tokens:
+            final = self._final(first)
+            self.tokens, self.frames = [], []
+        self.steps += 1
+        return StepText(list(tokens), final, self.partial())
+
+    def _silent(self) -> bool:
+        """`detect_eou_near_pivot` at the newest frame: more than `stop_frames` blanks before it."""
+        if not self.labels:
+            return False
+        blank = len(self.vocab.pieces)
+        run = 0
+        for label in reversed(self.labels[:-1]):
+            if label != blank:
+                break
+            run += 1
+        return run > self.stop_frames
+
+
+def engine_for(
+    model: LoadedModel,
+    chunk_seconds: float = CHUNK_SECONDS,
+    left_seconds: float = LEFT_SECONDS,
+    right_seconds: float = RIGHT_SECONDS,
+    max_rows: int = MAX_ROWS,
+    steps_on_feed: bool = False,
+) -> StreamEngine:
+    """The engine the model streams with: cache-aware for a cache-aware model (`chunk_seconds` picks its context;
+    the buffered default, `CHUNK_SECONDS`, stands for the model's own default; the left and right seconds are the
+    model's own), NeMo's buffered streaming for any other."""
+    if model.cfg.encoder.cache_aware:
+        chunk = None if chunk_seconds == CHUNK_SECONDS else chunk_seconds
+        return CacheAwareEngine(model, chunk, max_rows, steps_on_feed)
+    return StreamEngine(model, chunk_seconds, left_seconds, right_seconds, max_rows, steps_on_feed)

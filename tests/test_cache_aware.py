@@ -1,0 +1,198 @@
+"""Cache-aware streaming models against NeMo 3.0's own outputs (fixtures/nemo-cache-aware, its README).
+
+The oracle is NeMo's `CacheAwareRNNTPipeline` (the streaming path NVIDIA ships for these models) and the
+models' own offline pass, on two tiny NeMo-built models (TDT and RNN-T) at three lookaheads each.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from conftest import FIXTURES
+
+import graphscribe
+from graphscribe.io.config import UnsupportedModelError, model_config_from_nemo
+from graphscribe.model import cache_aware
+from graphscribe.model.cache_aware import Caches, ChunkGeometry
+from graphscribe.runtime.cache_aware_streams import CacheAwareEngine, contexts_by_chunk, engine_for
+
+FOLDER = FIXTURES / "nemo-cache-aware"
+ROOT = FIXTURES.parent.parent
+REFERENCE = json.loads((FOLDER / "reference.json").read_text())
+MODELS = list(REFERENCE["models"])
+LOOKAHEADS = [(name, key) for name in MODELS for key in REFERENCE["models"][name]["lookaheads"]]
+
+
+def _context(key: str) -> tuple[int, int]:
+    left, lookahead = key.split("_")
+    return int(left), int(lookahead)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: graphscribe.load_model(FOLDER / f"{name}.nemo", device="cpu") for name in MODELS}
+
+
+@pytest.fixture(scope="module")
+def clips() -> dict[str, np.ndarray]:
+    out = {}
+    for name, info in REFERENCE["clips"].items():
+        audio, _ = sf.read(ROOT / info["file"], dtype="float32")
+        out[name] = audio if audio.ndim == 1 else audio.mean(axis=1)
+    return out
+
+
+def test_config_is_read_as_cache_aware(models):
+    for model in models.values():
+        enc = model.cfg.encoder
+        assert enc.streaming_contexts == ((16, 3), (16, 1), (16, 0))
+        assert enc.conv_layer_norm and not model.cfg.features.normalize
+        assert model.context == (16, 3)  # NeMo's default: the first listed
+    assert contexts_by_chunk(models["ca-tdt-tiny"]) == {0.32: (16, 3), 0.16: (16, 1), 0.08: (16, 0)}
+
+
+@pytest.mark.parametrize("name,key", LOOKAHEADS)
+def test_chunk_geometry_is_the_pipeline_s(models, name, key):
+    cfg = models[name].cfg
+    g = ChunkGeometry.of(cfg.features, cfg.encoder.subsampling_factor, _context(key))
+    want = REFERENCE["models"][name]["lookaheads"][key]["pipeline_geometry"]
+    assert (g.frame_samples, g.chunk_frames, g.buffer_frames) == (
+        want["frame_samples"],
+        want["feature_chunk_frames"],
+        want["feature_buffer_frames"],
+    )
+    assert (g.encoder_frames, g.drop) == (want["encoder_frames_per_chunk"], want["drop_extra_pre_encoded"])
+
+
+def test_encoder_step_is_nemo_s(models):
+    """Three steps of NeMo's `conformer_stream_step` (reference.npz): the output and all three caches."""
+    arrays = np.load(FOLDER / "reference.npz")
+    assert "ca-tdt-tiny" in str(arrays["meta"]) and "16, 3" in str(arrays["meta"])
+    encoder = models["ca-tdt-tiny"].module.encoder
+    for i in range(3):
+
+        def a(key):
+            return torch.from_numpy(np.asarray(arrays[f"step{i}_{key}"]))
+
+        caches = Caches(
+            a("cache_last_channel_in")[:, None], a("cache_last_time_in")[:, None], a("cache_last_channel_len_in")[None]
+        )
+        with torch.inference_mode():
+            x, _, after = cache_aware.encode(
+                encoder,
+                a("features")[None],
+                a("feature_length")[None],
+                (16, 3),
+                caches,
+                int(a("drop_extra_pre_encoded")),
+            )
+        torch.testing.assert_close(x[0], a("encoder").T, atol=2e-6, rtol=0)
+        torch.testing.assert_close(after.channel[:, 0], a("cache_last_channel_out"), atol=2e-6, rtol=0)
+        torch.testing.assert_close(after.time[:, 0], a("cache_last_time_out"), atol=2e-6, rtol=0)
+        assert after.length.item() == int(a("cache_last_channel_len_out"))
+
+
+@pytest.mark.parametrize("name,key", LOOKAHEADS)
+def test_offline_is_nemo_s(models, name, key):
+    """The models' own offline pass (a batch of padded clips), at each lookahead's attention context."""
+    model = models[name]
+    model.context = _context(key)
+    try:
+        names = list(REFERENCE["clips"])
+        got = model.transcribe([ROOT / REFERENCE["clips"][c]["file"] for c in names], batch_size=5)
+    finally:
+        model.context = model.cfg.encoder.streaming_contexts[0]
+    want = REFERENCE["models"][name]["lookaheads"][key]["offline_model"]
+    assert [t.token_ids for t in got] == [want[c]["token_ids"] for c in names]
+
+
+def _staggered(engine: CacheAwareEngine, clips: dict[str, np.ndarray], order: list[str], most: int) -> dict:
+    """The clips as live streams of one engine, NeMo's multi-stream way: at most one new stream a step while
+    fewer than `most` are open, each fed a chunk a step. -> the finished streams by clip."""
+    size = engine.geometry.frame_samples
+    waiting, live, done = list(order), {}, {}
+    while waiting or live:
+        if waiting and len(live) < most:
+            name = waiting.pop(0)
+            live[name] = [engine.open(), 0]
+        for name, (stream, fed) in list(live.items()):
+            audio = clips[name]
+            if stream.finished:
+                continue
+            stream.feed(audio[fed : fed + size])
+            live[name][1] = fed + size
+            if fed + size >= audio.size:
+                stream.finish()
+        engine.step()
+        for name, (stream, _) in list(live.items()):
+            if stream.closed:
+                done[name] = stream
+                del live[name]
+    return done
+
+
+@pytest.mark.parametrize("name,key", LOOKAHEADS)
+def test_staggered_streams_are_the_pipeline_s(models, clips, name, key):
+    """Nine clips through one engine, up to 8 at once with staggered starts (NeMo's own multi-stream run): each
+    stream's token ids and text equal NeMo's pipeline for that clip alone (its 8-stream run gives the same)."""
+    ref = REFERENCE["models"][name]["lookaheads"][key]
+    seconds = ChunkGeometry.of(models[name].cfg.features, 8, _context(key)).chunk_seconds
+    engine = engine_for(models[name], seconds)
+    assert isinstance(engine, CacheAwareEngine) and engine.context == _context(key)
+    streams = _staggered(engine, clips, ref["pipeline_multi_stream"]["order"], 8)
+    for clip, stream in streams.items():
+        want = ref["pipeline"][clip]
+        assert stream.token_ids == want["token_ids"], clip
+        assert stream.final_text == want["text"], clip
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_one_stream_fed_unevenly(models, clips, name):
+    """One stream through `Model.stream`, fed in pieces that do not line up with chunks: the pipeline's tokens,
+    and its finals where its end-of-utterance fired."""
+    ref = REFERENCE["models"][name]["lookaheads"]["16_3"]["pipeline"]["long_jfk_silence_libri"]
+    audio = clips["long_jfk_silence_libri"]
+    stream = models[name].stream()
+    events = []
+    for start in range(0, audio.size, 3001):
+        events += stream.feed(audio[start : start + 3001])
+    events += stream.finish()
+    assert stream.token_ids == ref["token_ids"]
+    assert [e.text for e in events if e.type == "done"] == [ref["text"]]
+    # a final where NeMo's end of utterance fired with an utterance open
+    finals, open_ = 0, False
+    for _, tokens, eou in ref["steps"]:
+        open_ = open_ or bool(tokens)
+        if eou and open_:
+            finals, open_ = finals + 1, False
+    assert len([e for e in events if e.type == "final"]) == finals
+
+
+def test_chunk_picks_the_context(models):
+    model = models["ca-rnnt-tiny"]
+    assert engine_for(model, 0.08).context == (16, 0)
+    assert engine_for(model).context == (16, 3)  # the buffered default: the model's own
+    with pytest.raises(
+        ValueError, match=r"--chunk 0.5: this cache-aware model streams in chunks of 0.08, 0.16, 0.32 s"
+    ):
+        engine_for(model, 0.5)
+
+
+def test_partial_streaming_switches_are_refused():
+    config = json.loads(json.dumps(REFERENCE["models"]["ca-rnnt-tiny"]["config"]))
+    config["encoder"]["causal_downsampling"] = False
+    with pytest.raises(UnsupportedModelError, match="needs all of .*causal_downsampling=true; this one has only"):
+        model_config_from_nemo(_with_sections(config))
+    config["encoder"]["causal_downsampling"] = True
+    config["encoder"]["att_context_size"] = [[16, 4]]
+    with pytest.raises(UnsupportedModelError, match=r"att_context_size \[16, 4\]: .*divisible by lookahead \+ 1"):
+        model_config_from_nemo(_with_sections(config))
+
+
+def _with_sections(config: dict) -> dict:
+    """The recorded config sections (the RNN-T's: no durations to list), with the tokenizer section besides."""
+    return {**config, "tokenizer": {"type": "bpe"}}
