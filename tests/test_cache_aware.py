@@ -6,6 +6,7 @@ models' own offline pass, on two tiny NeMo-built models (TDT and RNN-T) at three
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -196,3 +197,26 @@ def test_partial_streaming_switches_are_refused():
 def _with_sections(config: dict) -> dict:
     """The recorded config sections (the RNN-T's: no durations to list), with the tokenizer section besides."""
     return {**config, "tokenizer": {"type": "bpe"}}
+
+
+def test_captured_step_gives_the_eager_steps_tokens(models, clips, monkeypatch):
+    """`StepGraphs` on the CPU, a stand-in for the CUDA graph re-running what it recorded: the static buffers, the
+    spare rows of a class and the copies in and out give the eager engine's tokens (NeMo's), batches of 3 and 5
+    streams in classes of 4 and 8."""
+    import graphscribe.model.cache_aware as ca
+
+    class Replayed:
+        def replay(self):
+            self.record()
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Replayed)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(ca, "capture", lambda graph, record, pool: setattr(graph, "record", record))
+    model = models["ca-tdt-tiny"]
+    monkeypatch.setattr(model, "options", dataclasses.replace(model.options, graphs=True))
+    ref = REFERENCE["models"]["ca-tdt-tiny"]["lookaheads"]["16_1"]
+    engine = engine_for(model, 0.16)
+    streams = _staggered(engine, clips, list(REFERENCE["clips"]), 5)
+    assert engine._step_graphs is not None and {4, 8} <= set(engine._step_graphs._graphs)
+    for clip, stream in streams.items():
+        assert stream.token_ids == ref["pipeline"][clip]["token_ids"], clip

@@ -19,13 +19,16 @@ set of weights for the offline and the streaming encoder.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from graphscribe.io.config import EncoderConfig, FeatureConfig
+from graphscribe.model.decoding import size_class
 from graphscribe.model.encoder import ConformerLayer, FastConformer, RelPositionAttention, relative_positions
+from graphscribe.model.graphs import capture
 
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
 
@@ -216,3 +219,69 @@ def _conv(conv, x: torch.Tensor, pad: torch.Tensor, past: torch.Tensor | None):
         x = conv.batch_norm(x)
     x = conv.pointwise_conv2(F.silu(x))
     return x.transpose(1, 2), after
+
+
+class StepGraphs:
+    """`encode` for a batch of streams' steps replayed from a CUDA graph, one per rows class (`size_class`) of one
+    context and buffer length: a step of a 0.6b model is some 600 kernels over a few frames per stream, launch-bound
+    at every batch size a live server sees, and one replay launches them all.
+
+    Each graph has static inputs (features, lengths, the three caches) and outputs; a batch of B rows is copied
+    into the first B rows of its class's inputs (the spare rows keep what they held: finite values, computed and
+    ignored), replayed, and its rows of the outputs returned. The same kernels on the same shapes as the eager
+    step, so the same numbers. The graphs share one memory pool."""
+
+    def __init__(self, encoder: FastConformer, context: tuple[int, int], drop: int):
+        self.encoder, self.context, self.drop = encoder, context, drop
+        self._graphs: dict[int, _StepGraph] = {}
+        self._pool = None
+        self.capture_seconds = 0.0
+
+    def __call__(self, features: torch.Tensor, lengths: torch.Tensor, caches: Caches):
+        b = features.shape[0]
+        n = size_class(b)
+        graph = self._graphs.get(n)
+        if graph is None:
+            start = time.perf_counter()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = self._graphs[n] = _StepGraph(self, n, features, lengths, caches)
+            self.capture_seconds += time.perf_counter() - start
+        return graph.run(features, lengths, caches)
+
+
+class _StepGraph:
+    def __init__(self, owner: StepGraphs, n: int, features: torch.Tensor, lengths: torch.Tensor, caches: Caches):
+        def rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:  # t's shape with n rows along dim, of t's rows
+            shape = list(t.shape)
+            shape[dim] = n
+            out = t.new_zeros(shape)
+            index = torch.arange(n, device=t.device) % t.shape[dim]
+            return out.copy_(t.index_select(dim, index))
+
+        self.features, self.lengths = rows(features), rows(lengths)
+        self.caches = Caches(rows(caches.channel, 1), rows(caches.time, 1), rows(caches.length))
+
+        def step():
+            return encode(owner.encoder, self.features, self.lengths, owner.context, self.caches, owner.drop)
+
+        for _ in range(2):  # warm-up (cuBLAS workspaces, lazy init) before the capture, as CapturedSteps does
+            step()
+        self.graph = torch.cuda.CUDAGraph()
+
+        def record():  # the outputs made while capturing are the graph's static outputs
+            self.x, self.x_lengths, self.after = step()
+
+        capture(self.graph, record, owner._pool)
+
+    def run(self, features: torch.Tensor, lengths: torch.Tensor, caches: Caches):
+        b = features.shape[0]
+        self.features[:b].copy_(features)
+        self.lengths[:b].copy_(lengths)
+        self.caches.channel[:, :b].copy_(caches.channel)
+        self.caches.time[:, :b].copy_(caches.time)
+        self.caches.length[:b].copy_(caches.length)
+        self.graph.replay()
+        after = Caches(self.after.channel[:, :b], self.after.time[:, :b], self.after.length[:b])
+        # the outputs are the graph's static buffers: a copy of the encoder output outlives the next replay
+        return self.x[:b].clone(), self.x_lengths[:b].clone(), after

@@ -28,7 +28,7 @@ from graphscribe.io.config import (
     RIGHT_SECONDS,
     STOP_HISTORY_MS,
 )
-from graphscribe.model.cache_aware import Caches, ChunkGeometry, encode
+from graphscribe.model.cache_aware import Caches, ChunkGeometry, StepGraphs, encode
 from graphscribe.model.decoding import DecodeState
 from graphscribe.runtime.loaded import LoadedModel
 from graphscribe.runtime.stream_text import StepText, StreamText, merge_frames
@@ -76,6 +76,7 @@ class CacheAwareEngine(StreamEngine):
         self._features = torch.zeros(0, cfg.features.n_mels, self.chunk.buffer_frames, device=self.device)
         self._hop = torch.zeros(0, cfg.features.hop_length, device=self.device)  # the samples before each chunk
         self._caches = Caches.zeros(cfg.encoder, self.context[0], 0, self.device, model.dtype)
+        self._step_graphs: StepGraphs | None = None  # CUDA with graphs: made at the first step
 
     def new_text(self) -> StreamText:
         tokenizer = self.model.tokenizer
@@ -125,15 +126,16 @@ class CacheAwareEngine(StreamEngine):
         # the last chunk's padding frames are masked: NeMo's right padding, (chunk + 1) - valid frames
         lengths = [g.buffer_frames - ((g.chunk_frames + 1) - v if is_last else 0) for v, is_last in zip(valid, last)]
         caches = self._caches.rows(index)
+        lengths = torch.tensor(lengths).to(self.device, non_blocking=True)
         with model._float32_math():
-            encoded, enc_lengths, after = encode(
-                model.module.encoder,
-                buffers.to(model.dtype),
-                torch.tensor(lengths).to(self.device, non_blocking=True),
-                self.context,
-                caches,
-                g.drop,
-            )
+            if model.options.graphs:  # CUDA: the step replayed from its rows class's graph
+                if self._step_graphs is None:
+                    self._step_graphs = StepGraphs(model.module.encoder, self.context, g.drop)
+                encoded, enc_lengths, after = self._step_graphs(buffers.to(model.dtype), lengths, caches)
+            else:
+                encoded, enc_lengths, after = encode(
+                    model.module.encoder, buffers.to(model.dtype), lengths, self.context, caches, g.drop
+                )
         self._caches.put(index, after)
         return streams, slots, last, encoded, enc_lengths
 
