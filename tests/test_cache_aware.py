@@ -220,3 +220,25 @@ def test_captured_step_gives_the_eager_steps_tokens(models, clips, monkeypatch):
     assert engine._step_graphs is not None and {4, 8} <= set(engine._step_graphs._graphs)
     for clip, stream in streams.items():
         assert stream.token_ids == ref["pipeline"][clip]["token_ids"], clip
+
+
+def test_an_end_of_utterance_piece_ends_a_final():
+    """parakeet_realtime_eou's `<EOU>`: the tokens before it are a final, the piece is never in the text, the
+    tokens after it open the next utterance; a stream's token ids keep it (NeMo's hypothesis has it)."""
+    from graphscribe.runtime.cache_aware_streams import CacheAwareText
+    from graphscribe.runtime.stream_text import StreamGeometry, Vocabulary
+
+    pieces = ["\u2581hel", "lo", "<EOU>", "\u2581next", "\u2581one", "<EOB>", "<unk>"]
+    vocab = Vocabulary.of(pieces, frozenset(), 6)
+    text = CacheAwareText(
+        StreamGeometry.of(0.16, 0.0, 0.0, 16000, 160, 8),
+        vocab,
+        lambda ids: "".join(pieces[i] for i in ids).replace("\u2581", " "),
+    )
+    said = text.step([0, 1, 2, 3], [0, 0, 1, 1], last=False)
+    assert said.new_tokens == [0, 1, 2, 3]
+    assert said.final.text == "hello" and said.final.token_ids == [0, 1]
+    assert said.partial == " next"
+    said = text.step([4, 5], [2, 3], last=False)
+    assert said.final.text == "next one" and said.final.token_ids == [3, 4]
+    assert text.step([], [], last=True).final is None  # nothing open: no empty final

@@ -31,8 +31,10 @@ from graphscribe.io.config import (
 from graphscribe.model.cache_aware import Caches, ChunkGeometry, StepGraphs, encode
 from graphscribe.model.decoding import DecodeState
 from graphscribe.runtime.loaded import LoadedModel
-from graphscribe.runtime.stream_text import StepText, StreamText, merge_frames
+from graphscribe.runtime.stream_text import Final, StepText, StreamText, merge_frames
 from graphscribe.runtime.streaming import MAX_ROWS, Stream, StreamEngine
+
+END_PIECES = ("<EOU>", "<EOB>")  # parakeet_realtime_eou's end-of-utterance and end-of-backchannel pieces
 
 
 def contexts_by_chunk(model: LoadedModel) -> dict[float, tuple[int, int]]:
@@ -164,7 +166,11 @@ class CacheAwareEngine(StreamEngine):
 class CacheAwareText(StreamText):
     """What a cache-aware stream says after each step (NeMo's `CacheAwareRNNTPipeline.run_greedy_decoder`): every
     token is kept as it comes (no clipping, no overlap to merge); an utterance ends at the stream's end or when
-    the last `stop_history` frames before the newest carry no token (a ring of the latest frames' labels)."""
+    the last `stop_history` frames before the newest carry no token (a ring of the latest frames' labels).
+
+    A model with end-of-utterance pieces (parakeet_realtime_eou's `<EOU>`, and `<EOB>` for a backchannel) ends the
+    utterance where it emits one: the tokens before it are a final; the piece is in the stream's token ids but
+    never in its text."""
 
     labels: list[int] = field(default_factory=list)  # the latest frames' labels, blank where none: oldest first
 
@@ -172,6 +178,7 @@ class CacheAwareText(StreamText):
         super().__post_init__()
         blank = len(self.vocab.pieces)
         self.labels = [blank] * (self.stop_frames + self.residue_tokens) if self.stop_frames > 0 else []
+        self.ends = frozenset(i for i, p in enumerate(self.vocab.pieces) if p in END_PIECES)
 
     def step(self, tokens: list[int], frames: list[int], last: bool) -> StepText:
         """A step's tokens, each at its global encoder frame."""
@@ -182,16 +189,26 @@ class CacheAwareText(StreamText):
         if self.labels:
             self.labels = (self.labels + step_labels)[-len(self.labels) :]
         first = self.steps == 0
-        is_eou = last or self._silent()
+        finals = []
+        start = 0
+        for i, token in enumerate(tokens):
+            if token in self.ends:  # the utterance ends here: the tokens before it, not the piece itself
+                self._extend(tokens[start:i], frames[start:i])
+                if self.tokens:
+                    finals.append(self._final(first and not finals))
+                self.tokens, self.frames = [], []
+                start = i + 1
+        self._extend(tokens[start:], frames[start:])
+        if (last or self._silent()) and self.tokens:
+            finals.append(self._final(first and not finals))
+            self.tokens, self.frames = [], []
+        self.steps += 1
+        return StepText(list(tokens), _joined(finals), self.partial())
+
+    def _extend(self, tokens: list[int], frames: list[int]) -> None:
         if tokens:
             self.tokens.extend(tokens)
             self.frames = merge_frames(self.frames, list(frames))
-        final = None
-        if is_eou and self.tokens:
-            final = self._final(first)
-            self.tokens, self.frames = [], []
-        self.steps += 1
-        return StepText(list(tokens), final, self.partial())
 
     def _silent(self) -> bool:
         """`detect_eou_near_pivot` at the newest frame: more than `stop_frames` blanks before it."""
@@ -221,3 +238,13 @@ def engine_for(
         chunk = None if chunk_seconds == CHUNK_SECONDS else chunk_seconds
         return CacheAwareEngine(model, chunk, max_rows, steps_on_feed)
     return StreamEngine(model, chunk_seconds, left_seconds, right_seconds, max_rows, steps_on_feed)
+
+
+def _joined(finals: list[Final]) -> Final | None:
+    """A step's finals as one (a step is at most 1.12 s: two utterances ended in one are said together)."""
+    if len(finals) <= 1:
+        return finals[0] if finals else None
+    text = " ".join(f.text for f in finals if f.text)
+    tokens = [t for f in finals for t in f.token_ids]
+    frames = [t for f in finals for t in f.frames]
+    return Final(tokens, frames, text, finals[0].start, finals[-1].end, finals[0].spaced)
