@@ -242,3 +242,27 @@ def test_an_end_of_utterance_piece_ends_a_final():
     said = text.step([4, 5], [2, 3], last=False)
     assert said.final.text == "next one" and said.final.token_ids == [3, 4]
     assert text.step([], [], last=True).final is None  # nothing open: no empty final
+
+
+def test_realtime_sessions_of_a_cache_aware_model(models, tmp_path):
+    """`/v1/realtime` on a cache-aware checkpoint, the real server and the official `openai` realtime client: a
+    manual turn's deltas come before the commit and its completed text is the in-process stream's for that PCM."""
+    import openai
+    from conftest import SPEECH_CLIP
+    from test_realtime import MANUAL, pcm24, streamed_text, transcribe_manually
+    from test_server import KEY, start_server
+
+    served = start_server(tmp_path / "stderr.txt", "--model", str(FOLDER / "ca-tdt-tiny.nemo"))
+    try:
+        pcm = pcm24(SPEECH_CLIP)
+        client = openai.OpenAI(api_key=KEY, base_url=served.url + "/v1")
+        with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            assert conn.recv().type == "session.created"
+            conn.session.update(session=MANUAL)
+            assert conn.recv().type == "session.updated"
+            events = transcribe_manually(conn, pcm)
+    finally:
+        assert served.stop() == 0, served.log.read_text()
+    kinds = [e.type for e in events]
+    assert kinds[0].endswith(".delta") and "input_audio_buffer.committed" in kinds
+    assert events[-1].transcript == streamed_text(models["ca-tdt-tiny"], pcm) != ""
