@@ -266,3 +266,15 @@ def test_realtime_sessions_of_a_cache_aware_model(models, tmp_path):
     kinds = [e.type for e in events]
     assert kinds[0].endswith(".delta") and "input_audio_buffer.committed" in kinds
     assert events[-1].transcript == streamed_text(models["ca-tdt-tiny"], pcm) != ""
+
+
+def test_every_chunk_of_a_released_context_list_is_whole_frames():
+    """nemotron's contexts: 1.12 / 0.08 is 14.000000000000002 and 0.56 / 0.08 7.000000000000001 in floats; a step
+    must still take exactly lookahead + 1 frames of audio."""
+    model = graphscribe.load_model(FOLDER / "ca-rnnt-tiny.nemo", device="cpu")
+    for lookahead in (13, 6, 1, 0):
+        enc = dataclasses.replace(model.cfg.encoder, streaming_contexts=((70, lookahead),))
+        model.cfg = dataclasses.replace(model.cfg, encoder=enc)
+        engine = engine_for(model, round(0.08 * (lookahead + 1), 2))
+        assert engine.geometry.frame_samples == engine.chunk.frame_samples == 1280 * (lookahead + 1)
+        assert engine.geometry.chunk == lookahead + 1

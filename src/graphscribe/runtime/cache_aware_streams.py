@@ -15,7 +15,9 @@ decode steps as one batch, and scatters the rows back.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,6 +76,18 @@ class CacheAwareEngine(StreamEngine):
         self.context = choose_context(model, chunk_seconds)
         self.chunk = ChunkGeometry.of(cfg.features, cfg.encoder.subsampling_factor, self.context)
         super().__init__(model, self.chunk.chunk_seconds, 0.0, 0.0, max_rows, steps_on_feed)
+        # the chunk in whole encoder frames, not from its seconds: 1.12 / 0.08 is 14.000000000000002 in floats
+        frames, samples = self.chunk.encoder_frames, self.chunk.frame_samples
+        self.geometry = dataclasses.replace(
+            self.geometry,
+            chunk=frames,
+            chunk_frames_float=float(frames),
+            initial_delay=0.0,
+            frame_samples=samples,
+            buffer_samples=samples,
+            feature_frames=self.chunk.buffer_frames,
+        )
+        self._ring = torch.zeros(0, samples, device=self.device)
         self.log_zero = math.log(cfg.features.log_zero_guard)  # NeMo's LOG_MEL_ZERO: a fresh buffer's frames
         self._features = torch.zeros(0, cfg.features.n_mels, self.chunk.buffer_frames, device=self.device)
         self._hop = torch.zeros(0, cfg.features.hop_length, device=self.device)  # the samples before each chunk
@@ -110,6 +124,7 @@ class CacheAwareEngine(StreamEngine):
     def _launch(self, streams: list[Stream]):
         """Queue a batch's features and encoder step on the device -> what `_decode` takes."""
         g, model = self.chunk, self.model
+        mark = time.perf_counter()
         chunks = [s.take_chunk() for s in streams]
         last = [c[2] for c in chunks]
         hop = self._hop.shape[1]
@@ -129,6 +144,7 @@ class CacheAwareEngine(StreamEngine):
         lengths = [g.buffer_frames - ((g.chunk_frames + 1) - v if is_last else 0) for v, is_last in zip(valid, last)]
         caches = self._caches.rows(index)
         lengths = torch.tensor(lengths).to(self.device, non_blocking=True)
+        mark = self._stage("features", mark)
         with model._float32_math():
             if model.options.graphs:  # CUDA: the step replayed from its rows class's graph
                 if self._step_graphs is None:
@@ -139,20 +155,25 @@ class CacheAwareEngine(StreamEngine):
                     model.module.encoder, buffers.to(model.dtype), lengths, self.context, caches, g.drop
                 )
         self._caches.put(index, after)
+        self._stage("encoder", mark)
         return streams, slots, last, encoded, enc_lengths
 
     def _decode(self, streams, slots, last, encoded, enc_lengths):
         """Decode a launched batch's new frames from the streams' states; keep the states after them."""
         model = self.model
+        mark = time.perf_counter()
         index = slots.to(self.device)
         state = DecodeState(*(p.index_select(-2 if p.dim() == 3 else 0, index) for p in self._pools()))
         with model._float32_math():
             hyps, after = model.decoder.decode_chunk(encoded, enc_lengths, state)
         for pool, value in zip(self._pools(), (after.h, after.c, after.g, after.skip)):
             pool.index_copy_(-2 if pool.dim() == 3 else 0, index, value)
-        return streams, last, hyps, enc_lengths.tolist()
+        frames = enc_lengths.tolist()
+        self._stage("decode", mark)
+        return streams, last, hyps, frames
 
     def _say(self, streams, last, hyps, frames) -> None:
+        mark = time.perf_counter()
         for i, s in enumerate(streams):
             at = [f + s.decoded for f in hyps[i].frames]
             s.decoded += frames[i]
@@ -160,6 +181,7 @@ class CacheAwareEngine(StreamEngine):
             self._said(s, s.text.step(hyps[i].token_ids, at, last[i]), last[i])
             if last[i]:
                 self.close(s)
+        self._stage("text", mark)
 
 
 @dataclass
