@@ -70,19 +70,28 @@ def test_chunk_geometry_is_the_pipeline_s(models, name, key):
 
 
 def test_encoder_step_is_nemo_s(models):
-    """Three steps of NeMo's `conformer_stream_step` (reference.npz): the output and all three caches."""
+    """Three steps of NeMo's `conformer_stream_step` (reference.npz): the output and the caches. NeMo caches each
+    layer's normalised attention input; ours holds its keys and values, which are those inputs projected."""
     arrays = np.load(FOLDER / "reference.npz")
     assert "ca-tdt-tiny" in str(arrays["meta"]) and "16, 3" in str(arrays["meta"])
     encoder = models["ca-tdt-tiny"].module.encoder
+
+    def projected(channel: torch.Tensor, name: str) -> torch.Tensor:  # (layers, C, D) -> (layers, 1, C, D)
+        return torch.stack([getattr(layer.self_attn, name)(c) for layer, c in zip(encoder.layers, channel)])[:, None]
+
     for i in range(3):
 
         def a(key):
             return torch.from_numpy(np.asarray(arrays[f"step{i}_{key}"]))
 
-        caches = Caches(
-            a("cache_last_channel_in")[:, None], a("cache_last_time_in")[:, None], a("cache_last_channel_len_in")[None]
-        )
         with torch.inference_mode():
+            channel = a("cache_last_channel_in")
+            caches = Caches(
+                projected(channel, "linear_k"),
+                projected(channel, "linear_v"),
+                a("cache_last_time_in")[:, None],
+                a("cache_last_channel_len_in")[None],
+            )
             x, _, after = cache_aware.encode(
                 encoder,
                 a("features")[None],
@@ -91,10 +100,12 @@ def test_encoder_step_is_nemo_s(models):
                 caches,
                 int(a("drop_extra_pre_encoded")),
             )
+            want_key = projected(a("cache_last_channel_out"), "linear_k")[:, 0]
         torch.testing.assert_close(x[0], a("encoder").T, atol=2e-6, rtol=0)
-        torch.testing.assert_close(after.channel[:, 0], a("cache_last_channel_out"), atol=2e-6, rtol=0)
+        valid = int(a("cache_last_channel_len_out"))  # the slots before them are masked: zeros here, biases there
+        torch.testing.assert_close(after.key[:, 0, -valid:], want_key[:, -valid:], atol=2e-6, rtol=0)
         torch.testing.assert_close(after.time[:, 0], a("cache_last_time_out"), atol=2e-6, rtol=0)
-        assert after.length.item() == int(a("cache_last_channel_len_out"))
+        assert after.length.item() == valid
 
 
 @pytest.mark.parametrize("name,key", LOOKAHEADS)

@@ -6,10 +6,12 @@ rest of its own chunk of `lookahead + 1` frames (`att_context_style: chunked_lim
 convolutions see only the past, and its subsampling pads only the past. So a chunk of audio needs, from the
 chunks before it, only three caches per stream:
 
-- `channel`: per layer the last `left` normalised attention inputs (NeMo caches the layer input, not projected
-  keys and values; the projections run again each step);
+- `key`, `value`: per layer the keys and values of the last `left` frames. NeMo caches the normalised layer
+  input instead and projects all `left` of them again at every step; a projection of a frame is the same
+  whenever it is made (to the rounding of the product), and projecting only the new frames takes 1 / (left + 1)
+  of the work at an 80 ms chunk, where those projections are most of a step's arithmetic;
 - `time`: per layer the last K - 1 GLU outputs, the depthwise convolution's past;
-- `length`: how many of the `channel` slots hold frames yet (the first steps' keys are fewer).
+- `length`: how many of the `key` and `value` slots hold frames yet (the first steps' keys are fewer).
 
 The subsampling's own past is the 9 feature frames in front of each chunk (`ChunkGeometry.pre_encode`), whose 2
 encoder frames are dropped after it. Every function takes the `FastConformer` module and uses its weights: one
@@ -37,7 +39,8 @@ _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
 class Caches:
     """A batch of streams' encoder caches (module docstring); row b is stream b's."""
 
-    channel: torch.Tensor  # (layers, B, left, D)
+    key: torch.Tensor  # (layers, B, left, D)
+    value: torch.Tensor  # (layers, B, left, D)
     time: torch.Tensor  # (layers, B, D, K - 1)
     length: torch.Tensor  # (B,) int64
 
@@ -46,21 +49,24 @@ class Caches:
         """NeMo's `get_initial_cache_state`: zeros, no valid attention slot."""
         return cls(
             torch.zeros(cfg.n_layers, batch, left, cfg.d_model, device=device, dtype=dtype),
+            torch.zeros(cfg.n_layers, batch, left, cfg.d_model, device=device, dtype=dtype),
             torch.zeros(cfg.n_layers, batch, cfg.d_model, cfg.conv_kernel - 1, device=device, dtype=dtype),
             torch.zeros(batch, dtype=torch.long, device=device),
         )
 
     def rows(self, index: torch.Tensor) -> "Caches":
-        return Caches(self.channel[:, index], self.time[:, index], self.length[index])
+        return Caches(self.key[:, index], self.value[:, index], self.time[:, index], self.length[index])
 
     def put(self, index: torch.Tensor, value: "Caches") -> None:
         """Rows `index` set to `value`'s rows, in place."""
-        self.channel.index_copy_(1, index, value.channel)
+        self.key.index_copy_(1, index, value.key)
+        self.value.index_copy_(1, index, value.value)
         self.time.index_copy_(1, index, value.time)
         self.length.index_copy_(0, index, value.length)
 
     def reset(self, index: torch.Tensor) -> None:
-        self.channel.index_fill_(1, index, 0.0)
+        self.key.index_fill_(1, index, 0.0)
+        self.value.index_fill_(1, index, 0.0)
         self.time.index_fill_(1, index, 0.0)
         self.length.index_fill_(0, index, 0)
 
@@ -145,47 +151,54 @@ def encode(
     if cfg.xscaling:
         x = x * math.sqrt(cfg.d_model)
     b, t, _ = x.shape
-    cached = 0 if caches is None else caches.channel.shape[2]
+    cached = 0 if caches is None else caches.key.shape[2]
     offset = torch.zeros_like(lengths) if caches is None else cached - caches.length
     mask = chunked_mask(t, cached + t, cached, lengths, offset, context)
     pad = (torch.arange(t, device=x.device)[None, :] >= lengths[:, None])[:, None]  # (B, 1, T) True = padding
     pos_emb = relative_positions(cached + t, cfg.d_model, x.device, x.dtype)
-    channel, time = [], []
+    key, value, time = [], [], []
     for i, layer in enumerate(encoder.layers):
-        past = None if caches is None else (caches.channel[i], caches.time[i])
+        past = None if caches is None else (caches.key[i], caches.value[i], caches.time[i])
         x, after = _layer(layer, x, pos_emb, mask, pad, past)
         if after is not None:
-            channel.append(after[0])
-            time.append(after[1])
+            key.append(after[0])
+            value.append(after[1])
+            time.append(after[2])
     if caches is None:
         return x, lengths, None
     length = torch.clamp(caches.length + t, max=cached)
-    return x, lengths, Caches(torch.stack(channel), torch.stack(time), length)
+    return x, lengths, Caches(torch.stack(key), torch.stack(value), torch.stack(time), length)
 
 
 def _layer(layer: ConformerLayer, x, pos_emb, mask, pad, past):
     """One conformer layer with its caches (NeMo's ConformerLayer.forward with cache_last_channel/time) ->
-    (B, T, D) and the new (channel, time) caches, or None without."""
+    (B, T, D) and the new (key, value, time) caches, or None without."""
     x = torch.add(x, layer.feed_forward1(layer.norm_feed_forward1(x)), alpha=0.5)
     h = layer.norm_self_att(x)
-    keys = h if past is None else torch.cat([past[0], h], dim=1)
-    x = x + _attention(layer.self_attn, h, keys, pos_emb, mask)
-    conv, time = _conv(layer.conv, layer.norm_conv(x), pad, None if past is None else past[1])
+    attn = layer.self_attn
+    keys, values = attn.linear_k(h), attn.linear_v(h)
+    if past is not None:
+        keys, values = torch.cat([past[0], keys], dim=1), torch.cat([past[1], values], dim=1)
+    x = x + _attention(attn, h, keys, values, pos_emb, mask)
+    conv, time = _conv(layer.conv, layer.norm_conv(x), pad, None if past is None else past[2])
     x = x + conv
     x = torch.add(x, layer.feed_forward2(layer.norm_feed_forward2(x)), alpha=0.5)
-    after = None if past is None else (keys[:, keys.shape[1] - past[0].shape[1] :], time)
+    after = None
+    if past is not None:
+        first = keys.shape[1] - past[0].shape[1]
+        after = (keys[:, first:], values[:, first:], time)
     return layer.norm_out(x), after
 
 
-def _attention(attn: RelPositionAttention, h: torch.Tensor, keys: torch.Tensor, pos_emb, mask) -> torch.Tensor:
-    """NeMo's RelPositionMultiHeadAttention over [cache, chunk] keys, its own products (so float32 is NeMo's
-    arithmetic): query i, key j at relative position (cached + i) - j."""
+def _attention(attn: RelPositionAttention, h, keys, values, pos_emb, mask) -> torch.Tensor:
+    """NeMo's RelPositionMultiHeadAttention over [cache, chunk] keys and values (projected), its own products:
+    query i, key j at relative position (cached + i) - j."""
     b, t, _ = h.shape
     n = keys.shape[1]
     heads, d_k = attn.n_heads, attn.d_k
     q = attn.linear_q(h).view(b, t, heads, d_k)
-    k = attn.linear_k(keys).view(b, n, heads, d_k).transpose(1, 2)
-    v = attn.linear_v(keys).view(b, n, heads, d_k).transpose(1, 2)
+    k = keys.view(b, n, heads, d_k).transpose(1, 2)
+    v = values.view(b, n, heads, d_k).transpose(1, 2)
     p = attn.linear_pos(pos_emb).view(1, -1, heads, d_k).transpose(1, 2)  # (1, H, 2n - 1, d_k)
     q_u = (q + attn.pos_bias_u).transpose(1, 2)
     q_v = (q + attn.pos_bias_v).transpose(1, 2)
@@ -260,7 +273,7 @@ class _StepGraph:
             return out.copy_(t.index_select(dim, index))
 
         self.features, self.lengths = rows(features), rows(lengths)
-        self.caches = Caches(rows(caches.channel, 1), rows(caches.time, 1), rows(caches.length))
+        self.caches = Caches(rows(caches.key, 1), rows(caches.value, 1), rows(caches.time, 1), rows(caches.length))
 
         def step():
             return encode(owner.encoder, self.features, self.lengths, owner.context, self.caches, owner.drop)
@@ -278,10 +291,11 @@ class _StepGraph:
         b = features.shape[0]
         self.features[:b].copy_(features)
         self.lengths[:b].copy_(lengths)
-        self.caches.channel[:, :b].copy_(caches.channel)
+        self.caches.key[:, :b].copy_(caches.key)
+        self.caches.value[:, :b].copy_(caches.value)
         self.caches.time[:, :b].copy_(caches.time)
         self.caches.length[:b].copy_(caches.length)
         self.graph.replay()
-        after = Caches(self.after.channel[:, :b], self.after.time[:, :b], self.after.length[:b])
+        after = Caches(self.after.key[:, :b], self.after.value[:, :b], self.after.time[:, :b], self.after.length[:b])
         # the outputs are the graph's static buffers: a copy of the encoder output outlives the next replay
         return self.x[:b].clone(), self.x_lengths[:b].clone(), after

@@ -106,11 +106,11 @@ class CacheAwareEngine(StreamEngine):
         self._features = features
         self._hop = torch.cat([self._hop, self._hop.new_zeros(capacity - old, self._hop.shape[1])])
         caches = Caches.zeros(self.model.cfg.encoder, self.context[0], capacity, self.device, self.model.dtype)
-        caches.channel[:, :old], caches.time[:, :old], caches.length[:old] = (
-            self._caches.channel,
-            self._caches.time,
-            self._caches.length,
-        )
+        for new, kept in zip(
+            (caches.key, caches.value, caches.time), (self._caches.key, self._caches.value, self._caches.time)
+        ):
+            new[:, :old] = kept
+        caches.length[:old] = self._caches.length
         self._caches = caches
 
     def _reset_fresh_slots(self) -> None:
