@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -194,22 +194,23 @@ class CacheAwareText(StreamText):
     utterance where it emits one: the tokens before it are a final; the piece is in the stream's token ids but
     never in its text."""
 
-    labels: list[int] = field(default_factory=list)  # the latest frames' labels, blank where none: oldest first
-
     def __post_init__(self):
         super().__post_init__()
-        blank = len(self.vocab.pieces)
-        self.labels = [blank] * (self.stop_frames + self.residue_tokens) if self.stop_frames > 0 else []
+        # NeMo keeps the labels of the last stop + residue frames (blank where none; blanks at the start) and asks
+        # whether more than `stop` of them before the newest are blank in a row; the run of blank frames at the end
+        # of the stream so far says the same
+        self.window = self.stop_frames + self.residue_tokens if self.stop_frames > 0 else 0
+        self.blank_run = self.window
         self.ends = frozenset(i for i, p in enumerate(self.vocab.pieces) if p in END_PIECES)
+        self._partial = ("", 0)  # the open utterance's text and its token count
 
     def step(self, tokens: list[int], frames: list[int], last: bool) -> StepText:
         """A step's tokens, each at its global encoder frame."""
-        blank, size = len(self.vocab.pieces), self.geometry.chunk
-        step_labels = [blank] * size
-        for frame, token in zip(frames, tokens):
-            step_labels[frame % size] = token
-        if self.labels:
-            self.labels = (self.labels + step_labels)[-len(self.labels) :]
+        size = self.geometry.chunk
+        if tokens:
+            self.blank_run = size - 1 - max(f % size for f in frames)
+        else:
+            self.blank_run += size
         first = self.steps == 0
         finals = []
         start = 0
@@ -221,11 +222,17 @@ class CacheAwareText(StreamText):
                 self.tokens, self.frames = [], []
                 start = i + 1
         self._extend(tokens[start:], frames[start:])
-        if (last or self._silent()) and self.tokens:
+        if self.tokens and (last or self._silent()):
             finals.append(self._final(first and not finals))
             self.tokens, self.frames = [], []
         self.steps += 1
         return StepText(list(tokens), _joined(finals), self.partial())
+
+    def partial(self) -> str:
+        """The open utterance's text, made again only when it has grown (tokens are only added or all cleared)."""
+        if self._partial[1] != len(self.tokens):
+            self._partial = (super().partial(), len(self.tokens))
+        return self._partial[0]
 
     def _extend(self, tokens: list[int], frames: list[int]) -> None:
         if tokens:
@@ -233,16 +240,11 @@ class CacheAwareText(StreamText):
             self.frames = merge_frames(self.frames, list(frames))
 
     def _silent(self) -> bool:
-        """`detect_eou_near_pivot` at the newest frame: more than `stop_frames` blanks before it."""
-        if not self.labels:
+        """`detect_eou_near_pivot` at the newest frame: more than `stop_frames` blank frames before it, counted in
+        NeMo's window of the latest frames."""
+        if not self.window:
             return False
-        blank = len(self.vocab.pieces)
-        run = 0
-        for label in reversed(self.labels[:-1]):
-            if label != blank:
-                break
-            run += 1
-        return run > self.stop_frames
+        return min(self.blank_run - 1, self.window - 1) > self.stop_frames
 
 
 def engine_for(
