@@ -86,18 +86,19 @@ def test_encoder_step_is_nemo_s(models):
 
         with torch.inference_mode():
             channel = a("cache_last_channel_in")
-            caches = Caches(
+            after = Caches(  # slot 0 holds NeMo's caches going in, then the step's coming out
                 projected(channel, "linear_k"),
                 projected(channel, "linear_v"),
-                a("cache_last_time_in")[:, None],
-                a("cache_last_channel_len_in")[None],
+                a("cache_last_time_in")[:, None].clone(),
+                a("cache_last_channel_len_in")[None].clone(),
             )
-            x, _, after = cache_aware.encode(
+            x, _ = cache_aware.encode(
                 encoder,
                 a("features")[None],
                 a("feature_length")[None],
                 (16, 3),
-                caches,
+                after,
+                torch.tensor([0]),
                 int(a("drop_extra_pre_encoded")),
             )
             want_key = projected(a("cache_last_channel_out"), "linear_k")[:, 0]

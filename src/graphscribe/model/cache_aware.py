@@ -37,7 +37,9 @@ _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
 
 @dataclass
 class Caches:
-    """A batch of streams' encoder caches (module docstring); row b is stream b's."""
+    """Streams' encoder caches (module docstring) in slots: row s is slot s's. A step reads and writes the rows of
+    its streams in place (`encode`'s `index`): the caches of a 0.6b model are some 14 MB a stream in float32, and
+    a copy of a batch's rows in and out per step would be most of a step's memory traffic."""
 
     key: torch.Tensor  # (layers, B, left, D)
     value: torch.Tensor  # (layers, B, left, D)
@@ -53,16 +55,6 @@ class Caches:
             torch.zeros(cfg.n_layers, batch, cfg.d_model, cfg.conv_kernel - 1, device=device, dtype=dtype),
             torch.zeros(batch, dtype=torch.long, device=device),
         )
-
-    def rows(self, index: torch.Tensor) -> "Caches":
-        return Caches(self.key[:, index], self.value[:, index], self.time[:, index], self.length[index])
-
-    def put(self, index: torch.Tensor, value: "Caches") -> None:
-        """Rows `index` set to `value`'s rows, in place."""
-        self.key.index_copy_(1, index, value.key)
-        self.value.index_copy_(1, index, value.value)
-        self.time.index_copy_(1, index, value.time)
-        self.length.index_copy_(0, index, value.length)
 
     def reset(self, index: torch.Tensor) -> None:
         self.key.index_fill_(1, index, 0.0)
@@ -138,12 +130,13 @@ def encode(
     lengths: torch.Tensor,
     context: tuple[int, int],
     caches: Caches | None = None,
+    index: torch.Tensor | None = None,
     drop: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, Caches | None]:
-    """(B, n_mels, T) features (model dtype) and (B,) valid frames -> (B, T', D) encoder output, (B,) lengths and
-    the caches after it. With `caches`: one streaming step (NeMo's `cache_aware_stream_step`: the first `drop`
-    subsampled frames dropped, the caches in front of the keys); without: the whole clip from nothing (NeMo's
-    offline forward of the model)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, n_mels, T) features (model dtype) and (B,) valid frames -> (B, T', D) encoder output and (B,) lengths.
+    With `caches` and `index` (B,), the slots of the rows: one streaming step (NeMo's `cache_aware_stream_step`:
+    the first `drop` subsampled frames dropped, each row's caches in front of its keys), the caches of those slots
+    updated in place; without: the whole clip from nothing (NeMo's offline forward of the model)."""
     cfg = encoder.cfg
     x, lengths = encoder.pre_encode(features.transpose(1, 2), lengths)
     if drop and caches is not None:
@@ -152,42 +145,42 @@ def encode(
         x = x * math.sqrt(cfg.d_model)
     b, t, _ = x.shape
     cached = 0 if caches is None else caches.key.shape[2]
-    offset = torch.zeros_like(lengths) if caches is None else cached - caches.length
+    past_length = None if caches is None else caches.length.index_select(0, index)
+    offset = torch.zeros_like(lengths) if caches is None else cached - past_length
     mask = chunked_mask(t, cached + t, cached, lengths, offset, context)
     pad = (torch.arange(t, device=x.device)[None, :] >= lengths[:, None])[:, None]  # (B, 1, T) True = padding
     pos_emb = relative_positions(cached + t, cfg.d_model, x.device, x.dtype)
-    key, value, time = [], [], []
     for i, layer in enumerate(encoder.layers):
-        past = None if caches is None else (caches.key[i], caches.value[i], caches.time[i])
-        x, after = _layer(layer, x, pos_emb, mask, pad, past)
-        if after is not None:
-            key.append(after[0])
-            value.append(after[1])
-            time.append(after[2])
-    if caches is None:
-        return x, lengths, None
-    length = torch.clamp(caches.length + t, max=cached)
-    return x, lengths, Caches(torch.stack(key), torch.stack(value), torch.stack(time), length)
+        x = _layer(layer, x, pos_emb, mask, pad, None if caches is None else (caches, i, index))
+    if caches is not None:
+        caches.length.index_copy_(0, index, torch.clamp(past_length + t, max=cached))
+    return x, lengths
 
 
-def _layer(layer: ConformerLayer, x, pos_emb, mask, pad, past):
-    """One conformer layer with its caches (NeMo's ConformerLayer.forward with cache_last_channel/time) ->
-    (B, T, D) and the new (key, value, time) caches, or None without."""
+def _layer(layer: ConformerLayer, x, pos_emb, mask, pad, cached):
+    """One conformer layer (NeMo's ConformerLayer.forward with cache_last_channel/time): (B, T, D) -> (B, T, D).
+    `cached`: (caches, layer number, the rows' slots): the layer's caches read in front of the keys and the
+    convolution's input, and set to their last `left` and K - 1 frames after."""
     x = torch.add(x, layer.feed_forward1(layer.norm_feed_forward1(x)), alpha=0.5)
     h = layer.norm_self_att(x)
     attn = layer.self_attn
     keys, values = attn.linear_k(h), attn.linear_v(h)
-    if past is not None:
-        keys, values = torch.cat([past[0], keys], dim=1), torch.cat([past[1], values], dim=1)
+    past_time = None
+    if cached is not None:
+        caches, i, index = cached
+        keys = torch.cat([caches.key[i].index_select(0, index), keys], dim=1)
+        values = torch.cat([caches.value[i].index_select(0, index), values], dim=1)
+        first = keys.shape[1] - caches.key.shape[2]
+        caches.key[i].index_copy_(0, index, keys[:, first:])
+        caches.value[i].index_copy_(0, index, values[:, first:])
+        past_time = caches.time[i].index_select(0, index)
     x = x + _attention(attn, h, keys, values, pos_emb, mask)
-    conv, time = _conv(layer.conv, layer.norm_conv(x), pad, None if past is None else past[2])
+    conv, time = _conv(layer.conv, layer.norm_conv(x), pad, past_time)
+    if cached is not None:
+        caches.time[i].index_copy_(0, index, time)
     x = x + conv
     x = torch.add(x, layer.feed_forward2(layer.norm_feed_forward2(x)), alpha=0.5)
-    after = None
-    if past is not None:
-        first = keys.shape[1] - past[0].shape[1]
-        after = (keys[:, first:], values[:, first:], time)
-    return layer.norm_out(x), after
+    return layer.norm_out(x)
 
 
 def _attention(attn: RelPositionAttention, h, keys, values, pos_emb, mask) -> torch.Tensor:
@@ -239,10 +232,11 @@ class StepGraphs:
     context and buffer length: a step of a 0.6b model is some 600 kernels over a few frames per stream, launch-bound
     at every batch size a live server sees, and one replay launches them all.
 
-    Each graph has static inputs (features, lengths, the three caches) and outputs; a batch of B rows is copied
-    into the first B rows of its class's inputs (the spare rows keep what they held: finite values, computed and
-    ignored), replayed, and its rows of the outputs returned. The same kernels on the same shapes as the eager
-    step, so the same numbers. The graphs share one memory pool."""
+    Each graph reads and writes the caches' slots in place through a static index; a batch of B rows is copied
+    into the first B rows of its class's static features, lengths and index, the spare rows pointing at a scratch
+    slot (`scratch`, outside every stream's) whose values are computed and ignored. The same kernels on the same
+    shapes as the eager step, so the same numbers. The graphs hold the caches' storage: `reset` drops them when
+    the caches are made anew (more slots). They share one memory pool."""
 
     def __init__(self, encoder: FastConformer, context: tuple[int, int], drop: int):
         self.encoder, self.context, self.drop = encoder, context, drop
@@ -250,52 +244,47 @@ class StepGraphs:
         self._pool = None
         self.capture_seconds = 0.0
 
-    def __call__(self, features: torch.Tensor, lengths: torch.Tensor, caches: Caches):
-        b = features.shape[0]
-        n = size_class(b)
+    def reset(self) -> None:
+        self._graphs.clear()
+
+    def __call__(self, features, lengths, caches: Caches, index, scratch: int):
+        n = size_class(features.shape[0])
         graph = self._graphs.get(n)
         if graph is None:
             start = time.perf_counter()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graph = self._graphs[n] = _StepGraph(self, n, features, lengths, caches)
+            graph = self._graphs[n] = _StepGraph(self, n, features, lengths, caches, scratch)
             self.capture_seconds += time.perf_counter() - start
-        return graph.run(features, lengths, caches)
+        return graph.run(features, lengths, index, scratch)
 
 
 class _StepGraph:
-    def __init__(self, owner: StepGraphs, n: int, features: torch.Tensor, lengths: torch.Tensor, caches: Caches):
-        def rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:  # t's shape with n rows along dim, of t's rows
-            shape = list(t.shape)
-            shape[dim] = n
-            out = t.new_zeros(shape)
-            index = torch.arange(n, device=t.device) % t.shape[dim]
-            return out.copy_(t.index_select(dim, index))
+    def __init__(self, owner: StepGraphs, n: int, features, lengths, caches: Caches, scratch: int):
+        def rows(t: torch.Tensor) -> torch.Tensor:  # t's first row, n times: finite values for every row
+            return t[:1].expand(n, *t.shape[1:]).clone()
 
         self.features, self.lengths = rows(features), rows(lengths)
-        self.caches = Caches(rows(caches.key, 1), rows(caches.value, 1), rows(caches.time, 1), rows(caches.length))
+        self.index = torch.full((n,), scratch, dtype=torch.long, device=features.device)
 
         def step():
-            return encode(owner.encoder, self.features, self.lengths, owner.context, self.caches, owner.drop)
+            return encode(owner.encoder, self.features, self.lengths, owner.context, caches, self.index, owner.drop)
 
         for _ in range(2):  # warm-up (cuBLAS workspaces, lazy init) before the capture, as CapturedSteps does
             step()
         self.graph = torch.cuda.CUDAGraph()
 
         def record():  # the outputs made while capturing are the graph's static outputs
-            self.x, self.x_lengths, self.after = step()
+            self.x, self.x_lengths = step()
 
         capture(self.graph, record, owner._pool)
 
-    def run(self, features: torch.Tensor, lengths: torch.Tensor, caches: Caches):
+    def run(self, features, lengths, index, scratch: int):
         b = features.shape[0]
         self.features[:b].copy_(features)
         self.lengths[:b].copy_(lengths)
-        self.caches.key[:, :b].copy_(caches.key)
-        self.caches.value[:, :b].copy_(caches.value)
-        self.caches.time[:, :b].copy_(caches.time)
-        self.caches.length[:b].copy_(caches.length)
+        self.index[:b].copy_(index)
+        self.index[b:].fill_(scratch)  # a larger batch's slots before: their caches must not be written again
         self.graph.replay()
-        after = Caches(self.after.key[:, :b], self.after.value[:, :b], self.after.time[:, :b], self.after.length[:b])
         # the outputs are the graph's static buffers: a copy of the encoder output outlives the next replay
-        return self.x[:b].clone(), self.x_lengths[:b].clone(), after
+        return self.x[:b].clone(), self.x_lengths[:b].clone()

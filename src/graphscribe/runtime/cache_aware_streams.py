@@ -91,8 +91,8 @@ class CacheAwareEngine(StreamEngine):
         self.log_zero = math.log(cfg.features.log_zero_guard)  # NeMo's LOG_MEL_ZERO: a fresh buffer's frames
         self._features = torch.zeros(0, cfg.features.n_mels, self.chunk.buffer_frames, device=self.device)
         self._hop = torch.zeros(0, cfg.features.hop_length, device=self.device)  # the samples before each chunk
-        self._caches = Caches.zeros(cfg.encoder, self.context[0], 0, self.device, model.dtype)
         self._step_graphs: StepGraphs | None = None  # CUDA with graphs: made at the first step
+        self._caches = Caches.zeros(cfg.encoder, self.context[0], 1, self.device, model.dtype)
 
     def new_text(self) -> StreamText:
         tokenizer = self.model.tokenizer
@@ -105,13 +105,16 @@ class CacheAwareEngine(StreamEngine):
         features[:old] = self._features
         self._features = features
         self._hop = torch.cat([self._hop, self._hop.new_zeros(capacity - old, self._hop.shape[1])])
-        caches = Caches.zeros(self.model.cfg.encoder, self.context[0], capacity, self.device, self.model.dtype)
+        # one slot more than the streams': the scratch slot that a graph's spare rows read and write
+        caches = Caches.zeros(self.model.cfg.encoder, self.context[0], capacity + 1, self.device, self.model.dtype)
         for new, kept in zip(
             (caches.key, caches.value, caches.time), (self._caches.key, self._caches.value, self._caches.time)
         ):
-            new[:, :old] = kept
-        caches.length[:old] = self._caches.length
+            new[:, :old] = kept[:, :old]
+        caches.length[:old] = self._caches.length[:old]
         self._caches = caches
+        if self._step_graphs is not None:
+            self._step_graphs.reset()  # captured on the old caches' storage
 
     def _reset_fresh_slots(self) -> None:
         if self._fresh_slots:
@@ -142,19 +145,19 @@ class CacheAwareEngine(StreamEngine):
         self._features.index_copy_(0, index, buffers)
         # the last chunk's padding frames are masked: NeMo's right padding, (chunk + 1) - valid frames
         lengths = [g.buffer_frames - ((g.chunk_frames + 1) - v if is_last else 0) for v, is_last in zip(valid, last)]
-        caches = self._caches.rows(index)
         lengths = torch.tensor(lengths).to(self.device, non_blocking=True)
         mark = self._stage("features", mark)
         with model._float32_math():
             if model.options.graphs:  # CUDA: the step replayed from its rows class's graph
                 if self._step_graphs is None:
                     self._step_graphs = StepGraphs(model.module.encoder, self.context, g.drop)
-                encoded, enc_lengths, after = self._step_graphs(buffers.to(model.dtype), lengths, caches)
-            else:
-                encoded, enc_lengths, after = encode(
-                    model.module.encoder, buffers.to(model.dtype), lengths, self.context, caches, g.drop
+                encoded, enc_lengths = self._step_graphs(
+                    buffers.to(model.dtype), lengths, self._caches, index, self._capacity
                 )
-        self._caches.put(index, after)
+            else:
+                encoded, enc_lengths = encode(
+                    model.module.encoder, buffers.to(model.dtype), lengths, self.context, self._caches, index, g.drop
+                )
         self._stage("encoder", mark)
         return streams, slots, last, encoded, enc_lengths
 

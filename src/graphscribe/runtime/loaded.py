@@ -206,7 +206,7 @@ class LoadedModel:
         batch, which a request's text against the CLI's depends on."""
         if self.cfg.encoder.cache_aware:  # NeMo's offline pass of a streaming model: one context, no caches
             with self._float32_math():
-                x, lengths, _ = cache_aware.encode(self.module.encoder, features.to(self.dtype), lengths, self.context)
+                x, lengths = cache_aware.encode(self.module.encoder, features.to(self.dtype), lengths, self.context)
             return x, lengths
         layers = None
         if self.options.graphs:
