@@ -68,6 +68,13 @@ class Preset:
     max_symbols: int = 10
     ff_expansion: int = 4
     conv_kernel: int = 9
+    # Cache-aware streaming (NeMo's conf/fastconformer/cache_aware_streaming): the (left, lookahead) attention
+    # contexts in encoder frames, the default first; None: a full-context offline encoder.
+    att_context_size: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def cache_aware(self) -> bool:
+        return self.att_context_size is not None
 
 
 PRESETS_FILE = Path(__file__).resolve().parents[1] / "configs" / "presets.yaml"
@@ -77,7 +84,12 @@ def _load_presets(path: Path) -> dict[str, Preset]:
     presets = {}
     for name, values in yaml.safe_load(path.read_text()).items():
         durations = values.pop("durations")
-        presets[name] = Preset(**values, durations=tuple(durations) if durations else None)
+        contexts = values.pop("att_context_size", None)
+        presets[name] = Preset(
+            **values,
+            durations=tuple(durations) if durations else None,
+            att_context_size=tuple(tuple(pair) for pair in contexts) if contexts else None,
+        )
     return presets
 
 
@@ -193,6 +205,8 @@ def preset_config(preset_name: str, seed: int = 0) -> dict:
         "target": "nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel",
         "nemo_version": "3.0.0",
     }
+    if p.cache_aware:
+        _make_cache_aware(cfg, p)
     if tdt:
         cfg["decoding"].update(model_type="tdt", durations=list(p.durations))
         cfg["loss"] = {
@@ -206,6 +220,19 @@ def preset_config(preset_name: str, seed: int = 0) -> dict:
             },
         }
     return cfg
+
+
+def _make_cache_aware(cfg: dict, p: Preset) -> None:
+    """The switches NeMo's cache_aware_streaming FastConformer configs set together (nemotron-speech-streaming's)."""
+    cfg["preprocessor"]["normalize"] = "NA"  # no per-utterance statistics to wait for
+    cfg["encoder"].update(
+        causal_downsampling=True,
+        att_context_size=[list(pair) for pair in p.att_context_size],
+        att_context_style="chunked_limited",
+        att_context_probs=None,
+        conv_context_size="causal",
+        conv_norm_type="layer_norm",
+    )
 
 
 # ---------------------------------------------------------------------------- tokenizer

@@ -146,3 +146,18 @@ def test_calibration_gives_a_plausible_token_rate(tmp_path):
     assert 0.2 <= stats["tokens_per_frame"] <= 0.5
     assert all(n > 0 for n in stats["token_durations"].values())
     assert stats["distinct_tokens"] >= 10
+
+
+def test_cache_aware_preset_is_written_and_loads_as_cache_aware(tiny_checkpoints):
+    preset = mk.PRESETS["tiny-cache-aware-rnnt"]
+    model = graphscribe.load_model(tiny_checkpoints["tiny-cache-aware-rnnt"], device="cpu")
+    assert model.cfg.encoder.cache_aware and not mk.PRESETS["tiny-rnnt"].cache_aware
+    assert (
+        model.cfg.encoder.streaming_contexts
+        == preset.att_context_size
+        == mk.PRESETS["nemotron-speech-streaming-en-0.6b"].att_context_size
+    )
+    assert model.cfg.encoder.conv_layer_norm and not model.cfg.features.normalize
+    encoder = mk.preset_config("tiny-cache-aware-rnnt")["encoder"]
+    assert encoder["causal_downsampling"] and encoder["conv_context_size"] == "causal"
+    assert encoder["att_context_style"] == "chunked_limited"
