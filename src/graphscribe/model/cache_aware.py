@@ -246,6 +246,7 @@ class StepGraphs:
 
     def reset(self) -> None:
         self._graphs.clear()
+        self._pool = None  # a pool dies with the last graph that uses it: the next capture makes a new one
 
     def __call__(self, features, lengths, caches: Caches, index, scratch: int):
         n = size_class(features.shape[0])
