@@ -43,6 +43,18 @@ _REFERENCE = json.loads((NEMO_DIR / "reference.json").read_text())
 CLIP_NAMES = [clip["file"] for clip in _REFERENCE["clips"]]  # clipN in reference.npz is CLIP_NAMES[N]
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n 2` hands out whole files (unless --dist chose otherwise): xdist's default spreads a module's tests over
+    both workers, and each then starts that module's fixtures (the server processes, a Ray cluster, the models)
+    for itself."""
+    if config.getoption("dist") == "load":
+        from xdist.scheduler import LoadFileScheduling
+
+        return LoadFileScheduling(config, log)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip cleanly on machines without CUDA."""
     if torch.cuda.is_available():

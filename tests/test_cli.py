@@ -283,8 +283,9 @@ def test_only_an_empty_folder_exits_1(tmp_path, capsys):
     assert str(tmp_path) in error and "no audio" in error
 
 
-def test_no_model_uses_the_demo_and_says_so():
-    result = transcribe(SPEECH_CLIP, model=None)
+def test_no_model_uses_the_demo_and_says_so(capsys, monkeypatch):
+    monkeypatch.delenv("GRAPHSCRIBE_MODEL", raising=False)
+    result = in_process(capsys, SPEECH_CLIP, model=None)
     assert result.returncode == 0, result.stderr
     [note] = [line for line in result.stderr.splitlines() if "demo" in line]
     assert "--model" in note and "parakeet" in note
@@ -319,8 +320,8 @@ def test_model_from_environment():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
-def test_graphs_on_cpu_notes_once_and_transcribes():
-    result = transcribe(SPEECH_CLIP, "--graphs", "--device", "cpu")
+def test_graphs_on_cpu_notes_once_and_transcribes(capsys):
+    result = in_process(capsys, SPEECH_CLIP, "--graphs", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert result.stdout == reference_clip(SPEECH_CLIP.name)["text"] + "\n"
     notes = [line for line in result.stderr.splitlines() if "graph" in line.lower()]
@@ -329,10 +330,11 @@ def test_graphs_on_cpu_notes_once_and_transcribes():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
-def test_cuda_asked_for_without_cuda_is_one_line_exit_2(device):
+def test_cuda_asked_for_without_cuda_is_one_line_exit_2(device, capsys, monkeypatch):
     """It ran on the CPU, hundreds of times slower, after a warning (issue 46); `auto` is the way to fall back. The
     device is checked before the model loads: no demo-model note either."""
-    result = transcribe(SPEECH_CLIP, "--device", device, model=None)
+    monkeypatch.delenv("GRAPHSCRIBE_MODEL", raising=False)
+    result = in_process(capsys, SPEECH_CLIP, "--device", device, model=None)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
         f"error: --device {device}: CUDA is not available on this machine (--device cpu or auto)"
@@ -377,12 +379,12 @@ def test_two_inputs_for_one_output_file_are_bad_usage_before_loading(tmp_path, c
     assert list(out.iterdir()) == []
 
 
-def test_the_same_input_twice_writes_its_outputs_once(tmp_path):
+def test_the_same_input_twice_writes_its_outputs_once(tmp_path, capsys):
     a = tmp_path / "a"
     a.mkdir()
     shutil.copy(CLIPS / "short_2s.wav", a / "x.wav")
     out = tmp_path / "out"
-    result = transcribe(a, a / "x.wav", "--output-dir", out)
+    result = in_process(capsys, a, a / "x.wav", "--output-dir", out)
     assert result.returncode == 0, result.stderr
     assert [p.name for p in out.iterdir()] == ["x.txt"]
     assert (out / "x.txt").read_text() == reference_clip("short_2s.wav")["text"] + "\n"

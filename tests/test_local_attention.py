@@ -22,6 +22,7 @@ import pytest
 import torch
 import yaml
 from conftest import CLIPS, FIXTURES, NEMO_PATH
+from test_cli import in_process
 
 from graphscribe.api import load_model
 from graphscribe.io.config import UnsupportedModelError, model_config_from_nemo
@@ -204,9 +205,8 @@ def test_half_precision_attention(dtype, kind):
     assert torch.allclose(half.float() * rows, exact * rows, atol=0.1)
 
 
-def test_padded_query_rows_are_zero_before_the_output_projection():
+def test_padded_query_rows_are_zero_before_the_output_projection(model):
     """NeMo zeroes the attention probabilities of padded queries: their rows come out as linear_out(0)."""
-    model = load_model(NEMO_PATH, device="cpu", graphs=False)
     attn = model.module.encoder.layers[0].self_attn
     x = torch.randn(2, 20, 64)
     valid = torch.arange(20)[None, :] < torch.tensor([20, 13])[:, None]
@@ -478,21 +478,16 @@ def test_long_audio_bench_runs_on_the_cpu(tmp_path):
     assert "| float32 | 0.1 | local | local [8, 8] |" in (tmp_path / "results.md").read_text()
 
 
-def test_cli_attention_options():
+def test_cli_attention_options(capsys):
     """`transcribe --attention local --attention-window 8`: NeMo's [8, 8] tokens; a bad value: one line, exit 2."""
     run = next(r for n, r in RUNS if n == "tdt-tiny" and r["att_context_size"] == [8, 8])
     clip = next(c for c in run["clips"] if c["file"].endswith("short_2s.wav"))
-    base = [sys.executable, "-m", "graphscribe.cli", str(FIXTURES / clip["file"]), "--model", str(NEMO_PATH)]
-    result = subprocess.run(
-        base + ["--attention", "local", "--attention-window", "8", "-f", "json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    path = FIXTURES / clip["file"]
+    result = in_process(capsys, path, "--attention", "local", "--attention-window", "8", "-f", "json")
     assert result.returncode == 0, result.stderr
     tokens = json.loads(result.stdout)["tokens"]
     assert [t["id"] for t in tokens] == clip["token_ids"] and [t["frame"] for t in tokens] == clip["timestamps"]
-    bad = subprocess.run(base + ["--attention", "sparse"], capture_output=True, text=True, timeout=120)
+    bad = in_process(capsys, path, "--attention", "sparse")
     assert bad.returncode == 2
     assert [line for line in bad.stderr.splitlines() if line.startswith("error:")] == [
         "error: --attention sparse: use auto, full or local"

@@ -16,8 +16,8 @@ import openai
 import pytest
 import torch
 import torchaudio.functional as AF
-from conftest import CLIPS, NEMO_PATH, SPEECH_CLIP
-from test_server import ENV, KEY, start_server
+from conftest import CLIPS, SPEECH_CLIP
+from test_server import ENV, KEY, cli, start_server
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
@@ -118,10 +118,8 @@ def test_a_clip_gives_deltas_before_the_commit_and_the_streaming_commands_text(s
     # the streaming command, given the same 24 kHz PCM, says the same
     raw = tmp_path / "clip.pcm"
     raw.write_bytes(pcm.tobytes())
-    command = [sys.executable, "-m", "graphscribe.cli", str(raw), "--stream", "-f", "jsonl", "--raw-rate", "24000"]
-    run = subprocess.run([*command, "-m", str(NEMO_PATH), "--device", "cpu"], capture_output=True, text=True, env=ENV)
-    assert run.returncode == 0, run.stderr
-    assert completed.transcript == json.loads(run.stdout.splitlines()[-1])["text"]
+    streamed = cli(raw, "--stream", "-f", "jsonl", "--raw-rate", "24000")
+    assert completed.transcript == json.loads(streamed.splitlines()[-1])["text"]
 
 
 def test_the_older_transcription_session_shape(server):

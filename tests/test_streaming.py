@@ -16,6 +16,7 @@ import pytest
 import torch
 import torchaudio.functional as AF
 from conftest import CLIPS, FIXTURES, NEMO_PATH, SPEECH_CLIP
+from test_cli import in_process
 
 import graphscribe as gs
 from graphscribe.io.resample import StreamResampler
@@ -96,11 +97,10 @@ def test_streams_batched_with_staggered_starts_equal_each_alone(model):
     assert [d.token_ids for d in done] == alone
 
 
-def test_the_cli_streams_jsonl_events_in_order(model, tmp_path):
+def test_the_cli_streams_jsonl_events_in_order(model, capsys):
     audio = model.read(SPEECH_CLIP)
     expected = _whole(model.stream(0.8, 9.6, 1.6), audio)[-1]
-    command = [sys.executable, "-m", "graphscribe.cli", str(SPEECH_CLIP), "--stream", "-f", "jsonl"]
-    run = subprocess.run([*command, "-m", str(NEMO_PATH), "--device", "cpu"], capture_output=True, text=True)
+    run = in_process(capsys, SPEECH_CLIP, "--stream", "-f", "jsonl", "--device", "cpu")
     assert run.returncode == 0, run.stderr
     events = [json.loads(line) for line in run.stdout.splitlines()]
     assert (
@@ -126,16 +126,17 @@ def test_raw_pcm_on_stdin_streams_like_the_file(model):
     assert json.loads(run.stdout.splitlines()[-1])["token_ids"] == expected
 
 
-def test_bad_stream_input_is_one_line(tmp_path):
+def test_bad_stream_input_is_one_line(capsys):
     base = [sys.executable, "-m", "graphscribe.cli", "-", "--stream", "-m", str(NEMO_PATH), "--device", "cpu"]
     run = subprocess.run(base, input=b"this is not audio at all" * 100, capture_output=True, timeout=600)
     assert run.returncode == 1
     lines = run.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "standard input" in lines[0], lines
-    run = subprocess.run([*base, "--raw-rate", "12"], input=b"\0\0" * 100, capture_output=True, timeout=600)
-    assert run.returncode == 2 and "--raw-rate 12" in run.stderr.decode()
-    run = subprocess.run([*base[:3], str(CLIPS), "--stream"], capture_output=True, timeout=600)
-    assert run.returncode == 2 and "one file" in run.stderr.decode()
+    # usage errors, refused before any input is read: cli.main in this process
+    run = in_process(capsys, "-", "--stream", "--device", "cpu", "--raw-rate", "12")
+    assert run.returncode == 2 and "--raw-rate 12" in run.stderr
+    run = in_process(capsys, CLIPS, "--stream", model=None)
+    assert run.returncode == 2 and "one file" in run.stderr
 
 
 @pytest.mark.parametrize("source", [24000, 44100, 8000])
