@@ -290,3 +290,23 @@ def test_every_chunk_of_a_released_context_list_is_whole_frames():
         engine = engine_for(model, round(0.08 * (lookahead + 1), 2))
         assert engine.geometry.frame_samples == engine.chunk.frame_samples == 1280 * (lookahead + 1)
         assert engine.geometry.chunk == lookahead + 1
+
+
+@pytest.mark.parametrize("key", ["16_3", "16_0"])
+def test_a_long_clip_offline_attends_in_blocks(models, key):
+    """Past `OFFLINE_BLOCK` frames the offline pass attends block by block (memory linear in the length): the same
+    output as NeMo's one (T, T) pass, to float32 rounding, padded rows included; blocks of 8 and 12 frames cut
+    chunks and the left context in every way."""
+    model = models["ca-rnnt-tiny"]
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(2, model.cfg.features.n_mels, 800, generator=gen) - 5
+    lengths = torch.tensor([800, 523])
+    with torch.inference_mode():
+        whole, whole_lengths = cache_aware.encode(model.module.encoder, features, lengths, _context(key))
+        for block in (8, 12):
+            blocks, block_lengths = cache_aware.encode(
+                model.module.encoder, features, lengths, _context(key), block=block
+            )
+            assert torch.equal(block_lengths, whole_lengths) and whole.shape[1] > 8 * block
+            for row, n in enumerate(whole_lengths.tolist()):
+                torch.testing.assert_close(blocks[row, :n], whole[row, :n], atol=2e-5, rtol=1e-5)

@@ -29,10 +29,21 @@ import torch.nn.functional as F
 
 from graphscribe.io.config import EncoderConfig, FeatureConfig
 from graphscribe.model.decoding import size_class
-from graphscribe.model.encoder import ConformerLayer, FastConformer, RelPositionAttention, relative_positions
+from graphscribe.model.encoder import (
+    ConformerLayer,
+    FastConformer,
+    RelPositionAttention,
+    relative_positions,
+    shifted_rows,
+    sinusoids,
+)
 from graphscribe.model.graphs import capture
 
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
+# Offline, a clip of more encoder frames than this attends a block of this many queries at a time, each block to the
+# keys its chunks see: memory linear in the clip's length (NeMo's one (T, T) mask and scores would take 64 GB for an
+# hour). Shorter clips take NeMo's own products in one block.
+OFFLINE_BLOCK = 1024
 
 
 @dataclass
@@ -132,6 +143,7 @@ def encode(
     caches: Caches | None = None,
     index: torch.Tensor | None = None,
     drop: int = 0,
+    block: int = OFFLINE_BLOCK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, n_mels, T) features (model dtype) and (B,) valid frames -> (B, T', D) encoder output and (B,) lengths.
     With `caches` and `index` (B,), the slots of the rows: one streaming step (NeMo's `cache_aware_stream_step`:
@@ -147,17 +159,24 @@ def encode(
     cached = 0 if caches is None else caches.key.shape[2]
     past_length = None if caches is None else caches.length.index_select(0, index)
     offset = torch.zeros_like(lengths) if caches is None else cached - past_length
-    mask = chunked_mask(t, cached + t, cached, lengths, offset, context)
     pad = (torch.arange(t, device=x.device)[None, :] >= lengths[:, None])[:, None]  # (B, 1, T) True = padding
-    pos_emb = relative_positions(cached + t, cfg.d_model, x.device, x.dtype)
+    if caches is None and t > block:
+        attend = _Blocks(lengths, context, block, cfg.d_model, x.dtype)
+    else:
+        mask = chunked_mask(t, cached + t, cached, lengths, offset, context)
+        pos_emb = relative_positions(cached + t, cfg.d_model, x.device, x.dtype)
+
+        def attend(attn, h, keys, values):
+            return _attention(attn, h, keys, values, pos_emb, mask)
+
     for i, layer in enumerate(encoder.layers):
-        x = _layer(layer, x, pos_emb, mask, pad, None if caches is None else (caches, i, index))
+        x = _layer(layer, x, attend, pad, None if caches is None else (caches, i, index))
     if caches is not None:
         caches.length.index_copy_(0, index, torch.clamp(past_length + t, max=cached))
     return x, lengths
 
 
-def _layer(layer: ConformerLayer, x, pos_emb, mask, pad, cached):
+def _layer(layer: ConformerLayer, x, attend, pad, cached):
     """One conformer layer (NeMo's ConformerLayer.forward with cache_last_channel/time): (B, T, D) -> (B, T, D).
     `cached`: (caches, layer number, the rows' slots): the layer's caches read in front of the keys and the
     convolution's input, and set to their last `left` and K - 1 frames after."""
@@ -174,7 +193,7 @@ def _layer(layer: ConformerLayer, x, pos_emb, mask, pad, cached):
         caches.key[i].index_copy_(0, index, keys[:, first:])
         caches.value[i].index_copy_(0, index, values[:, first:])
         past_time = caches.time[i].index_select(0, index)
-    x = x + _attention(attn, h, keys, values, pos_emb, mask)
+    x = x + attend(attn, h, keys, values)
     conv, time = _conv(layer.conv, layer.norm_conv(x), pad, past_time)
     if cached is not None:
         caches.time[i].index_copy_(0, index, time)
@@ -201,6 +220,55 @@ def _attention(attn: RelPositionAttention, h, keys, values, pos_emb, mask) -> to
     weights = torch.softmax(scores.masked_fill(mask, _MASKED_SCORE), dim=-1).masked_fill(mask, 0.0)
     out = torch.matmul(weights, v).transpose(1, 2).reshape(b, t, heads * d_k)
     return attn.linear_out(out)
+
+
+class _Blocks:
+    """Offline attention over a long clip, `block` queries at a time (`OFFLINE_BLOCK`): a block's queries see only
+    the keys from `left` frames before its first chunk to the end of its last chunk, so each block takes those
+    keys, the position rows of their relative positions and its piece of NeMo's chunked_limited mask. The same
+    terms as `_attention`, products of other shapes."""
+
+    def __init__(self, lengths: torch.Tensor, context: tuple[int, int], block: int, d_model: int, dtype):
+        left, lookahead = context
+        self.size, self.left_chunks, self.block = lookahead + 1, left // (lookahead + 1), block
+        self.lengths = lengths
+        # relative positions a block can meet, highest first: query - key from block - 1 + left + chunk down to
+        # -(block - 1 + chunk)
+        self.top = block - 1 + (self.left_chunks + 1) * self.size
+        positions = torch.arange(self.top, -(block + self.size), -1, device=lengths.device)
+        self.table = sinusoids(positions, d_model).to(dtype)
+
+    def __call__(self, attn: RelPositionAttention, h, keys, values) -> torch.Tensor:
+        b, t, _ = h.shape
+        heads, d_k = attn.n_heads, attn.d_k
+        size = self.size
+        q = attn.linear_q(h).view(b, t, heads, d_k)
+        q_u = (q + attn.pos_bias_u).transpose(1, 2)
+        q_v = (q + attn.pos_bias_v).transpose(1, 2)
+        k = keys.view(b, t, heads, d_k).transpose(1, 2)
+        v = values.view(b, t, heads, d_k).transpose(1, 2)
+        p = attn.linear_pos(self.table).view(1, -1, heads, d_k).transpose(1, 2)  # (1, H, positions, d_k)
+        position = torch.arange(t, device=h.device)
+        valid = position[None, :] < self.lengths[:, None]  # (B, T)
+        chunk = torch.div(position, size, rounding_mode="trunc")
+        out = q_u.new_empty(b, heads, t, d_k)
+        for s in range(0, t, self.block):
+            e = min(t, s + self.block)
+            ks = max(0, (s // size - self.left_chunks) * size)
+            ke = min(t, ((e - 1) // size + 1) * size)
+            n, m = e - s, ke - ks
+            # positions (e - 1 - ks) down to (s - ke + 1): row r, key c at column c + n - 1 - r (`shifted_rows`)
+            first = self.top - (e - 1 - ks)
+            raw = torch.matmul(q_v[:, :, s:e], p[:, :, first : first + n + m - 1].transpose(-2, -1))
+            scores = (torch.matmul(q_u[:, :, s:e], k[:, :, ks:ke].transpose(-2, -1)) + shifted_rows(raw, m)) / (
+                math.sqrt(d_k)
+            )
+            ahead = chunk[s:e, None] - chunk[None, ks:ke]
+            seen = (ahead >= 0) & (ahead <= self.left_chunks)
+            mask = ~(seen[None] & valid[:, s:e, None] & valid[:, None, ks:ke])[:, None]
+            weights = torch.softmax(scores.masked_fill(mask, _MASKED_SCORE), dim=-1).masked_fill(mask, 0.0)
+            out[:, :, s:e] = torch.matmul(weights, v[:, :, ks:ke])
+        return attn.linear_out(out.transpose(1, 2).reshape(b, t, heads * d_k))
 
 
 def _rel_shift(x: torch.Tensor) -> torch.Tensor:

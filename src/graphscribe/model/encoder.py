@@ -173,7 +173,7 @@ def full_attention(q_u, q_v, k, v, p, padding: Padding) -> torch.Tensor:
         p_rows = p[:, t - end : 2 * t - 1 - start]  # (H, t + n - 1, d_k)
         if exact:
             raw = torch.matmul(q_v[:, :, start:end], p_rows.transpose(-2, -1))  # (B, H, n, t + n - 1)
-            scores = (torch.matmul(q_u[:, :, start:end], k.transpose(-2, -1)) + _shifted(raw, t)) / math.sqrt(d_k)
+            scores = (torch.matmul(q_u[:, :, start:end], k.transpose(-2, -1)) + shifted_rows(raw, t)) / math.sqrt(d_k)
             masked = _other_clip(segments[:, None, start:end, None], segments[:, None, None, :])  # (B, 1, n, T)
             attn = torch.softmax(scores.masked_fill(masked, _MASKED_SCORE), dim=-1).masked_fill(masked, 0.0)
             out[:, :, start:end] = torch.matmul(attn, v)
@@ -183,7 +183,7 @@ def full_attention(q_u, q_v, k, v, p, padding: Padding) -> torch.Tensor:
     return out
 
 
-def _shifted(raw: torch.Tensor, t: int) -> torch.Tensor:
+def shifted_rows(raw: torch.Tensor, t: int) -> torch.Tensor:
     """(B, H, n, t + n - 1) contiguous position term of n query rows -> (B, H, n, t) view, row r's key j at
     column j + n - 1 - r."""
     b, h, n, cols = raw.shape
@@ -205,7 +205,7 @@ def _position_bias(
         return kernels.position_bias(raw.view(h, b, n, t + n - 1), segments, start, scale, width, _MASKED_SCORE)
     raw = torch.matmul(q_v, p_rows.transpose(-2, -1))  # (B, H, n, t + n - 1)
     bias = q_v.new_empty(b, h, n, width)[..., :t]
-    torch.mul(_shifted(raw, t), scale, out=bias)
+    torch.mul(shifted_rows(raw, t), scale, out=bias)
     return bias.masked_fill_(
         _other_clip(segments[:, None, start : start + n, None], segments[:, None, None, :]), _MASKED_SCORE
     )

@@ -235,7 +235,7 @@ class LoadedModel:
         would not fit in the free memory; then local, with one note on stderr naming the inputs.
         """
         own = self.cfg.encoder.local_context
-        if self.options.attention == "full":
+        if self.options.attention == "full" or self.cfg.encoder.cache_aware:  # its own chunked attention, in blocks
             return None
         if own is not None:
             return own
