@@ -2,7 +2,11 @@
 # Cache-aware streaming on one lent GPU: graphscribe's CacheAwareEngine against NeMo 3.0's CacheAwareRNNTPipeline on a
 # nemotron-speech-streaming-en-0.6b-shaped checkpoint (random weights, calibrated: NOT NVIDIA's), the same real-speech
 # files (scripts/make_folder.py, LibriSpeech/JFK cuts) at 0.08 s and 1.12 s chunks, float32, one command:
-#   bash bench/2026-11-cache-aware/run.sh [PART...]   (carry .whl.tar.xz and .nemo-site.tar.xz; about 8 minutes)
+#   bash bench/2026-11-cache-aware/run.sh [PART...]   (carry .nemo-site.tar.xz and .whl-bench.tar.xz; about 8 minutes)
+# .whl-bench.tar.xz: soundfile, cffi, pycparser and pyyaml out of .whl.tar.xz (1.3 MB; the whole .whl.tar.xz, 18 MB,
+# with NeMo's 8.8 MB and the tree passes the 64 MiB a call carries):
+#   tar xJf .whl.tar.xz -C DIR ./_cffi_backend*.so ./_soundfile.py ./_soundfile_data ./cffi ./pycparser ./soundfile.py \
+#       ./yaml ./_yaml ./typing_extensions.py && tar c -C DIR . | xz -9e > .whl-bench.tar.xz
 # Parts (each makes what it needs first; all by default):
 #   ours  graphscribe's streams bench (`transcribe bench --streams`): real-time levels (chunk latency, kept up) and
 #         max pace (RTFx), JSON in $OUT/ours-{realtime,max}-CHUNK.json
@@ -19,7 +23,9 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name: $*" | tee -a "$log"; 
     timeout "$limit" "$@" 2>&1 | tee -a "$log"; echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$log"; }
 # graphscribe's wheels and NeMo, unpacked once per machine (as scripts/gpu_setup.sh and ../shared/NEMO_ON_GPU.md)
 PY=${PY:-python3}; nemo_site=${NEMO_SITE:-/tmp/nemo-site}; device=${DEVICE:-cuda}
-[ -d /tmp/site ] || [ ! -f .whl.tar.xz ] || { mkdir -p /tmp/site && tar xJf .whl.tar.xz -C /tmp/site; }
+for wheels in .whl-bench.tar.xz .whl.tar.xz; do
+    [ -d /tmp/site ] || [ ! -f $wheels ] || { mkdir -p /tmp/site && tar xJf $wheels -C /tmp/site; }
+done
 [ -d $nemo_site ] || tar xJf .nemo-site.tar.xz -C /tmp
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 nemo_path=$nemo_site:$PYTHONPATH
