@@ -5,7 +5,7 @@
 #   bash bench/2026-11-cache-aware/run.sh [PART...]   (carry .nemo-site.tar.xz and .whl-bench.tar.xz; about 8 minutes)
 # .whl-bench.tar.xz: soundfile, cffi, pycparser and pyyaml out of .whl.tar.xz (1.3 MB; the whole .whl.tar.xz, 18 MB,
 # with NeMo's 8.8 MB and the tree passes the 64 MiB a call carries):
-#   tar xJf .whl.tar.xz -C DIR ./_cffi_backend*.so ./_soundfile.py ./_soundfile_data ./cffi ./pycparser ./soundfile.py \
+#   tar xJf .whl.tar.xz -C DIR ./_cffi_backend.cpython-312-x86_64-linux-gnu.so ./_soundfile.py ./_soundfile_data ./cffi ./pycparser ./soundfile.py \
 #       ./yaml ./_yaml ./typing_extensions.py && tar c -C DIR . | xz -9e > .whl-bench.tar.xz
 # Parts (each makes what it needs first; all by default):
 #   ours  graphscribe's streams bench (`transcribe bench --streams`): real-time levels (chunk latency, kept up) and
