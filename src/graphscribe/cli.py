@@ -175,7 +175,12 @@ def transcribe_command(
     raw_rate: Optional[int] = typer.Option(
         None, "--raw-rate", metavar="HZ", help="With --stream: the input is raw 16-bit little-endian mono PCM at HZ."
     ),
-    chunk: float = typer.Option(CHUNK_SECONDS, "--chunk", metavar="S", help="With --stream: seconds per step."),
+    chunk: float = typer.Option(
+        CHUNK_SECONDS,
+        "--chunk",
+        metavar="S",
+        help="With --stream: seconds per step (a cache-aware model: one of its chunks; the default is its own).",
+    ),
     left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="With --stream: seconds of left context."),
     right: float = typer.Option(
         RIGHT_SECONDS, "--right", metavar="S", help="With --stream: seconds of right context (the delay)."

@@ -130,7 +130,12 @@ def bench_command(
     pace: str = typer.Option(
         "realtime", metavar="realtime|max", help="--streams: audio at real-time pace (latency), or all at once (RTFx)."
     ),
-    chunk: float = typer.Option(CHUNK_SECONDS, "--chunk", metavar="S", help="--streams: seconds per step."),
+    chunk: float = typer.Option(
+        CHUNK_SECONDS,
+        "--chunk",
+        metavar="S",
+        help="--streams: seconds per step (a cache-aware model: one of its chunks).",
+    ),
     left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="--streams: seconds of left context."),
     right: float = typer.Option(RIGHT_SECONDS, "--right", metavar="S", help="--streams: seconds of right context."),
     profile: bool = typer.Option(False, "--profile", help="--streams: once more, seconds per stage of the steps."),
