@@ -310,3 +310,23 @@ def test_a_long_clip_offline_attends_in_blocks(models, key):
             assert torch.equal(block_lengths, whole_lengths) and whole.shape[1] > 8 * block
             for row, n in enumerate(whole_lengths.tolist()):
                 torch.testing.assert_close(blocks[row, :n], whole[row, :n], atol=2e-5, rtol=1e-5)
+
+
+def test_warm_up_makes_the_slots_first(models, monkeypatch):
+    """A warm-up for N streams grows the slots to N before it captures a class: no class is dropped by a later
+    growth (CPU stand-in graphs)."""
+    import graphscribe.model.cache_aware as ca
+
+    class Replayed:
+        def replay(self):
+            self.record()
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Replayed)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(ca, "capture", lambda graph, record, pool: setattr(graph, "record", record))
+    monkeypatch.setattr("graphscribe.runtime.streaming.warm_up_rows", lambda device, most, rows: [1, 2, 4, 8, 16])
+    model = models["ca-tdt-tiny"]
+    monkeypatch.setattr(model, "options", dataclasses.replace(model.options, graphs=True))
+    engine = engine_for(model, 0.32)
+    engine.warm_up(16)
+    assert set(engine._step_graphs._graphs) == {1, 2, 4, 8, 16}

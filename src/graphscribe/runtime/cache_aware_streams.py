@@ -98,6 +98,13 @@ class CacheAwareEngine(StreamEngine):
         tokenizer = self.model.tokenizer
         return CacheAwareText(self.geometry, self.vocab, tokenizer.sp_decode, STOP_HISTORY_MS, RESIDUE_TOKENS)
 
+    def warm_up(self, most: int) -> None:
+        """The slots for `most` streams made first: growing them later makes the caches anew, and the step graphs
+        captured on the old ones would be captured again at the first live steps."""
+        if most > self._capacity:
+            self._grow(most)
+        super().warm_up(most)
+
     def _grow(self, capacity: int) -> None:
         old = self._capacity
         super()._grow(capacity)
