@@ -127,9 +127,12 @@ def test_every_clip_is_whole(name, setting):
 
 
 def test_speech_has_words():
-    demo = REFERENCE["models"]["demo"]["settings"]["default"]["clips"]
-    assert sum(len(r["words"]) for r in demo.values()) >= 40
-    assert any(len(group) > 1 for r in demo.values() for group in [r["token_ids"]])
+    spec = REFERENCE["models"]["demo"]
+    clips = spec["settings"]["default"]["clips"].values()
+    spans = [b - a for r in clips for a, b in word_groups(r["token_ids"], spec["vocabulary"])]
+    assert len(spans) >= 40 and sum(n > 1 for n in spans) >= 20  # words of several pieces
+    confidences = [c for r in clips for c in r["token_confidence"]]
+    assert min(confidences) < 0.2 and max(confidences) > 0.95  # a trained model: spread over [0, 1]
 
 
 @pytest.mark.parametrize("name,setting", RUNS)
