@@ -255,3 +255,75 @@ def test_first_step_follows_from_the_logits(name, lm):
         labels = top.indices
     assert s["label"][0].tolist() == labels.tolist()
     np.testing.assert_allclose(s["score_added"][0], top.values.numpy(), rtol=0, atol=1e-4)
+
+
+def _topk_per_beam(logits: torch.Tensor, lm_scores: torch.Tensor | None, blank: int, n_dur: int, k: int):
+    """Step 1 and the fusion for every beam: (values, labels, durations, lp) with `lp` as the forced blank sees it."""
+    lp = torch.log_softmax(logits[:, : blank + 1], -1)
+    if lm_scores is not None:  # late + lm_weighted_full modifies lp in place: the forced blank pays it too
+        non_blank = torch.log1p(-torch.clamp(lp[:, blank].exp(), max=1 - EPS))
+        lp = torch.cat([lp[:, :blank] + ALPHA * non_blank[:, None] + ALPHA * lm_scores, lp[:, blank:] * (1 + ALPHA)], 1)
+    if not n_dur:
+        top = lp.topk(k, -1)
+        return top.values, top.indices, torch.zeros_like(top.indices), lp, None
+    dlp = torch.log_softmax(logits[:, blank + 1 :], -1)
+    top = (lp[:, :, None] + dlp[:, None, :]).reshape(len(lp), -1).topk(k, -1)
+    labels, durations = top.indices // n_dur, top.indices % n_dur
+    durations = torch.where((labels == blank) & (durations == 0), 1, durations)
+    return top.values, labels, durations, lp, dlp
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("lm", ["nolm", "lm"])
+def test_recorded_steps_replay(name, lm):
+    """Every recorded step from its logits: candidates, finished hypotheses, max_symbols' forced blank, pruning,
+    time and recombination, as the README describes them (scores to 1e-4; NeMo's own labels and parents are
+    followed, so a tie broken differently cannot derail the replay)."""
+    spec = REFERENCE["models"][name]
+    case = REFERENCE["npz_case"]
+    k, blank, max_symbols = case["beam"], spec["blank_id"], spec["max_symbols"]
+    n_dur = len(spec["durations"]) if spec["durations"] else 0
+    last = spec["encoder_frames"][case["clip"]] - 1
+    scores = torch.tensor([0.0] + [-math.inf] * (k - 1), dtype=torch.float64)
+    t, lasts, seqs = torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long), [()] * k
+    forced_seen = 0
+    for i in range(case["steps"]):
+        s = _step(name, lm, i)
+        lm_scores = torch.from_numpy(s["lm_scores"]).double() if lm == "lm" else None
+        vals, labels, durs, lp, dlp = _topk_per_beam(torch.from_numpy(s["logits"]).double(), lm_scores, blank, n_dur, k)
+        active = t <= last
+        cand = torch.where(active[:, None], scores[:, None] + vals, -math.inf)
+        cand[:, 0] = torch.where(active, cand[:, 0], scores)
+        force = (lasts >= max_symbols) & active
+        forced_blank = scores + lp[:, blank] + (dlp.max(-1).values if n_dur else 0.0)
+        cand = torch.where(force[:, None], -math.inf, cand)
+        cand[:, 0] = torch.where(force, forced_blank, cand[:, 0])
+        forced_seen += int(force.sum())
+        kept = cand.reshape(-1).topk(k).values
+        np.testing.assert_allclose(s["score_added"][0], kept.numpy(), rtol=0, atol=1e-4, err_msg=f"step {i}")
+        # follow NeMo's choice
+        parent, label = torch.from_numpy(s["parent"][0]), torch.from_numpy(s["label"][0])
+        dur = torch.from_numpy(s["duration_index"][0]) if n_dur else None
+        for j in range(k):  # a forced blank's duration is its top-1 candidate's (0 -> 1)
+            if force[parent[j]] and n_dur:
+                assert label[j] == blank and dur[j] == max(int(durs[parent[j], 0]), 1), f"step {i}"
+        is_label = (label >= 0) & (label != blank)
+        if n_dur:
+            dur = torch.where(label >= 0, dur, 0)
+            t = t[parent] + dur
+            lasts = torch.where((label >= 0) & (dur > 0), 0, lasts[parent] + is_label.long())
+        else:
+            t = t[parent] + (label == blank).long()
+            lasts = torch.where(label == blank, 0, lasts[parent] + is_label.long())
+        seqs = [seqs[p] + ((int(lab),) if ok else ()) for p, lab, ok in zip(parent.tolist(), label, is_label)]
+        # recombination: same tokens (and, TDT, same next frame) -> the best keeps the logsumexp, the others -inf
+        added = torch.from_numpy(s["score_added"][0]).double()
+        keys = [(seq, int(t[j]) if n_dur else None) for j, seq in enumerate(seqs)]
+        scores = torch.full((k,), -math.inf, dtype=torch.float64)
+        for j in range(k):
+            group = [c for c in range(k) if keys[c] == keys[j]]
+            if j == max(group, key=lambda c: (added[c], -c)):
+                scores[j] = torch.logsumexp(added[group], 0)
+        np.testing.assert_allclose(s["score_recombined"][0], scores.numpy(), rtol=0, atol=1e-4, err_msg=f"step {i}")
+        scores = torch.from_numpy(s["score_recombined"][0]).double()
+    assert forced_seen or name == "rnnt-tiny" or lm == "lm"  # max_symbols' forced blank is exercised (TDT, no LM)
