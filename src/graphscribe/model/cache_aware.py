@@ -4,7 +4,7 @@ encoder over a whole clip (NeMo's offline pass of these models).
 Such an encoder (NeMo's conf/fastconformer/cache_aware_streaming) attends to `left` frames of the past and the
 rest of its own chunk of `lookahead + 1` frames (`att_context_style: chunked_limited`), its depthwise
 convolutions see only the past, and its subsampling pads only the past. So a chunk of audio needs, from the
-chunks before it, only three caches per stream:
+chunks before it, only these caches per stream:
 
 - `key`, `value`: per layer the keys and values of the last `left` frames. NeMo caches the normalised layer
   input instead and projects all `left` of them again at every step; a projection of a frame is the same
