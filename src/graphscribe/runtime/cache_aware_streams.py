@@ -84,10 +84,10 @@ class CacheAwareEngine(StreamEngine):
             chunk_frames_float=float(frames),
             initial_delay=0.0,
             frame_samples=samples,
-            buffer_samples=samples,
+            buffer_samples=0,  # no audio ring: a step needs only the hop before its chunk (`_hop`)
             feature_frames=self.chunk.buffer_frames,
         )
-        self._ring = torch.zeros(0, samples, device=self.device)
+        self._ring = torch.zeros(0, 0, device=self.device)
         self.log_zero = math.log(cfg.features.log_zero_guard)  # NeMo's LOG_MEL_ZERO: a fresh buffer's frames
         self._features = torch.zeros(0, cfg.features.n_mels, self.chunk.buffer_frames, device=self.device)
         self._hop = torch.zeros(0, cfg.features.hop_length, device=self.device)  # the samples before each chunk
