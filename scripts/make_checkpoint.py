@@ -39,7 +39,8 @@ import torch
 import yaml
 
 from graphscribe.api import Model, load_model
-from graphscribe.io.config import RunOptions, model_config_from_nemo
+from graphscribe.io.config import model_config_from_nemo
+from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model.transducer import Transducer
 

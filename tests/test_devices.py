@@ -309,7 +309,7 @@ def test_results_come_in_one_process_order(mixed, model):
     """The iterator itself (the CLI prints and writes as it yields): the same (index, text, error) sequence as one
     process's `transcribe_iter`, which yields batch by batch, longest first."""
     from graphscribe.devices import transcribe_on_devices
-    from graphscribe.io.config import RunOptions
+    from graphscribe.io.options import RunOptions
 
     files = sorted(p for p in mixed.rglob("*.wav"))
     one = [(i, t.text, t.error) for i, t in model.transcribe_iter(files, batch_size=2, word_times=False)]

@@ -259,7 +259,7 @@ def test_summary_line_reports_the_load_time_apart(tmp_path):
 def test_run_options_and_keywords_over_them_load_alike():
     """One RunOptions carries how to run a model; keywords of its fields replace them; device and dtype come back
     resolved."""
-    from graphscribe.io.config import RunOptions
+    from graphscribe.io.options import RunOptions
 
     model = load_model(NEMO_PATH, RunOptions(device="cpu", batch_size=3, attention="local"), graphs=False)
     assert model.options == RunOptions(

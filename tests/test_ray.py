@@ -15,7 +15,7 @@ import ray
 from conftest import CLIPS, NEMO_PATH
 
 from graphscribe.cli import main
-from graphscribe.io.config import RunOptions
+from graphscribe.io.options import RunOptions
 from graphscribe.ray_data import build_pipeline
 
 

@@ -9,7 +9,8 @@ if TYPE_CHECKING:
     from graphscribe.api import Model, load_model
     from graphscribe.io.audio import AudioError
     from graphscribe.io.checkpoint import CheckpointError
-    from graphscribe.io.config import RunOptions, UnsupportedModelError
+    from graphscribe.io.config import UnsupportedModelError
+    from graphscribe.io.options import RunOptions
     from graphscribe.output.timestamps import Segment, Word
     from graphscribe.output.transcript import Transcript
 
@@ -19,7 +20,7 @@ _EXPORTS = {
     "AudioError": "io.audio",
     "CheckpointError": "io.checkpoint",
     "Model": "api",
-    "RunOptions": "io.config",
+    "RunOptions": "io.options",
     "Segment": "output.timestamps",
     "Transcript": "output.transcript",
     "UnsupportedModelError": "io.config",

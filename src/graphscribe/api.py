@@ -21,9 +21,9 @@ from graphscribe.io.config import (
     LEFT_SECONDS,
     RIGHT_SECONDS,
     ModelConfig,
-    RunOptions,
     model_config_from_nemo,
 )
+from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model.transducer import DTYPE_NAMES, empty_transducer, load_state, resolve_device, resolve_dtype
 from graphscribe.output.transcript import Transcript

@@ -12,19 +12,18 @@ at any moment ends in one line, never a traceback.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
 
 from graphscribe.bench.command import bench_command
+from graphscribe.cli_results import Tally, print_error, print_text, write_results
 from graphscribe.console import (
     ATTENTION_HELP,
     BATCH_DEFAULT,
@@ -45,9 +44,10 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.devices import devices_or_exit
-from graphscribe.io.config import ATTENTION_WINDOW, CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS, RunOptions
+from graphscribe.io.config import ATTENTION_WINDOW, CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
+from graphscribe.io.options import RunOptions
 from graphscribe.output.transcript import Transcript
-from graphscribe.output.writers import cannot_write, is_disk_full, one_line, render, stdout_text, write_file
+from graphscribe.output.writers import one_line, stdout_text
 from graphscribe.signals import SIGNALS, Interrupted
 from graphscribe.status import Status
 from graphscribe.targets import check_output_dir, check_outputs, output_dir_arg, output_paths, parse_formats
@@ -202,7 +202,7 @@ def transcribe_command(
         stream_command(inputs, model, device, dtype, graphs, fmt, output_dir, realtime, raw_rate, chunk, left, right)
     files, input_errors = expand_inputs(inputs)
     for line in input_errors:
-        _print_error(line)
+        print_error(line)
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
@@ -221,13 +221,13 @@ def transcribe_command(
     skipped = len(files) - len(todo)
     too_long = _too_long_by_header(files, todo, max_seconds)  # what is skipped is not read
     for i, line in too_long.items():
-        _print_error(line)
+        print_error(line)
         if not targets and formats[0] == "json":  # its record, as for a file that fails when read
-            _print(stdout_text(Transcript(str(files[i]), error=line), "json", several=True))
+            print_text(stdout_text(Transcript(str(files[i]), error=line), "json", several=True))
     todo = [i for i in todo if i not in too_long]
     files = [files[i] for i in todo]
     targets = {f: [paths[i] for i in todo] for f, paths in targets.items()}
-    loaded, tally, elapsed = None, _Tally(), 0.0
+    loaded, tally, elapsed = None, Tally(), 0.0
     if files:
         if not several and device != "auto":  # --devices checked its own (and its parent imports no torch)
             _device_or_exit(device)
@@ -252,7 +252,7 @@ def transcribe_command(
         raise typer.Exit(tally.stopped.code)
     if tally.disk_full is not None:  # one line, not one per file left
         stop = f"{tally.disk_full}; stopped with {tally.done} of {total} files done: make room, then rerun"
-        _print_error(stop + (" with --skip-existing" if targets else ""))
+        print_error(stop + (" with --skip-existing" if targets else ""))
         raise typer.Exit(1)
     summary = ""
     if loaded is not None:
@@ -312,17 +312,6 @@ def _device_lines(loaded) -> list[str]:
     return lines
 
 
-@dataclass
-class _Tally:
-    """What became of the inputs so far."""
-
-    done: int = 0
-    failed: int = 0
-    audio: float = 0.0  # seconds of audio transcribed
-    stopped: Optional[Interrupted] = None  # the signal that stopped the run
-    disk_full: Optional[str] = None  # the error line of the output that found the disk full: the run stopped there
-
-
 def _load_and_transcribe(files, formats, targets, devices: list[str], model, options: RunOptions, graphs_asked: bool):
     """Load --model to run with `options` (reading starts meanwhile), or start a worker per device, and transcribe
     `files` -> (model, or the run on several devices, or None; tally; seconds). The seconds run from the moment a device
@@ -345,7 +334,7 @@ def _load_and_transcribe(files, formats, targets, devices: list[str], model, opt
                 tally.done = writer.settle()  # the batch in flight at the stop was written whole too, never seen
             return loaded, tally, time.perf_counter() - start
     except Interrupted as stop:  # while loading: nothing was written yet
-        return loaded, _Tally(stopped=stop), 0.0
+        return loaded, Tally(stopped=stop), 0.0
     finally:
         for r in running:
             r.close()
@@ -399,103 +388,6 @@ def _results(files, formats, targets, devices, model, options: RunOptions, graph
         running.append(writer)
     results = transcribe_stream(status.watch(loaded), reads[0], word_times=word_times, render=render, renderer=writer)
     return loaded, results, time.perf_counter(), writer
-
-
-def write_results(
-    results: Iterator[tuple[int, Transcript]],
-    files: list[Path],
-    formats: list[str],
-    targets: dict[str, list[Path]],
-    status: Optional[Status] = None,
-    written: bool = False,
-) -> _Tally:
-    """Write each (index into `files`, Transcript) of `results` as it comes: its files (`targets[format][index]`,
-    each whole or not at all) or, without targets, its stdout line, flushed at once; errors one line each on
-    stderr. written: the files come written already (by `rendering.RenderPool`'s workers), a Transcript's
-    `write_error` naming one that could not be. SIGINT or SIGTERM stops it between two results (the tally keeps the
-    signal) and closes `results`."""
-    tally = _Tally()
-    several = len(files) > 1
-    try:
-        for i, transcript in results:
-            with SIGNALS.held():
-                if status is not None:
-                    status.advance()
-                if transcript.disk_full:
-                    raise _DiskFull(transcript.write_error)
-                if transcript.error is not None or transcript.write_error is not None:
-                    tally.failed += 1
-                    _print_error(transcript.error or transcript.write_error, status)
-                    if transcript.error is not None and not targets and formats[0] == "json":
-                        _to_stdout(stdout_text(transcript, "json", several), status)  # {"path", "error"}
-                elif written or _write_one(transcript, i, formats, targets, several, status):
-                    tally.done += 1
-                    tally.audio += transcript.audio_seconds
-                else:
-                    tally.failed += 1
-    except Interrupted as stop:
-        tally.stopped = stop
-    except _DiskFull as full:
-        tally.failed += 1
-        tally.disk_full = str(full)
-    except BrokenPipeError:  # stdout's reader left (transcribe ... | head): nobody reads what comes next
-        tally.failed += 1
-    finally:
-        close = getattr(results, "close", None)
-        if close is not None:
-            close()  # a generator's finally stops its readers
-    return tally
-
-
-def _write_one(transcript, i: int, formats, targets, several: bool, status) -> bool:
-    """One result's output files, or its stdout text; False (after one error line) if a file cannot be written.
-    _DiskFull (no line) where the disk is full."""
-    if not targets:
-        _to_stdout(stdout_text(transcript, formats[0], several=several), status)
-        return True
-    return all(_write(paths[i], render(transcript, f), status) for f, paths in targets.items())
-
-
-def _print(text: str, status: Optional[Status] = None) -> None:
-    """A result's stdout text, flushed at once."""
-    with status.paused() if status is not None else contextlib.nullcontext():
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-
-def _to_stdout(text: str, status: Optional[Status]) -> None:
-    """`_print`; _DiskFull where stdout is a file on a full disk."""
-    try:
-        _print(text, status)
-    except BrokenPipeError:
-        raise
-    except OSError as err:
-        if is_disk_full(err):
-            raise _DiskFull(cannot_write("stdout", err)) from None
-        raise
-
-
-class _DiskFull(Exception):
-    """An output could not be written for a full disk (its line is the message): nothing more is written."""
-
-
-def _write(target: Path, content: str, status: Optional[Status] = None) -> bool:
-    """Write one output file whole; False (after one error line) if it cannot be written; _DiskFull (no line) where
-    the disk is full."""
-    try:
-        write_file(target, content)
-    except OSError as err:
-        if is_disk_full(err):
-            raise _DiskFull(cannot_write(target, err)) from None
-        _print_error(cannot_write(target, err), status)
-        return False
-    return True
-
-
-def _print_error(line: str, status: Optional[Status] = None) -> None:
-    """`error: LINE` on stderr, as one line (`one_line`: a file name may hold a newline)."""
-    console = status.progress.console if status is not None else err_console
-    console.print(f"[red]error:[/red] {escape(one_line(line))}")
 
 
 transcribe_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

@@ -22,9 +22,9 @@ from graphscribe.io.config import (
     DEMO_NAME,
     MAX_AUDIO_SECONDS,
     SECONDS_PER_GIB,
-    RunOptions,
     UnsupportedModelError,
 )
+from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import TokenizerError
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model

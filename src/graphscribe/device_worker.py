@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from graphscribe.io.config import RunOptions
+from graphscribe.io.options import RunOptions
 from graphscribe.output.transcript import Transcript
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 from graphscribe.console import fail_usage
 from graphscribe.device_worker import work
 from graphscribe.io.audio import audio_seconds
-from graphscribe.io.config import RunOptions
+from graphscribe.io.options import RunOptions
 from graphscribe.output.transcript import Transcript
 from graphscribe.runtime.scheduler import Scheduler
 

@@ -28,7 +28,8 @@ from graphscribe.console import (
     load_or_exit,
     setup_logging,
 )
-from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS, RunOptions
+from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
+from graphscribe.io.options import RunOptions
 
 PIECE_SECONDS = 0.02  # audio fed at a time: a real-time source's pace, and a file's pieces
 RAW_BYTES = 4096  # bytes read from raw PCM at a time

@@ -38,7 +38,8 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.io.audio import AudioError, find_audio_files, prepare_audio, read_input
-from graphscribe.io.config import RunOptions, default_batch_files
+from graphscribe.io.config import default_batch_files
+from graphscribe.io.options import RunOptions
 
 DECODED = pa.schema([("path", pa.string()), ("samples", pa.binary()), ("error", pa.string())])  # samples: float32
 _SPAN = pa.struct([("start", pa.float64()), ("end", pa.float64())])

@@ -26,7 +26,8 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.devices import devices_or_exit
-from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS, RunOptions
+from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
+from graphscribe.io.options import RunOptions
 
 if TYPE_CHECKING:
     pass

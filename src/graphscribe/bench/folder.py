@@ -16,7 +16,7 @@ from rich.table import Table
 from graphscribe import __version__
 from graphscribe.bench.decode import SPEECH, graphs_name, header, peak_mb, reset_peak, timed
 from graphscribe.io.audio import AudioError, load_audio, speech_path
-from graphscribe.io.config import RunOptions
+from graphscribe.io.options import RunOptions
 from graphscribe.output.writers import WRITERS
 from graphscribe.runtime.clock import StageClock
 from graphscribe.runtime.defaults import default_batching, default_workers

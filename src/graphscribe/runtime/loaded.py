@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from graphscribe.io.audio import read_input
-from graphscribe.io.config import RunOptions
+from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model import cache_aware
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis

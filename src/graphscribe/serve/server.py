@@ -56,7 +56,7 @@ from graphscribe.console import (
     setup_logging,
 )
 from graphscribe.io.checkpoint import DEMO_NAME
-from graphscribe.io.config import RunOptions
+from graphscribe.io.options import RunOptions
 from graphscribe.serve.ipc import (
     AUDIO,
     DONE,
