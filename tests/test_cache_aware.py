@@ -86,11 +86,13 @@ def test_encoder_step_is_nemo_s(models):
 
         with torch.inference_mode():
             channel = a("cache_last_channel_in")
-            after = Caches(  # slot 0 holds NeMo's caches going in, then the step's coming out
+            after = Caches.of_history(  # slot 0 holds NeMo's caches going in, then the step's coming out
                 projected(channel, "linear_k"),
                 projected(channel, "linear_v"),
                 a("cache_last_time_in")[:, None].clone(),
                 a("cache_last_channel_len_in")[None].clone(),
+                encoder.cfg.n_heads,
+                4,
             )
             x, _ = cache_aware.encode(
                 encoder,
@@ -104,7 +106,7 @@ def test_encoder_step_is_nemo_s(models):
             want_key = projected(a("cache_last_channel_out"), "linear_k")[:, 0]
         torch.testing.assert_close(x[0], a("encoder").T, atol=2e-6, rtol=0)
         valid = int(a("cache_last_channel_len_out"))  # the slots before them are masked: zeros here, biases there
-        torch.testing.assert_close(after.key[:, 0, -valid:], want_key[:, -valid:], atol=2e-6, rtol=0)
+        torch.testing.assert_close(after.history("key")[:, 0, -valid:], want_key[:, -valid:], atol=2e-6, rtol=0)
         torch.testing.assert_close(after.time[:, 0], a("cache_last_time_out"), atol=2e-6, rtol=0)
         assert after.length.item() == valid
 

@@ -92,7 +92,7 @@ class CacheAwareEngine(StreamEngine):
         self._features = torch.zeros(0, cfg.features.n_mels, self.chunk.buffer_frames, device=self.device)
         self._hop = torch.zeros(0, cfg.features.hop_length, device=self.device)  # the samples before each chunk
         self._step_graphs: StepGraphs | None = None  # CUDA with graphs: made at the first step
-        self._caches = Caches.zeros(cfg.encoder, self.context[0], 1, self.device, model.dtype)
+        self._caches = Caches.zeros(cfg.encoder, self.context, 1, self.device, model.dtype)
 
     def new_text(self) -> StreamText:
         tokenizer = self.model.tokenizer
@@ -113,12 +113,8 @@ class CacheAwareEngine(StreamEngine):
         self._features = features
         self._hop = torch.cat([self._hop, self._hop.new_zeros(capacity - old, self._hop.shape[1])])
         # one slot more than the streams': the scratch slot that a graph's spare rows read and write
-        caches = Caches.zeros(self.model.cfg.encoder, self.context[0], capacity + 1, self.device, self.model.dtype)
-        for new, kept in zip(
-            (caches.key, caches.value, caches.time), (self._caches.key, self._caches.value, self._caches.time)
-        ):
-            new[:, :old] = kept[:, :old]
-        caches.length[:old] = self._caches.length[:old]
+        caches = Caches.zeros(self.model.cfg.encoder, self.context, capacity + 1, self.device, self.model.dtype)
+        caches.copy_slots(self._caches, old)
         self._caches = caches
         if self._step_graphs is not None:
             self._step_graphs.reset()  # captured on the old caches' storage
