@@ -41,6 +41,7 @@ from graphscribe.model.encoder import (
     sinusoids,
 )
 from graphscribe.model.graphs import capture
+from graphscribe.model.subsampling import kernels_for
 
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
 # Offline, a clip of more encoder frames than this attends a block of this many queries at a time, each block to the
@@ -133,18 +134,20 @@ class _Window:
         ahead = torch.arange(t, device=device)
         back = torch.arange(caches.left + t, device=device) - caches.left
         rows = (index[:, None] * heads + torch.arange(heads, device=device)[None, :]) * size  # (B, H)
-        self.write = (rows[:, :, None] + torch.remainder(self.end[:, None, None] + ahead, size)).reshape(-1)
-        self.read = (rows[:, :, None] + torch.remainder(self.end[:, None, None] + back, size)).reshape(-1)
+        self.write_rows = (rows[:, :, None] + torch.remainder(self.end[:, None, None] + ahead, size)).reshape(-1)
+        self.read_rows = (rows[:, :, None] + torch.remainder(self.end[:, None, None] + back, size)).reshape(-1)
         self.shape = (index.shape[0], heads, caches.left + t, self.d_k)
         self.t, self.size = t, size
 
-    def step(self, ring: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        """One layer's ring (S, H, ring, d_k) and its rows' new (B, t, D) -> the window (B, H, left + t, d_k)."""
-        b = new.shape[0]
-        heads = self.shape[1]
-        flat = ring.view(-1, self.d_k)
-        flat.index_copy_(0, self.write, new.view(b, self.t, heads, self.d_k).transpose(1, 2).reshape(-1, self.d_k))
-        return flat.index_select(0, self.read).view(self.shape)
+    def write(self, ring: torch.Tensor, new: torch.Tensor) -> None:
+        """One layer's ring (S, H, ring, d_k) takes its rows' new (B, t, D) frames."""
+        b, heads = new.shape[0], self.shape[1]
+        new = new.view(b, self.t, heads, self.d_k).transpose(1, 2).reshape(-1, self.d_k)
+        ring.view(-1, self.d_k).index_copy_(0, self.write_rows, new)
+
+    def read(self, ring: torch.Tensor) -> torch.Tensor:
+        """One layer's ring (S, H, ring, d_k) -> its rows' windows (B, H, left + t, d_k), oldest frame first."""
+        return ring.view(-1, self.d_k).index_select(0, self.read_rows).view(self.shape)
 
     def advance(self, caches: Caches, index: torch.Tensor) -> None:
         caches.end.index_copy_(0, index, torch.remainder(self.end + self.t, self.size))
@@ -236,6 +239,7 @@ def encode(
     past_length = None if caches is None else caches.length.index_select(0, index)
     offset = torch.zeros_like(lengths) if caches is None else cached - past_length
     pad = (torch.arange(t, device=x.device)[None, :] >= lengths[:, None])[:, None]  # (B, 1, T) True = padding
+    window = None if caches is None else _Window(caches, index, t)
     if caches is None and t > block:
         attend = _Blocks(lengths, context, block, cfg.d_model, x.dtype)
     else:
@@ -243,9 +247,8 @@ def encode(
         pos_emb = relative_positions(cached + t, cfg.d_model, x.device, x.dtype)
 
         def attend(attn, h, keys, values):
-            return _attention(attn, h, keys, values, pos_emb, mask)
+            return _attention(attn, h, keys, values, pos_emb, mask, window)
 
-    window = None if caches is None else _Window(caches, index, t)
     for i, layer in enumerate(encoder.layers):
         x = _layer(layer, x, attend, pad, None if caches is None else (caches, i, index, window))
     if caches is not None:
@@ -266,7 +269,9 @@ def _layer(layer: ConformerLayer, x, attend, pad, cached):
     past_time = None
     if cached is not None:
         caches, i, index, window = cached
-        keys, values = window.step(caches.key[i], keys), window.step(caches.value[i], values)  # (B, H, n, d_k)
+        window.write(caches.key[i], keys)
+        window.write(caches.value[i], values)
+        keys, values = caches.key[i], caches.value[i]  # the rings: `attend` reads the window from them
         past_time = caches.time[i].index_select(0, index)
     x = x + attend(attn, h, keys, values)
     conv, time = _conv(layer.conv, layer.norm_conv(x), pad, past_time)
@@ -277,23 +282,31 @@ def _layer(layer: ConformerLayer, x, attend, pad, cached):
     return layer.norm_out(x)
 
 
-def _attention(attn: RelPositionAttention, h, keys, values, pos_emb, mask) -> torch.Tensor:
-    """NeMo's RelPositionMultiHeadAttention over [cache, chunk] keys and values (projected: (B, n, D), or per head
-    (B, H, n, d_k) as a ring's window comes), its own products: query i, key j at relative position
-    (cached + i) - j."""
+def _attention(attn: RelPositionAttention, h, keys, values, pos_emb, mask, window=None) -> torch.Tensor:
+    """NeMo's RelPositionMultiHeadAttention over [cache, chunk] keys and values, its own products: query i, key j
+    at relative position (cached + i) - j. Keys and values come projected (B, n, D), or as a layer's rings
+    (S, H, ring, d_k) with the `window` to read from them."""
     b, t, _ = h.shape
-    n = keys.shape[-2]
     heads, d_k = attn.n_heads, attn.d_k
+    n = keys.shape[1] if window is None else window.shape[2]
     q = attn.linear_q(h).view(b, t, heads, d_k)
-    k, v = (x if x.dim() == 4 else x.view(b, n, heads, d_k).transpose(1, 2) for x in (keys, values))
     p = attn.linear_pos(pos_emb).view(-1, heads, d_k).transpose(0, 1)  # (H, 2n - 1, d_k)
     q_u = (q + attn.pos_bias_u).transpose(1, 2)
     q_v = (q + attn.pos_bias_v).transpose(0, 2).reshape(heads, t * b, d_k)  # (H, t B, d_k)
-    scores = torch.matmul(q_u, k.transpose(-2, -1))
     # one product per head: a (B, H, ...) product would broadcast a copy of the positions to every row
     raw = torch.bmm(q_v, p.transpose(1, 2)).view(heads, t, b, -1).permute(2, 0, 1, 3)  # (B, H, t, 2n - 1)
     shifted = _rel_shift(raw)[..., :n]
-    scores = (scores + shifted) / math.sqrt(d_k)
+    kernels = None if window is None else kernels_for(h)
+    if kernels is not None:  # 16 bits on CUDA: the windows read where they lie, one pass
+        flat = keys.view(-1, d_k), values.view(-1, d_k)
+        out = kernels.ring_attention(
+            q_u, *flat, window.read_rows.view(b, heads, n), shifted, mask[:, 0], 1 / math.sqrt(d_k), _MASKED_SCORE
+        )
+        return attn.linear_out(out.transpose(1, 2).reshape(b, t, heads * d_k))
+    if window is not None:
+        keys, values = window.read(keys), window.read(values)
+    k, v = (x if x.dim() == 4 else x.view(b, n, heads, d_k).transpose(1, 2) for x in (keys, values))
+    scores = (torch.matmul(q_u, k.transpose(-2, -1)) + shifted) / math.sqrt(d_k)
     weights = torch.softmax(scores.masked_fill(mask, _MASKED_SCORE), dim=-1).masked_fill(mask, 0.0)
     out = torch.matmul(weights, v).transpose(1, 2).reshape(b, t, heads * d_k)
     return attn.linear_out(out)

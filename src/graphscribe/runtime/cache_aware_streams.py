@@ -20,7 +20,6 @@ import math
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from graphscribe.io.config import (
@@ -131,17 +130,15 @@ class CacheAwareEngine(StreamEngine):
         """Queue a batch's features and encoder step on the device -> what `_decode` takes."""
         g, model = self.chunk, self.model
         mark = time.perf_counter()
-        chunks = [s.take_chunk() for s in streams]
-        last = [c[2] for c in chunks]
+        frames, counts, last = self._take_chunks(streams)  # (B, F)
         hop = self._hop.shape[1]
-        frames = torch.from_numpy(np.stack([c[0] for c in chunks])).to(self.device, non_blocking=True)  # (B, F)
         # new frames' valid count: the piece's frames (hop + audio) // hop, less the one before the chunk
-        valid = [(hop + c[1]) // hop for c in chunks]
+        valid = [(hop + c) // hop for c in counts]
         slots = torch.tensor([s.slot for s in streams])
         index = slots.to(self.device, non_blocking=True)
         piece = torch.cat([self._hop[index], frames], dim=1)  # (B, hop + F)
         self._hop.index_copy_(0, index, frames[:, -hop:])
-        piece_lengths = torch.tensor([hop + c[1] for c in chunks]).to(self.device, non_blocking=True)
+        piece_lengths = torch.tensor([hop + c for c in counts]).to(self.device, non_blocking=True)
         features, _ = model.module.preprocessor.featurizer(piece, piece_lengths)  # (B, M, F / hop + 2)
         new = features[:, :, 1 : g.chunk_frames + 1]  # the piece's last frame is STFT padding: NeMo cuts it
         buffers = torch.cat([self._features[index][:, :, g.chunk_frames :], new], dim=2)
