@@ -19,6 +19,7 @@ give the same tokens.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from dataclasses import dataclass, field
@@ -238,6 +239,11 @@ class StreamEngine:
             self.step(streams)
             for s in streams:
                 self.close(s)
+        # What exists now (the model, its modules, the captured graphs' tensors) lives as long as the engine: the
+        # collector's full passes need not scan it again. They did at every pass, and a pass with a thousand
+        # live streams stopped the steps for 120 ms (H200, 80 ms chunks: p95 chunk latency 225 ms, 66 ms frozen).
+        gc.collect()
+        gc.freeze()
 
     def _grow(self, capacity: int) -> None:
         old = self._capacity
