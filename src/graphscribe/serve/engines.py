@@ -190,9 +190,9 @@ class _Engine:
     process: multiprocessing.process.BaseProcess
     conn: Connection
     outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    requests: dict = field(default_factory=dict)  # n -> (seconds, done, name): sent, not answered
+    requests: dict = field(default_factory=dict)  # n -> (samples, done, name): sent, not answered
     turns: set = field(default_factory=set)  # turn numbers open on it
-    queued: float = 0.0  # seconds of audio of `requests`
+    queued: int = 0  # samples of `requests`' audio (whole numbers: no drift over a day of requests)
     facts: dict | None = None  # its READY's, once warm
     failed: str | None = None  # its own account of a failure
     gone: bool = False  # its pipe closed: nothing more comes from it
@@ -289,15 +289,14 @@ class DeviceEngines:
     def submit(self, audio: torch.Tensor, word_times: bool, done: Callable[[Transcript, float], None], name: str):
         """Send (L,) samples to the engine with the least audio queued; `done(transcript, queue_seconds)` is called
         on its reader thread (with `transcript.error` if no engine could transcribe it). RuntimeError once closed."""
-        seconds = audio.numel() / self.model.sample_rate
         with self._lock:
             if self.closed:
                 raise RuntimeError("the engines are stopping")
             engine = self._pick()
             if engine is not None:
                 n = next(self._numbers)
-                engine.requests[n] = (seconds, done, name)
-                engine.queued += seconds
+                engine.requests[n] = (audio.numel(), done, name)
+                engine.queued += audio.numel()
         if engine is None:  # every engine is starting again
             done(Transcript(source=name, error="no engine is running (they are restarting): try again"), 0.0)
             return
@@ -336,8 +335,8 @@ class DeviceEngines:
         if kind == DONE:
             _, n, transcript, queue_seconds = message
             with self._lock:
-                seconds, done, _ = engine.requests.pop(n)
-                engine.queued -= seconds
+                samples, done, _ = engine.requests.pop(n)
+                engine.queued -= samples
                 counts.answered += 1
             done(transcript, queue_seconds)
         elif kind == SAID:
@@ -386,7 +385,7 @@ class DeviceEngines:
         label = self.labels[engine.index]
         with self._lock:
             engine.gone = True
-            requests, engine.requests, engine.queued = engine.requests, {}, 0.0
+            requests, engine.requests, engine.queued = engine.requests, {}, 0
             turns = [(self._turn_keys[t], t) for t in engine.turns if t in self._turn_keys]
             for _, turn in turns:
                 self._forget_turn(turn)
@@ -435,9 +434,10 @@ class DeviceEngines:
 
     def metric_lines(self) -> list[str]:
         """/metrics' lines for each device (label `device`)."""
+        rate = self.model.sample_rate if self.model is not None else 1
         with self._lock:
             rows = [
-                (self.labels[e.index], int(e.facts is not None and not e.gone), e.queued, len(e.requests), c)
+                (self.labels[e.index], int(e.facts is not None and not e.gone), e.queued / rate, len(e.requests), c)
                 for e, c in ((e, self.counts[e.index]) for e in self.engines)
             ]
         lines = []
