@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import NEMO_PATH
+from conftest import CLIPS, NEMO_PATH
+from test_realtime import MANUAL, WAIT, pcm24, streamed_text, transcribe_manually
 from test_server import ENV, FILES, KEY, STARTUP_SECONDS, Served, _metric_samples, cli, free_port, transcribe
 
 CLIENT_SECONDS = 60  # a request that hangs fails the test: on the tiny model every answer comes in seconds
@@ -154,6 +155,28 @@ def test_a_killed_engine_is_restarted_and_no_request_hangs(server, client, expec
     assert at_once(client, files[:8]) == [expected[original(p)] for p in files[:8]]
     assert device_metric(server, "requests_total")["cpu:0"] > before
     assert "error: the engine on cpu:0 was killed by signal 9" in server.log.read_text()
+
+
+def test_realtime_sessions_go_to_both_engines(server, model):
+    clips = sorted(CLIPS.glob("*.wav"))
+    pcms = [pcm24(clips[i % len(clips)], 1.0 + 0.5 * i) for i in range(4)]
+    client = openai.OpenAI(api_key=KEY, base_url=server.url + "/v1")
+    before = device_metric(server, "realtime_turns_total")
+    started = threading.Barrier(len(pcms), timeout=WAIT)
+
+    def one(pcm):
+        with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            conn.recv()
+            conn.session.update(session=MANUAL)
+            conn.recv()
+            started.wait()  # every session open before any sends audio
+            return transcribe_manually(conn, pcm, wait_for_delta=False)[-1].transcript
+
+    with ThreadPoolExecutor(len(pcms)) as pool:
+        said = list(pool.map(one, pcms))
+    assert said == [streamed_text(model, pcm) for pcm in pcms]
+    turns = device_metric(server, "realtime_turns_total")
+    assert turns["cpu:0"] > before["cpu:0"] and turns["cpu:1"] > before["cpu:1"], turns
 
 
 def test_devices_with_device_is_bad_usage():

@@ -52,6 +52,7 @@ DEVICE_METRICS = (  # /metrics for each device: name, type, help
     ("requests_total", "counter", "Requests the device's engines answered."),
     ("padded_seconds_total", "counter", "Seconds run through the device's model, padding included."),
     ("restarts_total", "counter", "Engine processes started again on the device after one died."),
+    ("realtime_turns_total", "counter", "Realtime turns (and stream=true uploads) sent to the device's engines."),
 )
 
 
@@ -180,6 +181,7 @@ class _Counts:
     padded: float = 0.0  # seconds run through the model, padding included
     capture: float = 0.0  # CUDA graph capture seconds of its engine now running
     restarts: int = 0
+    turns: int = 0  # realtime turns sent to its engines
 
 
 @dataclass(eq=False)
@@ -251,6 +253,18 @@ class DeviceEngines:
         self.closed = False
         self.live = _Live(self)
         self._monitor = threading.Thread(target=self._watch, name="graphscribe-engines", daemon=True)
+
+    @classmethod
+    def behind(cls, server, source: str, devices: list[str], options: RunOptions, max_wait: float) -> DeviceEngines:
+        """The engines behind `server` (a server.Engine): its /metrics count their batches and show each device,
+        its workers are told what their turns said."""
+        metrics = server.metrics
+        engines = cls(
+            source, devices, options, max_wait, max(server.settings.max_sessions, 1), metrics.batch, server.said,
+            metrics.live_step,
+        )  # fmt: skip
+        metrics.device_lines = engines.metric_lines
+        return engines
 
     def start(self) -> None:
         """Start every engine process (they load and warm up side by side); `ready` once all are warm."""
@@ -445,7 +459,7 @@ class DeviceEngines:
             metric = f"graphscribe_device_{name}"
             lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
             for label, up, queued, requests, c in rows:
-                value = (up, queued, requests, c.answered, c.padded, c.restarts)[at]
+                value = (up, queued, requests, c.answered, c.padded, c.restarts, c.turns)[at]
                 lines.append(f'{metric}{{device="{label}"}} {_number(value)}')
         return lines
 
@@ -477,6 +491,7 @@ class _Live:
                     turn = next(pool._numbers)
                     pool._turns[key], pool._turn_keys[turn] = (turn, engine), key
                     engine.turns.add(turn)
+                    pool.counts[engine.index].turns += 1
                 elif key in pool._turns:
                     turn, engine = pool._turns[key]
                 else:

@@ -19,6 +19,8 @@ The engine owns the admission counts (ipc.Admission: a slot a worker, the reques
 SIGTERM or SIGINT: the workers refuse new requests with 503 and answer those they admitted (the engine keeps
 transcribing for them; an upload that sends nothing is cut after a second), then exit; the engine exits 0 after
 them. A worker that dies is replaced, and the places it held in the counts are freed.
+`--devices` with several devices: this process loads no model; an engine process per device runs a `Service` each,
+and `engines.DeviceEngines` stands for the `Service` here, sending each request to the one with the least audio queued.
 """
 
 from __future__ import annotations
@@ -570,12 +572,7 @@ def serve_command(
 
 def _serve_on_devices(engine, source, names, options, model_name, max_wait_ms, max_queue, stop) -> int:
     """--devices with several: an engine process each (engines.py), which the HTTP workers' requests are spread over."""
-    metrics = engine.metrics
-    service = DeviceEngines(
-        source, names, options, max_wait_ms / 1000, max(engine.settings.max_sessions, 1), metrics.batch, engine.said,
-        metrics.live_step,
-    )  # fmt: skip
-    metrics.device_lines = service.metric_lines
+    service = DeviceEngines.behind(engine, source, names, options, max_wait_ms / 1000)
     sys.stderr.write(f"warming up {model_name} on {', '.join(service.labels)}: an engine process each\n")
     return serve_until(engine, service, model_name, max_queue, stop)
 
