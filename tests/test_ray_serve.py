@@ -16,7 +16,7 @@ from ray import serve
 from test_server import FILES, cli, free_port, transcribe
 
 from graphscribe.io.options import RunOptions
-from graphscribe.ray_serve import APP_NAME, build_app
+from graphscribe.ray_serve import APP_NAME, app, build_app
 
 KEY = "sk-ray-serve-test"
 
@@ -73,3 +73,13 @@ def test_errors_in_openais_shape(url, client, tmp_path):
         transcribe(wrong, FILES[0])
     assert httpx.get(f"{url}/nowhere").status_code == 401  # the key first, as OpenAI does
     assert httpx.get(f"{url}/health").json()["device"] == "cpu"
+
+
+def test_serve_runs_builder_takes_key_value_arguments():
+    """`serve run graphscribe.ray_serve:app model=... replicas=2 gpus_per_replica=0`: the deployment's options."""
+    built = app({"model": str(NEMO_PATH), "replicas": "2", "gpus_per_replica": "0", "batch": "4"})
+    deployment = built._bound_deployment
+    assert deployment.num_replicas == 2 and deployment.ray_actor_options["num_gpus"] == 0
+    assert deployment.max_ongoing_requests == 16  # 4 x its batch
+    with pytest.raises(ValueError, match="unknown arguments replica"):
+        app({"model": str(NEMO_PATH), "replica": "2"})

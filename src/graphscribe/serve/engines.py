@@ -40,7 +40,19 @@ from graphscribe.console import fail_usage
 from graphscribe.io.options import RunOptions
 from graphscribe.output.transcript import Transcript
 from graphscribe.runtime.device_names import parse_devices
-from graphscribe.serve.ipc import AUDIO, DONE, DROP, OPEN, READY, SAID, SUBMIT, TURNS, receive_samples, send
+from graphscribe.serve.ipc import (
+    AUDIO,
+    DONE,
+    DROP,
+    OPEN,
+    READY,
+    SAID,
+    SUBMIT,
+    TURNS,
+    Admission,
+    receive_samples,
+    send,
+)
 from graphscribe.serve.sessions import Said
 
 BATCH, LIVE, FAILED, STOP = "batch", "live", "failed", "stop"  # engine -> server, and the server's last word
@@ -59,9 +71,20 @@ DEVICE_METRICS = (  # /metrics for each device: name, type, help
 # ---------------------------------------------------------------------------- the engine process
 
 
-def engine_main(conn: Connection, source: str, options: RunOptions, max_wait: float, live_streams: int, share: int):
+def engine_main(
+    conn: Connection,
+    source: str,
+    options: RunOptions,
+    max_wait: float,
+    live_streams: int,
+    share: int,
+    counts: tuple[Admission, Admission, int] | None = None,
+):
     """An engine process: load the model on `options.device`, warm a `Service` up, then transcribe what the server
-    sends until it says STOP or its pipe closes; exit 0 once every request is answered.
+    sends until it says STOP or its pipe closes; exit 0 once every request is answered. counts: the server's
+    admission counts, the requests it sent each engine and not yet saw answered, and this engine's place there: a
+    batch formed while the device is idle waits for company only while requests are coming (admitted and not sent
+    anywhere yet, or sent here and still in the pipe), as one device's server does.
 
     Messages (pickled tuples; raw float32 samples follow SUBMIT and TURNS as in ipc.py):
         server -> engine  (SUBMIT, n, bytes, word_times, name)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
@@ -88,6 +111,7 @@ def engine_main(conn: Connection, source: str, options: RunOptions, max_wait: fl
             options.batch_size,
             max_wait,
             on_batch=lambda rows, padded: outbox.put(((BATCH, rows, padded, model.capture_seconds), None)),
+            coming=None if counts is None else lambda: _coming(counts, service.in_flight),
             on_said=lambda said: outbox.put(((SAID, said), None)),
             live_streams=live_streams,
             on_live_step=lambda rows, seconds: outbox.put(((LIVE, rows, seconds), None)),
@@ -116,6 +140,11 @@ def engine_main(conn: Connection, source: str, options: RunOptions, max_wait: fl
     writer.join()
     sys.stderr.flush()
     os._exit(0)  # no teardown of the model and its graphs: nobody waits for it
+
+
+def _coming(counts: tuple[Admission, Admission, int], in_flight: int) -> int:
+    admitted, sent, index = counts
+    return max(0, admitted.total - sent.total) + max(0, sent.counts[index] - in_flight)
 
 
 def _intake(conn: Connection, service, outbox: queue.SimpleQueue) -> None:
@@ -231,8 +260,11 @@ class DeviceEngines:
         on_batch: Callable[[int, float], None],
         on_said: Callable[[list], None],
         on_live_step: Callable[[int, float], None],
+        admission: Admission | None = None,
     ):
         self.source, self.devices, self.options = source, list(devices), options
+        self.admission = admission  # the server's: requests admitted by its HTTP workers
+        self.sent = Admission(len(devices))  # requests sent to each engine and not answered, for the engines to read
         self.max_wait, self.live_streams = max_wait, live_streams
         self.on_batch, self.on_said, self.on_live_step = on_batch, on_said, on_live_step
         self.labels = device_labels(devices)
@@ -261,7 +293,7 @@ class DeviceEngines:
         metrics = server.metrics
         engines = cls(
             source, devices, options, max_wait, max(server.settings.max_sessions, 1), metrics.batch, server.said,
-            metrics.live_step,
+            metrics.live_step, server.admission,
         )  # fmt: skip
         metrics.device_lines = engines.metric_lines
         return engines
@@ -275,9 +307,10 @@ class DeviceEngines:
     def _start(self, index: int) -> _Engine:
         mine, theirs = self._context.Pipe()
         options = replace(self.options, device=self.devices[index])
+        counts = None if self.admission is None else (self.admission, self.sent, index)
         process = self._context.Process(
             target=engine_main,
-            args=(theirs, self.source, options, self.max_wait, self.live_streams, self._share),
+            args=(theirs, self.source, options, self.max_wait, self.live_streams, self._share, counts),
             name=f"graphscribe-engine-{self.labels[index]}",
             daemon=True,
         )
@@ -311,6 +344,7 @@ class DeviceEngines:
                 n = next(self._numbers)
                 engine.requests[n] = (audio.numel(), done, name)
                 engine.queued += audio.numel()
+                self.sent.counts[engine.index] += 1
         if engine is None:  # every engine is starting again
             done(Transcript(source=name, error="no engine is running (they are restarting): try again"), 0.0)
             return
@@ -351,6 +385,7 @@ class DeviceEngines:
             with self._lock:
                 samples, done, _ = engine.requests.pop(n)
                 engine.queued -= samples
+                self.sent.counts[engine.index] -= 1
                 counts.answered += 1
             done(transcript, queue_seconds)
         elif kind == SAID:
@@ -400,6 +435,7 @@ class DeviceEngines:
         with self._lock:
             engine.gone = True
             requests, engine.requests, engine.queued = engine.requests, {}, 0
+            self.sent.counts[engine.index] = 0
             turns = [(self._turn_keys[t], t) for t in engine.turns if t in self._turn_keys]
             for _, turn in turns:
                 self._forget_turn(turn)
