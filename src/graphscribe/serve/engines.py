@@ -97,7 +97,8 @@ def engine_main(
     from graphscribe.runtime.defaults import limit_host_threads
     from graphscribe.serve.service import Service
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides
+    for sig in (signal.SIGINT, signal.SIGTERM):  # sent to the whole process group (Ctrl-C, systemd): the server decides
+        signal.signal(sig, signal.SIG_IGN)
     limit_host_threads(options.device, share)
     if torch.device(options.device).type == "cuda":
         torch.cuda.set_device(torch.device(options.device))
