@@ -46,7 +46,8 @@ class Transcriber:
         from graphscribe.serve.service import Service
 
         model = load_model(source, options)
-        self.service = Service(model, options.batch_size, 0.005)
+        self.coming = 0  # requests taken and not submitted yet (uploading, decoding): a batch waits only for them
+        self.service = Service(model, options.batch_size, 0.005, coming=lambda: self.coming)
         self.service.start()
         self.service.wait_ready()
         self.model_name, self.api_key = model_name, api_key
@@ -81,6 +82,25 @@ class Transcriber:
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
 
     async def _transcribe(self, request):
+        self.coming += 1
+        try:
+            audio, options, name = await self._read(request)
+        finally:
+            self.coming -= 1
+        loop = asyncio.get_running_loop()
+        answered = loop.create_future()
+
+        def done(transcript, queue_seconds: float) -> None:  # on the batching thread
+            loop.call_soon_threadsafe(answered.set_result, transcript)
+
+        self.service.submit(audio, options.word_times, done, name)
+        transcript = await answered
+        if transcript.error is not None:
+            raise ApiError(500, transcript.error)
+        return answer(transcript, options)
+
+    async def _read(self, request):
+        """The upload's samples at the model's rate, its options and its file name; ApiError for a bad one."""
         form = await read_form(Upload(request, UPLOAD_STALL_SECONDS), MAX_UPLOAD_BYTES)
         if form.file is None:
             raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
@@ -92,17 +112,7 @@ class Transcriber:
             audio = await asyncio.to_thread(read_bytes, form.file, rate, form.filename, MAX_AUDIO_SECONDS)
         except AudioError as err:
             raise ApiError(400, str(err), "file") from None
-        loop = asyncio.get_running_loop()
-        answered = loop.create_future()
-
-        def done(transcript, queue_seconds: float) -> None:  # on the batching thread
-            loop.call_soon_threadsafe(answered.set_result, transcript)
-
-        self.service.submit(audio, options.word_times, done, form.filename)
-        transcript = await answered
-        if transcript.error is not None:
-            raise ApiError(500, transcript.error)
-        return answer(transcript, options)
+        return audio, options, form.filename
 
 
 def build_app(
