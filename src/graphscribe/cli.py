@@ -109,6 +109,7 @@ Other commands (each with --help):
 
   transcribe serve    an OpenAI-compatible transcription server (pip install 'graphscribe\\[serve]')
   transcribe ray      a Ray Data job over a cluster (pip install 'graphscribe\\[ray]')
+  transcribe ray-serve  the server's API as a Ray Serve deployment on a running Ray cluster (same extra)
   transcribe bench    benchmarks: graphs on and off, a folder's throughput, a server under load
   transcribe --version"""
 
@@ -397,7 +398,7 @@ bench_app.command()(bench_command)
 
 
 # The packages each extra brings: a command whose extra is missing says which to install, in one line.
-EXTRAS = {"serve": ("starlette", "uvicorn", "httptools", "uvloop"), "ray": ("ray", "pyarrow")}
+EXTRAS = {"serve": ("starlette", "uvicorn", "httptools", "uvloop"), "ray": ("ray", "pyarrow", "starlette")}
 
 
 def missing_extra(command: str, extra: str, err: ModuleNotFoundError) -> None:
@@ -426,6 +427,12 @@ def main(argv: list[str] | None = None) -> None:
         except ModuleNotFoundError as err:
             missing_extra("transcribe ray", "ray", err)
         ray_app(args[1:], prog_name="transcribe ray")
+    elif args and args[0] == "ray-serve":
+        try:
+            from graphscribe.ray_serve import ray_serve_app  # the server's request parsing: starlette
+        except ModuleNotFoundError as err:
+            missing_extra("transcribe ray-serve", "ray", err)
+        ray_serve_app(args[1:], prog_name="transcribe ray-serve")
     elif args and args[0] == "listen":
         from graphscribe.live import listen_app
 
