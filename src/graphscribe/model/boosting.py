@@ -44,7 +44,7 @@ class _Node:
 def parse_hotwords(text: str, source: str = "--hotwords") -> list[tuple[str, float | None]]:
     """'Parakeet, graphscribe:2.0' -> [('Parakeet', None), ('graphscribe', 2.0)]: comma-separated phrases, each with
     an optional context score after its last ':' (only if that part is a number)."""
-    return [_phrase(item, source) for item in text.split(",")] if text.strip() else []
+    return [parse_phrase(item, source) for item in text.split(",")] if text.strip() else []
 
 
 def read_hotwords_file(path: str) -> list[tuple[str, float | None]]:
@@ -54,10 +54,11 @@ def read_hotwords_file(path: str) -> list[tuple[str, float | None]]:
             lines = f.read(1 << 22).split("\n")
     except (OSError, UnicodeDecodeError) as err:
         raise HotwordError(f"{path}: cannot read the hotwords ({getattr(err, 'strerror', None) or err})") from None
-    return [_phrase(line, f"{path}:{i + 1}") for i, line in enumerate(lines) if line.strip()]
+    return [parse_phrase(line, f"{path}:{i + 1}") for i, line in enumerate(lines) if line.strip()]
 
 
-def _phrase(item: str, source: str) -> tuple[str, float | None]:
+def parse_phrase(item: str, source: str = "--hotwords") -> tuple[str, float | None]:
+    """'graphscribe:2.0' -> ('graphscribe', 2.0); 'graphscribe' -> ('graphscribe', None)."""
     phrase, colon, score = item.strip().rpartition(":")
     if colon:
         try:
@@ -74,12 +75,12 @@ def build_boosting_tree(
     phrases: list[tuple[str, float | None]],
     encode: Callable[[str], list[int]],
     vocab_size: int,
-    unk_id: int | None = None,
+    unknown: frozenset[int] = frozenset(),
     source: str = "--hotwords",
 ) -> Tables:
     """The tables of the boosting tree of `phrases` ((text, context score or None), as `parse_hotwords` gives),
     tokenised by `encode` (the model's tokenizer, capitalisation as given). HotwordError for a phrase that is empty,
-    longer than MAX_PHRASE_TOKENS tokens, or made of unknown pieces only."""
+    longer than MAX_PHRASE_TOKENS tokens, or made of `unknown` pieces only (<unk>, a bare word boundary)."""
     if len(phrases) > MAX_PHRASES:
         raise HotwordError(f"{source}: {len(phrases)} phrases, more than the {MAX_PHRASES} boosted at most")
     token_ids = []
@@ -89,7 +90,7 @@ def build_boosting_tree(
             raise HotwordError(f"{source}: an empty phrase ({text!r})")
         if len(ids) > MAX_PHRASE_TOKENS:
             raise HotwordError(f"{source}: phrase {text[:40]!r} is {len(ids)} tokens, over {MAX_PHRASE_TOKENS}")
-        if unk_id is not None and all(i == unk_id for i in ids):
+        if all(i in unknown for i in ids):
             raise HotwordError(f"{source}: phrase {text[:40]!r} is only pieces the tokenizer does not know")
         if not all(0 <= i < vocab_size for i in ids):
             raise HotwordError(f"{source}: phrase {text[:40]!r} tokenises outside the model's {vocab_size} tokens")
@@ -99,8 +100,9 @@ def build_boosting_tree(
 
 
 def boosting_model(phrases, tokenizer, vocab_size: int, device, source: str = "--hotwords") -> TokenModel:
-    """`build_boosting_tree` with the model's tokenizer (its `encode`, `unk_id`), on `device`."""
-    return TokenModel(build_boosting_tree(phrases, tokenizer.encode, vocab_size, tokenizer.unk_id, source), device)
+    """`build_boosting_tree` with the model's tokenizer, on `device`."""
+    unknown = frozenset(i for i in range(vocab_size) if i == tokenizer.unk_id or tokenizer.piece(i) == "\u2581")
+    return TokenModel(build_boosting_tree(phrases, tokenizer.encode, vocab_size, unknown, source), device)
 
 
 def _context_graph(token_ids: list[list[int]], scores: list[float | None]) -> _Node:

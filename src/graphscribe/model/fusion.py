@@ -54,14 +54,14 @@ def fusion_models(
     device: torch.device,
 ) -> list[tuple[TokenModel, float]]:
     """The models `RunOptions` asks for, in NeMo's order (the LM, then the boosting tree), with their weights:
-    `lm` an ARPA file (ArpaError), `hotwords` phrases with an optional ':score' each (HotwordError)."""
-    from graphscribe.model.boosting import boosting_model, parse_hotwords
+    `lm` an ARPA file (ArpaError), `hotwords` one phrase each, with an optional ':score' (HotwordError)."""
+    from graphscribe.model.boosting import boosting_model, parse_phrase
     from graphscribe.model.ngram import load_arpa
 
     models = []
     if lm is not None:
         models.append((load_arpa(lm, vocab_size, device), lm_weight))
-    phrases = [p for item in hotwords for p in parse_hotwords(item)]
+    phrases = [parse_phrase(item) for item in hotwords]
     if phrases:
         models.append((boosting_model(phrases, tokenizer, vocab_size, device), boost))
     return models

@@ -235,7 +235,7 @@ class _ArpaReader:
         for line in lines:
             if line.strip():
                 if line.strip() != "\\data\\":
-                    raise self.fail("not an ARPA file: the first line is not \\data\\")
+                    raise self.fail("not an ARPA file: the first line is not '\\data\\'")
                 break
         else:
             raise self.fail("empty file, not an ARPA LM")
