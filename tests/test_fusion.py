@@ -130,7 +130,8 @@ def test_a_chunk_hands_on_each_rows_lm_state(tiny):
     walked = lm.start(1)
     for token in hyp.token_ids:
         walked = lm.advance(walked)[1][:, token]
-    assert state.fusion is not None and state.fusion[0].tolist() == walked.tolist()
+    assert state.fusion is not None and state.fusion[:, 0].tolist() == walked.tolist()
+    assert decoder.fresh_state(2, enc.device, enc.dtype).fusion.tolist() == [[lm.start_state]] * 2
     assert hyp.token_ids == decoder.decode(enc, lengths)[0].token_ids
 
 
@@ -241,3 +242,43 @@ def test_build_lm_makes_the_beam_fixtures_lm(tmp_path, capsys):
     assert out.read_bytes() == LM.read_bytes()
     assert write_arpa([[1, 2, 3]], tmp_path / "tiny.arpa")["ngrams"] == {1: 6, 2: 4, 3: 3}  # 3 tokens, <s>, </s>, <unk>
     load_arpa(tmp_path / "tiny.arpa", V)  # what it writes, we read
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+@pytest.fixture(scope="module")
+def fused_model():
+    return load_model(NEMO_PATH, device="cpu", lm=str(LM), hotwords=tuple(REFERENCE["phrases"]))
+
+
+def test_a_chunked_decode_with_fusion_gives_the_whole_decodes_tokens(fused_model):
+    """decode_chunk from the state the chunk before left: the LM's and the tree's states carry over too."""
+    model = fused_model
+    clips = [REFERENCE["clips"][c] for c in ("long_mix", "espeak_fox")]
+    encoded, lengths = model.encode([model.read(ROOT / c) for c in clips])
+    whole = model.decoder.decode(encoded, lengths)
+    assert [h.token_ids for h in whole] != [h.token_ids for h in _decoder(model).decode(encoded, lengths)]
+    for size in (1, 3, 10):
+        state, tokens = None, [[], []]
+        for start in range(0, encoded.shape[1], size):
+            part = (lengths - start).clamp(min=0, max=size)
+            hyps, state = model.decoder.decode_chunk(encoded[:, start : start + size], part, state)
+            for i, hyp in enumerate(hyps):
+                tokens[i] += hyp.token_ids
+        assert tokens == [h.token_ids for h in whole], size
+
+
+def test_streams_with_fusion_batched_equal_each_alone():
+    """The stream engine keeps each stream's fusion states in its pools: ten streams stepped together, opened at
+    different steps (the pools grow past 8 while the first ones run), get what each gets alone."""
+    from test_streaming import SMALL, _staggered, _whole
+
+    from graphscribe.runtime.streaming import StreamEngine
+
+    model = load_model(NEMO_PATH, device="cpu", lm=str(LM))  # the LM's state matters at every token
+    longs = [model.read(ROOT / REFERENCE["clips"][c]) for c in ("long_mix", "long_libri_libri_fox")]
+    audios = [longs[i % 2][16000 * i : 16000 * (i + 5)] for i in range(10)]  # 5 s each
+    alone = [_whole(model.stream(*SMALL), a)[-1].token_ids for a in audios]
+    events = _staggered(StreamEngine(model, *SMALL), audios)
+    assert [next(e for e in s if e.type == "done").token_ids for s in events] == alone

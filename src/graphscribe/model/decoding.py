@@ -61,7 +61,11 @@ class DecodeState:
     c: torch.Tensor  # (L, B, H)
     g: torch.Tensor  # (B, J) projected prediction output
     skip: torch.Tensor  # (B,) frames of the next chunk to skip
-    fusion: torch.Tensor | None = None  # (K, B) each fused model's state (NeMo's fusion_states_list); None: start
+    fusion: torch.Tensor | None = None  # (B, K) each fused model's state (NeMo's fusion_states_list); None: start
+
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The state's tensors, the row dimension -2 in the 3-D ones and 0 in the others (a stream engine's pools)."""
+        return (self.h, self.c, self.g, self.skip) + ((self.fusion,) if self.fusion is not None else ())
 
 
 @dataclass
@@ -467,7 +471,10 @@ class GreedyDecoder:
     def fresh_state(self, b: int, device: torch.device, dtype: torch.dtype) -> DecodeState:
         """The state of b rows before their first chunk: after the start symbol, nothing to skip."""
         h, c, g = self.start_state(b, device, dtype)  # dtype: the joint's, as the encoder output's
-        return DecodeState(h.clone(), c.clone(), g.clone(), torch.zeros(b, dtype=torch.long, device=device))
+        fusion = None
+        if self.fusion:
+            fusion = torch.tensor([[model.start_state for model, _ in self.fusion]] * b, device=device)  # (B, K)
+        return DecodeState(h.clone(), c.clone(), g.clone(), torch.zeros(b, dtype=torch.long, device=device), fusion)
 
     def _decode(
         self,
@@ -519,7 +526,7 @@ class GreedyDecoder:
             return hyps, None
         # an even number of steps leaves the LSTM state in buf.h, buf.c (the fused step alternates two copies)
         skip = (buf.t[:b] - buf.lengths[:b]).clamp(min=0)
-        fusion = buf.fusion.states[:, :b].clone() if buf.fusion is not None else None
+        fusion = buf.fusion.states[:, :b].T.clone() if buf.fusion is not None else None
         return hyps, DecodeState(buf.h[:, :b].clone(), buf.c[:, :b].clone(), buf.g[:b].clone(), skip, fusion)
 
 
@@ -534,7 +541,7 @@ def _restart_carried(buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...], 
     """`_restart_eagerly`, then the fusion models' states carried from the last chunk into their rows."""
     _restart_eagerly(buf, step, start)
     if fusion is not None and buf.fusion is not None:
-        buf.fusion.states[:, : fusion.shape[1]].copy_(fusion)
+        buf.fusion.states[:, : fusion.shape[0]].copy_(fusion.T)
 
 
 def _rows(start: tuple[torch.Tensor, ...], state: DecodeState, b: int) -> tuple[torch.Tensor, ...]:
