@@ -282,3 +282,17 @@ def test_streams_with_fusion_batched_equal_each_alone():
     alone = [_whole(model.stream(*SMALL), a)[-1].token_ids for a in audios]
     events = _staggered(StreamEngine(model, *SMALL), audios)
     assert [next(e for e in s if e.type == "done").token_ids for s in events] == alone
+
+
+def test_fusion_options_as_the_api_takes_them(tiny):
+    """hotwords as a tuple of phrases or one comma-separated string; the weights finite; without fusion the
+    decoder is today's (the fused Triton step where it runs), with fusion the PyTorch step."""
+    _, model, _ = tiny
+    cpu = torch.device("cpu")
+    as_str = fusion_models(None, 0.5, "you, sister:2", 1.0, model.tokenizer, V, cpu)
+    as_tuple = fusion_models(None, 0.5, ("you", "sister:2"), 1.0, model.tokenizer, V, cpu)
+    assert len(as_str) == len(as_tuple) == 1 and as_str[0][0].num_states == as_tuple[0][0].num_states == 9
+    assert fusion_models(None, 0.5, (), 1.0, model.tokenizer, V, cpu) == []
+    with pytest.raises(ValueError, match="--lm-weight"):
+        fusion_models(str(LM), float("nan"), (), 1.0, model.tokenizer, V, cpu)
+    assert _decoder(model).fused is None and _decoder(model, lm=True).fused is False

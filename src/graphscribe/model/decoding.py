@@ -295,13 +295,15 @@ class GreedyDecoder:
     ):
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
         self.fusion = list(fusion or [])
+        # the fused kernels choose the token inside the joint's kernel, which has no place for the fusion models'
+        # scores: with fusion the PyTorch step runs (in graphs all the same)
+        self.fused = False if self.fusion else fused
         # cuDNN wants the LSTM weights in one chunk (lost by .to(dtype)); otherwise it copies them at every
         # call, which also breaks graph capture.
         prediction.prediction.dec_rnn.lstm.flatten_parameters()
         self.blank_id = prediction.cfg.vocab_size
         self.graphs = graphs
         self.window = window
-        self.fused = fused
         self._fused_step = None  # FusedStep, made for the first CUDA batch
         self._buffers: dict[int, DecodeBuffers] = {}  # by batch size class N
         self._captured: dict = {}  # CapturedSteps by batch size class N, for the buffers above; they share a pool
@@ -315,9 +317,7 @@ class GreedyDecoder:
 
     def _step_fn(self, device: torch.device, dtype: torch.dtype):
         """The one step for this device: the fused kernels on CUDA, unless unavailable or not wanted."""
-        # the fused kernels choose the token inside the joint's kernel, which has no place for the fusion models'
-        # scores: with fusion the PyTorch step runs (in graphs all the same)
-        if self.fused is False or (device.type != "cuda" and not self.fused) or self.fusion:
+        if self.fused is False or (device.type != "cuda" and not self.fused):
             return decode_step
         if self._fused_step is None:
             try:

@@ -8,6 +8,8 @@ shift, the same argmax. Durations (TDT) stay the joint's.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from graphscribe.model.ngram import TokenModel
@@ -55,13 +57,17 @@ def fusion_models(
 ) -> list[tuple[TokenModel, float]]:
     """The models `RunOptions` asks for, in NeMo's order (the LM, then the boosting tree), with their weights:
     `lm` an ARPA file (ArpaError), `hotwords` one phrase each, with an optional ':score' (HotwordError)."""
-    from graphscribe.model.boosting import boosting_model, parse_phrase
+    from graphscribe.model.boosting import boosting_model, parse_hotwords, parse_phrase
     from graphscribe.model.ngram import load_arpa
 
+    for name, weight in (("--lm-weight", lm_weight), ("--boost", boost)):
+        if not math.isfinite(weight):
+            raise ValueError(f"{name} {weight}: a finite number")
     models = []
     if lm is not None:
         models.append((load_arpa(lm, vocab_size, device), lm_weight))
-    phrases = [parse_phrase(item) for item in hotwords]
+    # a str is a comma-separated list (as --hotwords takes it), not a sequence of one-letter phrases
+    phrases = parse_hotwords(hotwords) if isinstance(hotwords, str) else [parse_phrase(item) for item in hotwords]
     if phrases:
         models.append((boosting_model(phrases, tokenizer, vocab_size, device), boost))
     return models
