@@ -3,7 +3,8 @@
 blank or not (argmax over tokens and blank); where it picks a token, the token is the argmax over the V non-blank
 tokens of the joint's logits plus, model by model, weight x score; each model's state follows the emitted token, and
 blank never moves it. NeMo's CPU joint returns log-softmaxed logits and its CUDA joint raw ones: a row's constant
-shift, the same argmax. Durations (TDT) stay the joint's.
+shift, the same argmax. Durations (TDT) stay the joint's. The sum is float32 whatever the joint's dtype (NeMo rounds
+the weighted scores to the logits' dtype: in 16 bits a near tie may break the other way).
 """
 
 from __future__ import annotations
