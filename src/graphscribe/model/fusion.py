@@ -38,6 +38,8 @@ class Fusion:
             scores, nxt = model.advance(state)
             row = row + scores * weight  # NeMo: scores *= alpha, then logits += scores, model by model
             nexts.append(nxt)
+        # where a row emits, its landing position holds a token (the blank chain ends there); blank elsewhere keeps
+        # the unused record slot of a row that does not emit as it was
         return torch.where(token == blank_id, token, row.argmax(dim=-1)), nexts
 
     def move(self, nexts: list[torch.Tensor], token: torch.Tensor, emit: torch.Tensor) -> None:

@@ -47,7 +47,7 @@ class Tables:
     vocab_size: int
     order: int  # lookups that resolve every token: the longest back-off chain plus one
     key: np.ndarray  # (A,) int64
-    to: np.ndarray  # (A,) int64
+    target: np.ndarray  # (A,) int64 the state an arc leads to
     weight: np.ndarray  # (A,) float32
     backoff_to: np.ndarray  # (S,) int64
     backoff_weight: np.ndarray  # (S,) float32
@@ -67,13 +67,12 @@ class TokenModel:
         self.vocab_size, self.order, self.start_state = tables.vocab_size, tables.order, tables.start
         self.num_states, self.num_arcs = len(tables.backoff_to), len(tables.key)
 
-        def to(array: np.ndarray) -> torch.Tensor:
+        def place(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(array).to(device)
 
-        self.key, self.to = to(tables.key), to(tables.to)
-        self.weight = to(tables.weight)
-        self.backoff_to, self.backoff_weight = to(tables.backoff_to), to(tables.backoff_weight)
-        self.final_weight = to(tables.final)
+        self.key, self.target, self.weight = place(tables.key), place(tables.target), place(tables.weight)
+        self.backoff_to, self.backoff_weight = place(tables.backoff_to), place(tables.backoff_weight)
+        self.final_weight = place(tables.final)
         self.tokens = torch.arange(self.vocab_size, device=device)  # (V,)
         self._tables = tables
 
@@ -104,7 +103,7 @@ class TokenModel:
             arc = torch.searchsorted(self.key, query).clamp_(max=last)
             hit = (self.key[arc] == query) & ~found
             torch.where(hit, backoff[:, None] + self.weight[arc], scores, out=scores)
-            torch.where(hit, self.to[arc], nxt, out=nxt)
+            torch.where(hit, self.target[arc], nxt, out=nxt)
             found |= hit
             on = current != START  # the empty context has an arc for every token: nothing left below it
             backoff = backoff + self.backoff_weight[current] * on
