@@ -33,12 +33,15 @@ from graphscribe.console import (
     DEVICE_HELP,
     DEVICES_HELP,
     DTYPE_HELP,
+    HOT_HELP,
+    LM_HELP,
     MAX_AUDIO_HELP,
     MAX_AUDIO_HOURS,
     MODEL_DEFAULT,
     MODEL_HELP,
     err_console,
     fail_usage,
+    hotwords_or_exit,
     load_or_exit,
     model_source,
     setup_logging,
@@ -189,6 +192,13 @@ def transcribe_command(
     max_audio_hours: float = typer.Option(
         MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP
     ),
+    lm: Optional[Path] = typer.Option(None, "--lm", metavar="FILE.arpa", show_default=False, help=LM_HELP),
+    lm_weight: float = typer.Option(0.5, "--lm-weight", metavar="W", help="The --lm's weight (NeMo's ngram_lm_alpha)."),
+    hotwords: Optional[str] = typer.Option(None, "--hotwords", metavar='"A, B:2.0"', show_default=False, help=HOT_HELP),
+    hotwords_file: Optional[Path] = typer.Option(
+        None, "--hotwords-file", metavar="FILE", show_default=False, help="Phrases to boost, one a line (A:2.0 too)."
+    ),
+    boost: float = typer.Option(1.0, "--boost", metavar="W", help="The hotwords' weight (NeMo's boosting_tree_alpha)."),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles.
 
@@ -241,6 +251,10 @@ def transcribe_command(
             attention=attention,
             attention_window=attention_window,
             max_audio_seconds=max_seconds,
+            lm=str(lm) if lm is not None else None,
+            lm_weight=lm_weight,
+            hotwords=hotwords_or_exit(hotwords, hotwords_file),
+            boost=boost,
         )
         loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, model, options, graphs is True)
 

@@ -173,7 +173,7 @@ class CacheAwareEngine(StreamEngine):
         state = DecodeState(*(p.index_select(-2 if p.dim() == 3 else 0, index) for p in self._pools()))
         with model._float32_math():
             hyps, after = model.decoder.decode_chunk(encoded, enc_lengths, state)
-        for pool, value in zip(self._pools(), (after.h, after.c, after.g, after.skip)):
+        for pool, value in zip(self._pools(), after.parts()):
             pool.index_copy_(-2 if pool.dim() == 3 else 0, index, value)
         frames = enc_lengths.tolist()
         self._stage("decode", mark)

@@ -255,13 +255,14 @@ class StreamEngine:
         if self._state is not None:
             fresh.h[:, :old], fresh.c[:, :old] = self._state.h, self._state.c
             fresh.g[:old], fresh.skip[:old] = self._state.g, self._state.skip
+            if fresh.fusion is not None:  # the LM's and boosting tree's states (`model/fusion.py`)
+                fresh.fusion[:old] = self._state.fusion
         self._state = fresh
         self._free.extend(range(capacity - 1, old - 1, -1))
         self._capacity = capacity
 
     def _pools(self) -> tuple[torch.Tensor, ...]:
-        s = self._state
-        return s.h, s.c, s.g, s.skip
+        return self._state.parts()
 
     # ------------------------------------------------------------------ steps
     @torch.inference_mode()
@@ -291,7 +292,7 @@ class StreamEngine:
         index = torch.tensor(slots).to(self.device, non_blocking=True)
         self._ring.index_fill_(0, index, 0.0)
         fresh = self.model.decoder.fresh_state(1, self.device, self.model.dtype)
-        for pool, value in zip(self._pools(), (fresh.h, fresh.c, fresh.g, fresh.skip)):
+        for pool, value in zip(self._pools(), fresh.parts()):
             dim = -2 if pool.dim() == 3 else 0
             shape = list(value.shape)
             shape[dim] = len(slots)
@@ -351,7 +352,7 @@ class StreamEngine:
         with model._float32_math():
             chunk_hyps, after = decoder.decode_chunk(window, chunk, state)
             right_hyps, _ = decoder.decode_chunk(_shifted(window, chunk), decodable - chunk, after)
-        for pool, value in zip(self._pools(), (after.h, after.c, after.g, after.skip)):
+        for pool, value in zip(self._pools(), after.parts()):
             pool.index_copy_(-2 if pool.dim() == 3 else 0, index, value)
         chunk_frames = chunk.tolist()
         self._stage("decode", mark)
