@@ -23,3 +23,5 @@ class RunOptions:
     attention: str = "auto"  # auto | full | local (see encoder.py and loaded.py `LoadedModel.attention_for`)
     attention_window: int = ATTENTION_WINDOW
     max_audio_seconds: float = MAX_AUDIO_SECONDS  # a file of more audio is refused (`audio.read_input`)
+    beam_size: int = 1  # 1: greedy; more: NeMo's malsd_batch beam search (`model/beam.py`), files only (not streams)
+    nbest: bool = False  # with a beam: each transcript's n-best list (`Transcript.alternatives`, JSON)

@@ -76,7 +76,7 @@ class Fusion:
 
 
 @dataclass
-class Alternative:
+class ScoredPath:
     """One hypothesis of an n-best list: tokens, their frames and durations, NeMo's raw score."""
 
     token_ids: list[int]
@@ -91,7 +91,7 @@ class BeamHypothesis(Hypothesis):
     best first (the best included)."""
 
     score: float = 0.0
-    alternatives: list[Alternative] = field(default_factory=list)
+    alternatives: list[ScoredPath] = field(default_factory=list)
 
 
 class BeamBuffers:
@@ -441,7 +441,7 @@ def _alternative(labels: np.ndarray, frames: np.ndarray, spans: np.ndarray, scor
     blank = buf.blank_id
     tokens = (labels >= 0) & (labels != blank)
     durations = spans[tokens].tolist() if buf.tdt else [0] * int(tokens.sum())
-    return Alternative(labels[tokens].tolist(), frames[tokens].tolist(), durations, score)
+    return ScoredPath(labels[tokens].tolist(), frames[tokens].tolist(), durations, score)
 
 
 def _backtrack(labels, parents, frames, spans, order: np.ndarray):
