@@ -398,7 +398,11 @@ class BeamDecoder:
         buf.load(enc_projected, lengths.to(device))
         buf.restart(*self._start_state(b * self.beam_size, device, enc_projected.dtype))
         live = bool(buf.active.any())
+        # every step moves each live hypothesis on by a token or a frame, at most max_symbols tokens a frame
+        bound = frames * (self.cfg.max_symbols + 1) + STEPS_PER_CHECK
         while live:
+            if buf.steps > bound:
+                raise RuntimeError(f"beam search: still decoding after {buf.steps} steps of {frames} frames")
             if buf.steps + STEPS_PER_CHECK > buf.capacity:
                 buf.grow(buf.steps + STEPS_PER_CHECK)
             for _ in range(STEPS_PER_CHECK):

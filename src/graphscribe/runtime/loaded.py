@@ -118,7 +118,10 @@ class LoadedModel:
         return GreedyDecoder(self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs)
 
     def fuse(self, fusion: Fusion | None) -> None:
-        """Fuse token-level models (an n-gram LM) into the beam search from now on; None: none."""
+        """Fuse token-level models (an n-gram LM) into the beam search from now on; None: none. Greedy decoding
+        fuses none: a fusion with `beam_size` 1 is refused."""
+        if fusion is not None and self.options.beam_size < 2:
+            raise ValueError("a language model is fused into the beam search: use a beam of 2 or more")
         if self.options.beam_size > 1:
             cfg, module = self.cfg.decoding, self.module
             self.beam = BeamDecoder(

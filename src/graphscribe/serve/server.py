@@ -483,6 +483,9 @@ def serve_command(
     ),
     device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
+    beam: int = typer.Option(
+        1, "--beam", min=1, metavar="N", help="Beam search of N hypotheses for uploads (realtime sessions: greedy)."
+    ),
     max_audio_hours: float = typer.Option(
         MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP + " 400 past it."
     ),
@@ -540,7 +543,7 @@ def serve_command(
             err_console.print(f"error: cannot start the HTTP workers on {host}:{port} ({err.strerror or err})")
             raise typer.Exit(1) from None
         try:
-            loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, batch_size=max_batch))
+            loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, batch_size=max_batch, beam_size=beam))
         except BaseException:
             engine.stop_workers()
             raise
