@@ -241,3 +241,22 @@ def test_scores_are_finite_and_sorted_by_normalised_score(case):
         norm = [a.score / (len(a.token_ids) + 1) for a in hyp.alternatives]
         assert all(math.isfinite(a.score) for a in hyp.alternatives)
         assert norm == sorted(norm, reverse=True)
+
+
+def test_render_workers_keep_the_alternatives(case):
+    """The n-best crosses to the render worker processes as plain values: their JSON is the in-process JSON."""
+    from graphscribe.output.rendering import RenderPool
+    from graphscribe.output.writers import WRITERS
+
+    name, spec, model, single, _ = case
+    [hyp] = _decoder(model, 4, "nolm").decode(*single["short_2s"])
+    expected = WRITERS["json"](model.make_transcript("x.wav", 32000, hyp, 0.0))
+    assert len(json.loads(expected)["alternatives"]) == len(
+        spec["runs"]["malsd_batch/beam4/nolm"]["single"]["short_2s"]
+    )
+    pool = RenderPool(model.transcript_maker, ("json",))
+    try:
+        [light] = pool.transcripts(["x.wav"], [32000], [hyp])
+    finally:
+        pool.close()
+    assert light.rendered["json"] == expected
