@@ -8,6 +8,7 @@ model over lm.arpa (host dicts, the fixture test's reader); the search sees only
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -19,7 +20,7 @@ from test_cli import in_process
 from test_nemo_beam_fixture import GRAMS, _lm_logp
 
 from graphscribe.api import load_model
-from graphscribe.model.beam import BeamDecoder, Fusion
+from graphscribe.model.beam import BeamBuffers, BeamDecoder, Fusion, beam_step
 
 FOLDER = FIXTURES / "nemo-beam"
 ROOT = FIXTURES.parent.parent
@@ -260,3 +261,53 @@ def test_render_workers_keep_the_alternatives(case):
     finally:
         pool.close()
     assert light.rendered["json"] == expected
+
+
+class TableFusion:
+    """A fusion model all on the device: (S, V) tables of scores and next states, indexed by state."""
+
+    def __init__(self, scores: torch.Tensor, after: torch.Tensor):
+        self.scores, self.after = scores, after
+
+    def start(self, batch_size: int, device: torch.device) -> torch.Tensor:
+        return torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    def advance(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.scores[states], self.after[states]
+
+
+def _tensors(buf) -> dict[str, int]:
+    """Where each of the buffers' tensors lives."""
+    found = {}
+    for key, value in vars(buf).items():
+        for i, t in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(t, torch.Tensor):
+                found[f"{key}{i}"] = t.data_ptr()
+    return found
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_step_reads_nothing_back_and_writes_in_place(name):
+    """What a CUDA graph capture of `beam_step` needs: on the meta device (no values: any host read fails) the step
+    runs, with a fusion model; on the CPU its buffers are the same tensors after steps as before."""
+    spec = REFERENCE["models"][name]
+    model = load_model(ROOT / spec["checkpoint"], device="cpu", graphs=False)
+    durations, vocab = model.cfg.decoding.durations, model.cfg.blank_id
+    for device in (torch.device("meta"), torch.device("cpu")):
+        prediction = copy.deepcopy(model.module.decoder).to(device)
+        joint = copy.deepcopy(model.module.joint).to(device)
+        scores = -torch.rand(3, vocab, generator=torch.Generator().manual_seed(0)).to(device)
+        after = torch.randint(0, 3, (3, vocab), generator=torch.Generator().manual_seed(1)).to(device)
+        fusion = Fusion([(TableFusion(scores, after), ALPHA)])
+        buf = BeamBuffers(2, 4, 16, 32, joint, prediction, durations, fusion, device, torch.float32)
+        rows, layers, hidden = 8, prediction.cfg.layers, prediction.cfg.hidden
+        zeros = torch.zeros(layers, rows, hidden, device=device)
+        buf.load(torch.randn(2, 16, joint.cfg.hidden).to(device), torch.tensor([16, 9]).to(device))
+        buf.restart(zeros, zeros, torch.zeros(rows, joint.cfg.hidden, device=device))
+        before = _tensors(buf)
+        with torch.inference_mode():
+            for _ in range(5):
+                beam_step(buf, prediction, joint, vocab, model.cfg.decoding.max_symbols)
+        if device.type == "cpu":
+            assert _tensors(buf) == before
+            assert torch.isfinite(buf.scores[:, 0]).all() and (buf.pos == 5).all()
