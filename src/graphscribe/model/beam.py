@@ -356,12 +356,12 @@ class BeamDecoder:
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
         self.beam_size, self.fusion, self.nbest = beam_size, fusion, nbest
         self.blank_id = prediction.cfg.vocab_size
-        self._buffers: BeamBuffers | None = None
+        self._buffers: dict[int, BeamBuffers] = {}  # by inputs per batch: a batch of another size keeps the others
         self.steps = 0  # steps the last decode ran
 
     def _buffers_for(self, n: int, frames: int, device: torch.device, dtype: torch.dtype) -> BeamBuffers:
-        buf = self._buffers
-        if buf is None or buf.n != n or buf.max_frames < frames or buf.enc.device != device or buf.enc.dtype != dtype:
+        buf = self._buffers.get(n)
+        if buf is None or buf.max_frames < frames or buf.enc.device != device or buf.enc.dtype != dtype:
             capacity = frame_capacity(frames)
             buf = BeamBuffers(
                 n,
@@ -375,7 +375,7 @@ class BeamDecoder:
                 device,
                 dtype,
             )
-            self._buffers = buf
+            self._buffers[n] = buf
         return buf
 
     def _start_state(self, rows: int, device: torch.device, dtype: torch.dtype):
