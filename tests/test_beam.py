@@ -330,3 +330,27 @@ def test_server_with_a_beam_answers_nemo_best_text(tmp_path):
     finally:
         assert served.stop() == 0, served.log.read_text()
     assert text == model.tokenizer.decode(best)
+
+
+def test_history_grows_between_rounds(case):
+    """Buffers with room for 8 steps of history: grown as the steps come, the same hypotheses."""
+    name, spec, model, single, _ = case
+    clip = "long_mix"
+    decoder = _decoder(model, 4, "nolm")
+    encoded, lengths = single[clip]
+    module = model.module
+    decoder._buffers[1] = BeamBuffers(
+        1,
+        4,
+        encoded.shape[1],
+        8,
+        module.joint,
+        module.decoder,
+        model.cfg.decoding.durations,
+        None,
+        "cpu",
+        torch.float32,
+    )
+    [hyp] = decoder.decode(encoded, lengths)
+    assert decoder._buffers[1].capacity >= decoder.steps > 8
+    _check(hyp, spec["runs"]["malsd_batch/beam4/nolm"]["single"][clip], spec["model_type"] == "tdt", clip)

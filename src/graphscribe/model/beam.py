@@ -238,7 +238,7 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
     else:
         top, index = (lp[..., :, None] + dlp[..., None, :]).view(n, k, -1).topk(k, dim=-1)
         labels = index // d
-    frames = buf.durations[index % d]
+    frames = buf.durations[index % d]  # NeMo moves by the duration's index: the same for Parakeet's 0..4
     frames = torch.where((labels == blank_id) & (frames == 0), 1, frames)  # a blank moves on
     return top, labels, frames, lp[..., blank_id] + dlp.max(dim=-1).values
 
@@ -453,11 +453,9 @@ def _backtrack(labels, parents, frames, spans, order: np.ndarray):
     b, m = order.shape
     steps = labels.shape[2]
     rows = np.arange(b)[:, None]
-    out = [np.empty((b, m, steps), dtype=np.int32) for _ in range(3)]
+    slots = np.empty((b, m, steps), dtype=np.int64)  # the slot each path held at each step
     ptr = order
-    for s in range(steps - 1, -1, -1):
-        out[0][:, :, s] = labels[rows, ptr, s]
-        out[1][:, :, s] = frames[rows, ptr, s]
-        out[2][:, :, s] = spans[rows, ptr, s]
+    for s in range(steps - 1, -1, -1):  # one small gather a step; the three arrays are then read at once
+        slots[:, :, s] = ptr
         ptr = parents[rows, ptr, s]
-    return out
+    return [np.take_along_axis(x, slots, axis=1) for x in (labels, frames, spans)]
