@@ -499,6 +499,9 @@ def serve_command(
         help="One engine process per device, each request sent to the one with the least audio queued.",
     ),
     dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
+    beam: int = typer.Option(
+        1, "--beam", min=1, metavar="N", help="Beam search of N hypotheses for uploads (realtime sessions: greedy)."
+    ),
     max_audio_hours: float = typer.Option(
         MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP + " 400 past it."
     ),
@@ -557,7 +560,7 @@ def serve_command(
             engine.stop_workers()
             err_console.print(f"error: cannot start the HTTP workers on {host}:{port} ({err.strerror or err})")
             raise typer.Exit(1) from None
-        options = RunOptions(device=device, dtype=dtype, batch_size=max_batch)
+        options = RunOptions(device=device, dtype=dtype, batch_size=max_batch, beam_size=beam)
         if len(names) > 1:
             code = _serve_on_devices(engine, source, names, options, name, max_wait_ms, max_queue, stop)
             raise typer.Exit(code)
