@@ -30,6 +30,7 @@ from graphscribe.console import (
     BATCH_HELP,
     BATCH_SECONDS_DEFAULT,
     BATCH_SECONDS_HELP,
+    CONFIDENCE_HELP,
     DEVICE_HELP,
     DEVICES_HELP,
     DTYPE_HELP,
@@ -188,6 +189,7 @@ def transcribe_command(
     max_audio_hours: float = typer.Option(
         MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP
     ),
+    confidence: bool = typer.Option(False, "--confidence", help=CONFIDENCE_HELP),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles.
 
@@ -240,6 +242,7 @@ def transcribe_command(
             attention=attention,
             attention_window=attention_window,
             max_audio_seconds=max_seconds,
+            confidence=confidence,
         )
         loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, model, options, graphs is True)
 

@@ -105,6 +105,11 @@ MAX_AUDIO_HELP = (
     "A file of more audio is refused with one line, from its header where that gives the length, else once "
     "decoding passes it: a file's samples are held in memory (6 h at 48 kHz: 4 GB)."
 )
+CONFIDENCE_HELP = (
+    "Token and word confidence as NeMo computes it (entropy, Tsallis, alpha 0.33, exp norm; a word its tokens' "
+    "minimum), in 0..1: json tokens[].confidence and words[].confidence, a tsv confidence column (a cue's least "
+    "confident word). Computed after decoding; off, nothing is."
+)
 DEVICES_HELP = (
     "Several devices of this host, one worker process and model each, sharing one longest-first plan: "
     "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."

@@ -46,6 +46,7 @@ class PlainHypothesis(NamedTuple):
     token_ids: list[int]
     frames: list[int]  # encoder frame of each token
     durations: list[int]  # encoder frames (RNN-T: 0)
+    confidences: list[float] | None = None  # each token's, when asked for
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class TranscriptMaker:
     window_stride: float  # seconds per feature frame
     subsampling: int  # feature frames per encoder frame
     sample_rate: int  # Hz
+    aggregation: str = "min"  # a word's confidence from its tokens' (`options.aggregate`)
 
     def frame_seconds(self, frame: int) -> float:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
@@ -85,12 +87,20 @@ class TranscriptMaker:
             return Transcript(**common)
         pieces = [tokenizer.piece(i) for i in hyp.token_ids]
         spans = token_spans(hyp.frames, hyp.durations, self.tdt)
+        confidences = hyp.confidences if hyp.confidences is not None else [None] * len(pieces)
         tokens = [
-            Token(i, p, s, self.frame_seconds(s), self.frame_seconds(e), e)
-            for i, p, (s, e) in zip(hyp.token_ids, pieces, spans)
+            Token(i, p, s, self.frame_seconds(s), self.frame_seconds(e), e, q)
+            for i, p, (s, e), q in zip(hyp.token_ids, pieces, spans, confidences)
         ]
         words, segments = words_and_segments(
-            pieces, spans, tokenizer.decode_pieces, self.rules, self.tdt, self.frame_seconds
+            pieces,
+            spans,
+            tokenizer.decode_pieces,
+            self.rules,
+            self.tdt,
+            self.frame_seconds,
+            hyp.confidences,
+            self.aggregation,
         )
         return Transcript(**common, tokens=tokens, words=words, segments=segments)
 
@@ -150,7 +160,7 @@ class RenderPool:
         self._starter.join()
         paths = [self.outputs[i] for i in indices] if self.outputs is not None else [None] * len(sources)
         rows = [
-            (s, n, PlainHypothesis(h.token_ids, h.frames, h.durations), p)
+            (s, n, PlainHypothesis(h.token_ids, h.frames, h.durations, h.confidences), p)
             for s, n, h, p in zip(sources, samples, hyps, paths)
         ]
         size = -(-len(rows) // len(self._conns))  # a share each: a batch's wait is its slowest share

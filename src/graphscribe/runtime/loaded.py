@@ -16,6 +16,7 @@ from graphscribe.io.audio import read_input
 from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model import cache_aware
+from graphscribe.model.confidence import replay_batch
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate
 from graphscribe.model.features import PackedClips
@@ -90,6 +91,7 @@ class LoadedModel:
             window_stride=self.cfg.features.hop_length / self.cfg.features.sample_rate,
             subsampling=self.cfg.encoder.subsampling_factor,
             sample_rate=self.cfg.features.sample_rate,
+            aggregation=options.confidence_method.aggregation,
         )
 
     def use_graphs(self, enabled: bool) -> None:
@@ -266,6 +268,19 @@ class LoadedModel:
         """queued: called once the first round of steps is queued on the device (`Decoder.decode`)."""
         with self._float32_math():
             return self.decoder.decode(encoded, lengths, queued)
+
+    @torch.inference_mode()
+    def add_confidences(self, encoded: torch.Tensor, hyps: list[Hypothesis]) -> None:
+        """Set each hypothesis's token confidences (`options.confidence_method`) from `encoded` (B, T, D), the
+        encoder output it was decoded from: its emitting steps replayed in a few batched calls
+        (`confidence.replay_batch`), after decoding, which stays as it is."""
+        start = self.decoder.start_state(len(hyps), encoded.device, encoded.dtype)
+        tokens, frames = [h.token_ids for h in hyps], [h.frames for h in hyps]
+        method = self.options.confidence_method
+        with self._float32_math():
+            values = replay_batch(self.module.decoder, self.module.joint, start, encoded, tokens, frames, method)
+        for hyp, confidences in zip(hyps, values):
+            hyp.confidences = confidences
 
     def _float32_math(self):
         """float32 means float32 on CUDA: cuDNN would otherwise run the encoder's convolutions (and the prediction

@@ -306,6 +306,7 @@ def verbose_json(transcript: Transcript, options: Options) -> dict:
     if "word" in options.granularities:
         body["words"] = [
             {"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+            | ({} if w.confidence is None else {"confidence": w.confidence})  # `serve --confidence`
             for w in transcript.words
             if w.word.strip()
         ]

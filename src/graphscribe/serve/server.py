@@ -44,6 +44,7 @@ from rich.markup import escape
 
 from graphscribe.console import (
     BATCH_DEFAULT,
+    CONFIDENCE_HELP,
     DEVICE_HELP,
     DTYPE_HELP,
     MAX_AUDIO_HELP,
@@ -501,6 +502,7 @@ def serve_command(
         metavar="S",
         help="Seconds a realtime session may send no event before it is ended (its open turn answered).",
     ),
+    confidence: bool = typer.Option(False, "--confidence", help=CONFIDENCE_HELP + " verbose_json: words[].confidence."),
 ) -> None:
     """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model.
     Needs the serve extra: pip install 'graphscribe\\[serve]'."""
@@ -540,7 +542,9 @@ def serve_command(
             err_console.print(f"error: cannot start the HTTP workers on {host}:{port} ({err.strerror or err})")
             raise typer.Exit(1) from None
         try:
-            loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, batch_size=max_batch))
+            loaded = load_or_exit(
+                model, RunOptions(device=device, dtype=dtype, batch_size=max_batch, confidence=confidence)
+            )
         except BaseException:
             engine.stop_workers()
             raise
