@@ -39,7 +39,12 @@ SHORT_SECONDS = (1.0, 3.0)  # `short`: uniform lengths, for the host-memory test
 GAIN = (0.5, 1.0)  # random gain per file
 
 
-STAGES = ("read", "wait", "features", "encoder", "decode", "confidence", "text", "write")
+STAGES = ("read", "wait", "features", "encoder", "decode", "text", "write")
+
+
+def _stages(confidence: bool) -> tuple[str, ...]:
+    """The stages of a row: with confidences, their replay after the decode too."""
+    return (*STAGES[:5], "confidence", *STAGES[5:]) if confidence else STAGES
 
 
 def make_folder(out_dir: str | Path, files: int = 256, seed: int = 0, short: bool = False) -> list[Path]:
@@ -181,7 +186,7 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
         "seconds": seconds,
         "texts": texts,
         "failed": failed,
-        "stages": {stage: stages.get(stage, 0.0) for stage in STAGES},
+        "stages": {stage: stages.get(stage, 0.0) for stage in _stages(model.options.confidence)},
         "gpu_busy": sum(stages.get(s, 0.0) for s in ("features", "encoder", "decode", "confidence"))
         if device.type == "cuda"
         else None,
@@ -219,7 +224,7 @@ def print_throughput(report: dict, console: Console) -> None:
         "graphs",
         "RTFx (min-max)",
         "from memory",
-        *[f"{s} s" for s in STAGES],
+        *[f"{s} s" for s in _stages(report.get("confidence", False))],
         "GPU busy s",
         "peak GPU MB",
         "peak RSS MB",
@@ -233,7 +238,7 @@ def print_throughput(report: dict, console: Console) -> None:
             "on" if row["graphs"] else "off",
             f"{row['rtfx']:.0f} ({row['rtfx_min']:.0f}-{row['rtfx_max']:.0f})",
             f"{row['in_memory_rtfx']:.0f}",
-            *[f"{row['stages'][s]:.2f}" for s in STAGES],
+            *[f"{row['stages'][s]:.2f}" for s in _stages(report.get("confidence", False))],
             _seconds(row["gpu_busy_seconds"]),
             _mb(row["peak_gpu_mb"]),
             _mb(row["peak_rss_mb"]),
@@ -242,7 +247,8 @@ def print_throughput(report: dict, console: Console) -> None:
     console.print(table)
     console.print(
         "read: summed over the reader threads; wait: the main thread waiting for reads; features, encoder, "
-        "decode, confidence (its replay, --confidence): GPU time between CUDA events around each stage (CPU: wall time); text: tokens to words; "
+        "decode, confidence (the replay of --confidence): GPU time between CUDA events around each stage (CPU: wall "
+        "time); text: tokens to words; "
         "write: output files. from memory: RTFx of transcribe() on the clips already read."
     )
 
