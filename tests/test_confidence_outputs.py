@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -198,3 +199,23 @@ def test_bench_throughput_rows_time_the_replay(tmp_path):
     report = json.loads(out.read_text())
     assert report["confidence"] is True and report["format"] == "json"
     assert all(row["stages"]["confidence"] > 0 for row in report["throughput"])
+
+
+def test_the_api_takes_nemo_s_other_methods():
+    """`confidence_method`: NeMo's `max_prob` with mean aggregation (its `max_prob_mean` setting); a method NeMo has
+    not is refused at loading, with one line naming it."""
+    spec = REFERENCE["models"]["demo"]
+    method = graphscribe.ConfidenceMethod(name="max_prob", alpha=1.0, aggregation="mean")
+    model = graphscribe.load_model(ROOT / spec["checkpoint"], device="cpu", confidence=True, confidence_method=method)
+    clip = "demo1"
+    [transcript] = model.transcribe([str(ROOT / spec["clips"][clip])])
+    want = spec["settings"]["max_prob_mean"]["clips"][clip]
+    np.testing.assert_allclose([t.confidence for t in transcript.tokens], want["token_confidence"], **TOLERANCE)
+    words = [w.confidence for w in transcript.words if w.word.strip()]
+    np.testing.assert_allclose(words, want["word_confidence"], **TOLERANCE)
+    for bad, line in (
+        (graphscribe.ConfidenceMethod(entropy_type="shannon"), "confidence entropy 'shannon_exp'"),
+        (graphscribe.ConfidenceMethod(aggregation="median"), "confidence aggregation 'median'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(line)):
+            graphscribe.load_model(ROOT / spec["checkpoint"], device="cpu", confidence=True, confidence_method=bad)

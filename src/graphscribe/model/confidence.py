@@ -17,7 +17,7 @@ import torch
 from graphscribe.io.options import ConfidenceMethod, aggregate
 from graphscribe.model.heads import Joint, PredictionNet
 
-__all__ = ["ConfidenceMethod", "measure", "replay", "replay_batch", "word_confidences"]
+__all__ = ["ConfidenceMethod", "check_method", "measure", "replay", "replay_batch", "word_confidences"]
 
 
 def measure(logprobs: torch.Tensor, method: ConfidenceMethod = ConfidenceMethod()) -> torch.Tensor:
@@ -54,6 +54,12 @@ def measure(logprobs: torch.Tensor, method: ConfidenceMethod = ConfidenceMethod(
     if kind == "renyi_exp":
         return (powered ** (1 / (t - 1)) * v - 1) / (v - 1)
     raise ValueError(f"confidence entropy {kind!r}: use gibbs, tsallis or renyi with lin or exp")
+
+
+def check_method(method: ConfidenceMethod) -> None:
+    """ValueError naming what is wrong with `method` (its measure and aggregation tried on a uniform distribution)."""
+    measure(torch.zeros(2), method)
+    aggregate([1.0], method.aggregation)
 
 
 @torch.inference_mode()

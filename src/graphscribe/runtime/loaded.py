@@ -16,7 +16,7 @@ from graphscribe.io.audio import read_input
 from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model import cache_aware
-from graphscribe.model.confidence import replay_batch
+from graphscribe.model.confidence import check_method, replay_batch
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate
 from graphscribe.model.features import PackedClips
@@ -63,6 +63,8 @@ class LoadedModel:
                 f"{source}: trained with local attention {list(self.cfg.encoder.local_context)}; "
                 "--attention full runs it with full attention, which is not what NeMo computes for it"
             )
+        if options.confidence:
+            check_method(options.confidence_method)
         self.source = source
         # a cache-aware model's (left, lookahead) attention context offline: NeMo's default, the first it lists
         self.context = self.cfg.encoder.streaming_contexts[0] if self.cfg.encoder.cache_aware else None
