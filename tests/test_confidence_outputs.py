@@ -12,7 +12,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -133,20 +135,19 @@ def test_the_api_carries_them_in_a_batch():
         np.testing.assert_allclose(got, want["word_confidence"], **TOLERANCE, err_msg=clip)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """`transcribe serve --confidence` with the demo model on the CPU, on a free port; stopped with SIGTERM."""
+def _serve(log: Path, *flags: str):
+    """`transcribe serve FLAGS` with the demo model on the CPU, on a free port -> (process, url), once /health is
+    200."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("server") / "stderr.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("GRAPHSCRIBE_MODEL", "GRAPHSCRIBE_API_KEY")}
     env["OMP_NUM_THREADS"] = "1"
     checkpoint = ROOT / REFERENCE["models"]["demo"]["checkpoint"]
     command = [sys.executable, "-m", "graphscribe.cli", "serve", "--model", str(checkpoint), "--device", "cpu"]
-    command += ["--port", str(port), "--api-key", KEY, "--http-workers", "1", "--confidence"]
+    command += ["--port", str(port), "--api-key", KEY, "--http-workers", "1", *flags]
     with open(log, "w") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -156,34 +157,81 @@ def server(tmp_path_factory):
             pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
+                return process, url
         except httpx.TransportError:
             pass  # not listening yet
         if time.monotonic() > deadline:
             process.kill()
             pytest.fail(f"the server was not ready in {STARTUP_SECONDS} s:\n{log.read_text()}")
         time.sleep(0.2)
-    yield url
+
+
+@pytest.fixture(scope="module", params=[(), ("--confidence",)], ids=["asked", "served"])
+def server(request, tmp_path_factory):
+    """A server without --confidence (requests ask with include[]=confidence) and one with it; SIGTERM at the end."""
+    log = tmp_path_factory.mktemp("server") / "stderr.txt"
+    process, url = _serve(log, *request.param)
+    yield url, bool(request.param)
     process.terminate()
     assert process.wait(60) == 0, log.read_text()
 
 
+def _verbose(client, path: Path, **extra):
+    with open(path, "rb") as f:
+        return client.audio.transcriptions.create(
+            file=f, model="demo", response_format="verbose_json", timestamp_granularities=["word"], **extra
+        )
+
+
 def test_server_verbose_json_words_carry_confidence(server):
-    """`serve --confidence`: verbose_json's words carry NeMo's word confidences (the official client)."""
-    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
+    """verbose_json's words carry NeMo's word confidences (the official client) when the request asks
+    (`include[]=confidence`) or the server runs with --confidence; otherwise no word has the key."""
+    url, served = server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=300)
     spec = REFERENCE["models"]["demo"]
     for clip, path in spec["clips"].items():
         want = spec["settings"][DEFAULT]["clips"][clip]
-        with open(ROOT / path, "rb") as f:
-            answer = client.audio.transcriptions.create(
-                file=f, model="demo", response_format="verbose_json", timestamp_granularities=["word"]
-            )
+        answer = _verbose(client, ROOT / path, include=["confidence"])
         assert [w.word for w in answer.words] == want["words"], clip
         got = [w.model_dump()["confidence"] for w in answer.words]
         np.testing.assert_allclose(got, want["word_confidence"], **TOLERANCE, err_msg=clip)
-        with open(ROOT / path, "rb") as f:
-            plain = client.audio.transcriptions.create(file=f, model="demo", response_format="json")
-        assert plain.text == " ".join(want["words"])
+        plain = _verbose(client, ROOT / path)
+        assert [w.word for w in plain.words] == want["words"], clip
+        assert all(("confidence" in w.model_dump()) == served for w in plain.words), clip
+
+
+def test_a_batch_computes_them_once_and_answers_only_who_asked(monkeypatch):
+    """Two requests in one batch, one asking: the batch's replay runs once over both rows, and only the one that
+    asked gets them (the server's batching thread, in this process)."""
+    from graphscribe.io.audio import read_input
+    from graphscribe.serve.service import Service
+
+    spec = REFERENCE["models"]["demo"]
+    model = graphscribe.load_model(ROOT / spec["checkpoint"], device="cpu")
+    rows, replay = [], LoadedModel.add_confidences
+    monkeypatch.setattr(
+        LoadedModel, "add_confidences", lambda self, e, hyps: (rows.append(len(hyps)), replay(self, e, hyps))
+    )
+    service = Service(model, max_batch=4)
+    got, answered = {}, threading.Event()
+    audios = {clip: read_input(str(ROOT / spec["clips"][clip]), model.sample_rate) for clip in ("demo1", "demo2")}
+
+    def done(transcript, _):
+        got[transcript.source] = transcript
+        if len(got) == 2:
+            answered.set()
+
+    # the longest first: waiting since before the thread starts, the oldest heads the batch (Scheduler's overdue)
+    for clip in sorted(audios, key=lambda c: -audios[c].numel()):
+        service.submit(audios[clip], True, done, clip, confidence=clip == "demo1")
+    service.start()
+    assert answered.wait(300)
+    service.close(60)
+    assert rows == [2]
+    want = spec["settings"][DEFAULT]["clips"]["demo1"]["word_confidence"]
+    np.testing.assert_allclose([w.confidence for w in got["demo1"].words], want, **TOLERANCE)
+    assert all(w.confidence is None for w in got["demo2"].words)
+    assert all(t.confidence is None for t in got["demo2"].tokens)
 
 
 def test_bench_throughput_rows_time_the_replay(tmp_path):

@@ -228,8 +228,8 @@ def _decode(
 ) -> _Job:
     """Decode a job queued up to its encoder. then: on CUDA, called once the decode's first round of steps is
     queued, before the host waits for it, on the stream the encoder runs on: the caller's next batch is launched
-    while this one decodes. confidence: then the hypotheses' token confidences, from the encoder output before it
-    is let go (`LoadedModel.add_confidences`), for a batch with word times."""
+    while this one decodes. confidence (or the batch's own): then the hypotheses' token confidences, from the encoder
+    output before it is let go (`LoadedModel.add_confidences`), for a batch with word times."""
     if job.encoded is None:
         return job
     start = time.perf_counter()
@@ -250,7 +250,7 @@ def _decode(
         with streams.decoding(job):
             with clock.gpu("decode"):
                 job.hyps = model.decode(job.encoded, job.frames, meanwhile if then and streams.decode else None)
-            if confidence and job.batch.word_times:
+            if (confidence or job.batch.confidence) and job.batch.word_times:
                 with clock.gpu("confidence"):
                     model.add_confidences(job.encoded, job.hyps)
     except (torch.OutOfMemoryError, RuntimeError) as err:

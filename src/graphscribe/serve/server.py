@@ -220,7 +220,7 @@ class Engine:
                 return
             kind = message[0]
             if kind == SUBMIT:
-                _, n, nbytes, word_times, name = message
+                _, n, nbytes, word_times, name, confidence = message
                 try:
                     if nbytes < 0:  # receive_samples checks the rest against the message itself
                         raise ValueError(f"{nbytes} bytes announced")
@@ -233,7 +233,7 @@ class Engine:
                     worker.process.kill()  # check_workers starts another; its clients' connections close
                     return
                 try:
-                    self.service.submit(samples, word_times, _answer_to(worker, n), name)
+                    self.service.submit(samples, word_times, _answer_to(worker, n), name, confidence)
                 except RuntimeError:  # closed: the server is stopping
                     worker.send((REFUSED, n))
             elif kind == TURNS:
