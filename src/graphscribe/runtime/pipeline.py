@@ -361,7 +361,9 @@ def warm_up(model: LoadedModel, rows: int, batch_seconds: float | None = None) -
     batch = collate([(r, "<warm-up>", clip) for r in range(rows)], HostBuffers(keep=0, pin=pin), pad_to, pin)
     clock = StageClock(model.device, enabled=False)
     streams = _Streams(model.device)
-    for _ in _transcripts(model, _decode(model, _start(model, batch, clock), clock, streams), clock, streams, False):
+    # with confidences on, their replay too: its first uses (cuDNN's LSTM) are paid here as the decode's are
+    job = _decode(model, _start(model, batch, clock), clock, streams, None, model.options.confidence)
+    for _ in _transcripts(model, job, clock, streams, False):
         pass
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
