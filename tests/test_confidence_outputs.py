@@ -94,6 +94,7 @@ def test_off_computes_nothing_and_gives_the_same_bytes(monkeypatch):
     monkeypatch.setattr(LoadedModel, "add_confidences", refuse)
     off = cli(*paths, "-f", "json")
     assert "confidence" not in off
+    assert cli(paths[0], "-f", "srt", "--confidence") == cli(paths[0], "-f", "srt")  # not shown there: not computed
     assert off == "".join(
         json.dumps(_stripped(json.loads(line)), ensure_ascii=False) + "\n" for line in on.splitlines()
     )

@@ -208,6 +208,9 @@ def transcribe_command(
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
+    if confidence and not {"json", "tsv"} & set(formats):  # nothing to show it in: not computed
+        err_console.print("note: --confidence shows in json and tsv output only; not computed for " + fmt)
+        confidence = False
     several = devices_or_exit(devices, device)
     if len(several) == 1:  # one device: this process, as with --device
         device = several[0]
