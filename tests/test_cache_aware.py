@@ -86,11 +86,13 @@ def test_encoder_step_is_nemo_s(models):
 
         with torch.inference_mode():
             channel = a("cache_last_channel_in")
-            after = Caches(  # slot 0 holds NeMo's caches going in, then the step's coming out
+            after = Caches.of_history(  # slot 0 holds NeMo's caches going in, then the step's coming out
                 projected(channel, "linear_k"),
                 projected(channel, "linear_v"),
                 a("cache_last_time_in")[:, None].clone(),
                 a("cache_last_channel_len_in")[None].clone(),
+                encoder.cfg.n_heads,
+                4,
             )
             x, _ = cache_aware.encode(
                 encoder,
@@ -104,7 +106,7 @@ def test_encoder_step_is_nemo_s(models):
             want_key = projected(a("cache_last_channel_out"), "linear_k")[:, 0]
         torch.testing.assert_close(x[0], a("encoder").T, atol=2e-6, rtol=0)
         valid = int(a("cache_last_channel_len_out"))  # the slots before them are masked: zeros here, biases there
-        torch.testing.assert_close(after.key[:, 0, -valid:], want_key[:, -valid:], atol=2e-6, rtol=0)
+        torch.testing.assert_close(after.history("key")[:, 0, -valid:], want_key[:, -valid:], atol=2e-6, rtol=0)
         torch.testing.assert_close(after.time[:, 0], a("cache_last_time_out"), atol=2e-6, rtol=0)
         assert after.length.item() == valid
 
@@ -330,3 +332,34 @@ def test_warm_up_makes_the_slots_first(models, monkeypatch):
     engine = engine_for(model, 0.32)
     engine.warm_up(16)
     assert set(engine._step_graphs._graphs) == {1, 2, 4, 8, 16}
+
+
+@pytest.mark.parametrize("key", ["16_3", "16_0"])
+def test_ring_attention_kernel_is_the_gathered_windows(models, monkeypatch, key):
+    """The fused kernel (16 bits on CUDA; here Triton's interpreter) reads each window from the rings where it lies:
+    steps of two streams, one a step behind the other, give the outputs of the gathered windows' attention."""
+    kernels = pytest.importorskip("graphscribe.model.encoder_kernels")
+    encoder = models["ca-tdt-tiny"].module.encoder
+    context = _context(key)
+    g = ChunkGeometry.of(models["ca-tdt-tiny"].cfg.features, encoder.cfg.subsampling_factor, context)
+    gen = torch.Generator().manual_seed(3)
+    feats = torch.randn(4, 2, models["ca-tdt-tiny"].cfg.features.n_mels, g.buffer_frames, generator=gen)
+    lengths = torch.tensor([g.buffer_frames, g.buffer_frames - 3])
+
+    def run(fused: bool) -> list[torch.Tensor]:
+        caches = Caches.zeros(encoder.cfg, context, 3, "cpu", torch.float32)
+        index = torch.tensor([2, 0])
+        outs = []
+        with torch.inference_mode(), monkeypatch.context() as patch:
+            if fused:
+                patch.setattr(cache_aware, "kernels_for", lambda x: kernels)
+            for step in range(4):
+                rows = index if step else index[:1]  # slot 0 joins a step later
+                x, _ = cache_aware.encode(
+                    encoder, feats[step, : len(rows)], lengths[: len(rows)], context, caches, rows, g.drop
+                )
+                outs.append(x)
+        return outs
+
+    for got, want in zip(run(True), run(False)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import CLIPS, NEMO_PATH, reference_clip
 
-from graphscribe import devices
 from graphscribe.devices import parse_devices
+from graphscribe.runtime import device_names
 
 
 def start(*args) -> subprocess.Popen:
@@ -210,20 +210,20 @@ def test_one_killed_worker_loses_nothing(tmp_path):
     ],
 )
 def test_bad_devices_say_why(monkeypatch, value, count, message):
-    monkeypatch.setattr(devices, "cuda_device_count", lambda: count)
+    monkeypatch.setattr(device_names, "cuda_device_count", lambda: count)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_devices(value)
 
 
 def test_devices_lists(monkeypatch):
-    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(device_names, "cuda_device_count", lambda: 2)
     assert parse_devices("all") == ["cuda:0", "cuda:1"]
     assert parse_devices(" cuda:1, cuda ") == ["cuda:1", "cuda:0"]
     assert parse_devices("cpu,cpu") == ["cpu", "cpu"]
 
 
 def test_the_driver_counts_what_torch_counts():
-    assert devices.cuda_device_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    assert device_names.cuda_device_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
 def test_the_parent_starts_the_workers_import_before_its_own(mixed):

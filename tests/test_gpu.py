@@ -397,3 +397,26 @@ def test_confidence_on_gpu_is_nemo_s(graphs):
             assert tokens == pytest.approx(want["token_confidence"], rel=1e-4, abs=1e-6), (name, clip)
             words = [w.confidence for w in transcript.words if w.word.strip()]
             assert words == pytest.approx(want["word_confidence"], rel=1e-4, abs=1e-6), (name, clip)
+
+
+@pytest.mark.parametrize("folder,checkpoint", ORACLES[:2])
+def test_fusion_in_graphs_gives_nemos_tokens(folder, checkpoint):
+    """An n-gram LM and a boosting tree fused into the captured decode steps (the PyTorch step: the fused Triton
+    step takes no fusion), float32, each clip alone and as one batch: NeMo's greedy_batch tokens (nemo-fusion)."""
+    fusion = _reference("nemo-fusion")
+    name = checkpoint.removesuffix(".nemo")
+    runs = fusion["models"][name]["runs"]
+    lm = str(FIXTURES.parent.parent / fusion["lm"])
+    model = gs.load_model(
+        FIXTURES / folder / checkpoint, device="cuda", dtype="float32", lm=lm, hotwords=tuple(fusion["phrases"])
+    )
+    assert model.decoder.graphs and model.fusion
+    root = FIXTURES.parent.parent
+    clips = list(fusion["clips"])
+    singles = [model.transcribe([root / fusion["clips"][c]])[0] for c in clips]
+    assert [(t.token_ids, t.frames) for t in singles] == [
+        (runs["lm0.5+boost1.0"][c]["token_ids"], runs["lm0.5+boost1.0"][c]["timestamps"]) for c in clips
+    ]
+    assert model.decoder._captured and model.decoder._fused_step is None
+    batch = model.transcribe([root / fusion["clips"][c] for c in clips], batch_size=len(clips))
+    assert [t.token_ids for t in batch] == [t.token_ids for t in singles]

@@ -34,12 +34,15 @@ from graphscribe.console import (
     DEVICE_HELP,
     DEVICES_HELP,
     DTYPE_HELP,
+    HOT_HELP,
+    LM_HELP,
     MAX_AUDIO_HELP,
     MAX_AUDIO_HOURS,
     MODEL_DEFAULT,
     MODEL_HELP,
     err_console,
     fail_usage,
+    hotwords_or_exit,
     load_or_exit,
     model_source,
     setup_logging,
@@ -110,6 +113,7 @@ Other commands (each with --help):
 
   transcribe serve    an OpenAI-compatible transcription server (pip install 'graphscribe\\[serve]')
   transcribe ray      a Ray Data job over a cluster (pip install 'graphscribe\\[ray]')
+  transcribe ray-serve  the server's API as a Ray Serve deployment on a running Ray cluster (same extra)
   transcribe bench    benchmarks: graphs on and off, a folder's throughput, a server under load
   transcribe --version"""
 
@@ -189,6 +193,13 @@ def transcribe_command(
     max_audio_hours: float = typer.Option(
         MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP
     ),
+    lm: Optional[Path] = typer.Option(None, "--lm", metavar="FILE.arpa", show_default=False, help=LM_HELP),
+    lm_weight: float = typer.Option(0.5, "--lm-weight", metavar="W", help="The --lm's weight (NeMo's ngram_lm_alpha)."),
+    hotwords: Optional[str] = typer.Option(None, "--hotwords", metavar='"A, B:2.0"', show_default=False, help=HOT_HELP),
+    hotwords_file: Optional[Path] = typer.Option(
+        None, "--hotwords-file", metavar="FILE", show_default=False, help="Phrases to boost, one a line (A:2.0 too)."
+    ),
+    boost: float = typer.Option(1.0, "--boost", metavar="W", help="The hotwords' weight (NeMo's boosting_tree_alpha)."),
     confidence: bool = typer.Option(False, "--confidence", help=CONFIDENCE_HELP),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles.
@@ -245,6 +256,10 @@ def transcribe_command(
             attention=attention,
             attention_window=attention_window,
             max_audio_seconds=max_seconds,
+            lm=str(lm) if lm is not None else None,
+            lm_weight=lm_weight,
+            hotwords=hotwords_or_exit(hotwords, hotwords_file),
+            boost=boost,
             confidence=confidence,
         )
         loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, model, options, graphs is True)
@@ -403,7 +418,7 @@ bench_app.command()(bench_command)
 
 
 # The packages each extra brings: a command whose extra is missing says which to install, in one line.
-EXTRAS = {"serve": ("starlette", "uvicorn", "httptools", "uvloop"), "ray": ("ray", "pyarrow")}
+EXTRAS = {"serve": ("starlette", "uvicorn", "httptools", "uvloop"), "ray": ("ray", "pyarrow", "starlette")}
 
 
 def missing_extra(command: str, extra: str, err: ModuleNotFoundError) -> None:
@@ -432,6 +447,12 @@ def main(argv: list[str] | None = None) -> None:
         except ModuleNotFoundError as err:
             missing_extra("transcribe ray", "ray", err)
         ray_app(args[1:], prog_name="transcribe ray")
+    elif args and args[0] == "ray-serve":
+        try:
+            from graphscribe.ray_serve import ray_serve_app  # the server's request parsing: starlette
+        except ModuleNotFoundError as err:
+            missing_extra("transcribe ray-serve", "ray", err)
+        ray_serve_app(args[1:], prog_name="transcribe ray-serve")
     elif args and args[0] == "listen":
         from graphscribe.live import listen_app
 

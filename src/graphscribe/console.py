@@ -114,6 +114,29 @@ DEVICES_HELP = (
     "Several devices of this host, one worker process and model each, sharing one longest-first plan: "
     "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."
 )
+LM_HELP = (
+    "A token-level ARPA n-gram LM over the model's pieces (scripts/build_lm.py makes one from text), fused into "
+    "decoding on the GPU as NeMo's NGPU-LM."
+)
+HOT_HELP = (
+    "Phrases to boost, comma-separated, as the model writes them (capitalisation too); PHRASE:S gives one its own "
+    "score per token (default 1.0). NeMo's GPU phrase boosting."
+)
+
+
+def hotwords_or_exit(hotwords: str | None, path: Path | None) -> tuple[str, ...]:
+    """--hotwords (comma-separated) and --hotwords-file (one phrase a line) as one tuple of phrases, or one line and
+    exit 2 for a file that cannot be read."""
+    from graphscribe.model.boosting import HotwordError, read_hotwords_file
+
+    items = [item.strip() for item in hotwords.split(",")] if hotwords and hotwords.strip() else []
+    try:
+        lines = read_hotwords_file(str(path)) if path is not None else []
+    except HotwordError as err:
+        fail_usage(str(err))
+    return (*items, *(f"{p}:{s}" if s else p for p, s in lines))
+
+
 ATTENTION_HELP = (
     "Encoder attention. auto: full attention (NeMo's default) unless an input is over 24 min or full "
     "attention would not fit in free memory, then local (one note on stderr). full: always full. "

@@ -11,6 +11,7 @@ a time, the next file joining as one ends: the real-time factor.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -175,6 +176,8 @@ def run_stream_bench(
     engine.warm_up(max(levels))
     warm = [a[: 2 * engine.geometry.frame_samples] for a in audios[: max(levels)]]
     max_pace_level(engine, warm * max(1, max(levels) // max(1, len(warm))), max(levels))
+    gc.collect()
+    gc.freeze()  # what the warm level left is as long-lived as the warm-up's (`StreamEngine.warm_up`)
     rows = [
         realtime_level(engine, audios, n) if pace == "realtime" else max_pace_level(engine, audios, n) for n in levels
     ]

@@ -43,6 +43,10 @@ class Tokenizer:
             text = self._space_before_punct.sub(r"\2", text)
         return text
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, as NeMo's `text_to_ids` gives them (SentencePiece's encode; boosted phrases)."""
+        return self._sp.encode_as_ids(text)
+
     @property
     def unk_id(self) -> int:
         return self._sp.unk_id()

@@ -9,7 +9,10 @@ chunks before it, only these caches per stream:
 - `key`, `value`: per layer the keys and values of the last `left` frames. NeMo caches the normalised layer
   input instead and projects all `left` of them again at every step; a projection of a frame is the same
   whenever it is made (to the rounding of the product), and projecting only the new frames takes 1 / (left + 1)
-  of the work at an 80 ms chunk, where those projections are most of a step's arithmetic;
+  of the work at an 80 ms chunk, where those projections are most of a step's arithmetic. Each slot's frames
+  lie in a ring of `left` + the step's frames, per head (`Caches`): a step writes its new frames in place and
+  reads the window in time order with one gather, where shifting a window of 70 frames through a cat and a
+  copy back took three times the memory traffic, most of a step's at 80 ms;
 - `time`: per layer the last K - 1 GLU outputs, the depthwise convolution's past;
 - `length`: how many of the `key` and `value` slots hold frames yet (the first steps' keys are fewer).
 
@@ -38,6 +41,7 @@ from graphscribe.model.encoder import (
     sinusoids,
 )
 from graphscribe.model.graphs import capture
+from graphscribe.model.subsampling import kernels_for
 
 _MASKED_SCORE = -10000.0  # NeMo's fill value for masked attention scores
 # Offline, a clip of more encoder frames than this attends a block of this many queries at a time, each block to the
@@ -48,30 +52,105 @@ OFFLINE_BLOCK = 1024
 
 @dataclass
 class Caches:
-    """Streams' encoder caches (module docstring) in slots: row s is slot s's. A step reads and writes the rows of
+    """Streams' encoder caches (module docstring) in slots: slot s's in row s. A step reads and writes the slots of
     its streams in place (`encode`'s `index`): the caches of a 0.6b model are some 14 MB a stream in float32, and
-    a copy of a batch's rows in and out per step would be most of a step's memory traffic."""
+    a copy of a batch's rows in and out per step would be most of a step's memory traffic.
 
-    key: torch.Tensor  # (layers, B, left, D)
-    value: torch.Tensor  # (layers, B, left, D)
-    time: torch.Tensor  # (layers, B, D, K - 1)
-    length: torch.Tensor  # (B,) int64
+    `key` and `value` are rings of `ring` = `left` + a step's frames per slot and head: the newest frame sits just
+    before `end`, the `left` before it are the cache, and the ring is long enough for a step to write its own
+    frames first and then read the whole window (cache and chunk) in time order (`_Window`)."""
+
+    key: torch.Tensor  # (layers, S, H, ring, d_k)
+    value: torch.Tensor  # (layers, S, H, ring, d_k)
+    time: torch.Tensor  # (layers, S, D, K - 1)
+    length: torch.Tensor  # (S,) int64: valid cached frames, at most `left`
+    end: torch.Tensor  # (S,) int64: the ring position after the newest frame
+    left: int
 
     @classmethod
-    def zeros(cls, cfg: EncoderConfig, left: int, batch: int, device, dtype: torch.dtype) -> "Caches":
-        """NeMo's `get_initial_cache_state`: zeros, no valid attention slot."""
+    def zeros(cls, cfg: EncoderConfig, context: tuple[int, int], batch: int, device, dtype: torch.dtype) -> "Caches":
+        """NeMo's `get_initial_cache_state`: zeros, no valid attention slot; rings for steps of `lookahead + 1`
+        frames (a chunk's encoder frames)."""
+        left, lookahead = context
+        heads = cfg.n_heads
+        ring = (cfg.n_layers, batch, heads, left + lookahead + 1, cfg.d_model // heads)
         return cls(
-            torch.zeros(cfg.n_layers, batch, left, cfg.d_model, device=device, dtype=dtype),
-            torch.zeros(cfg.n_layers, batch, left, cfg.d_model, device=device, dtype=dtype),
+            torch.zeros(ring, device=device, dtype=dtype),
+            torch.zeros(ring, device=device, dtype=dtype),
             torch.zeros(cfg.n_layers, batch, cfg.d_model, cfg.conv_kernel - 1, device=device, dtype=dtype),
             torch.zeros(batch, dtype=torch.long, device=device),
+            torch.zeros(batch, dtype=torch.long, device=device),
+            left,
         )
+
+    @classmethod
+    def of_history(cls, key, value, time, length, heads: int, frames: int) -> "Caches":
+        """Caches from time-ordered (layers, S, left, D) keys and values (oldest first), for steps of `frames`."""
+        layers, slots, left, d_model = key.shape
+
+        def ring(history: torch.Tensor) -> torch.Tensor:
+            out = history.new_zeros(layers, slots, heads, left + frames, d_model // heads)
+            out[:, :, :, :left] = history.view(layers, slots, left, heads, -1).transpose(2, 3)
+            return out
+
+        end = torch.full((slots,), left, dtype=torch.long, device=key.device)
+        return cls(ring(key), ring(value), time, length, end, left)
+
+    def history(self, which: str) -> torch.Tensor:
+        """Time-ordered (layers, S, left, D) keys or values (oldest first), as NeMo would hold them projected."""
+        ring = getattr(self, which)
+        layers, slots, heads, size, d_k = ring.shape
+        order = torch.remainder(self.end[:, None] - self.left + torch.arange(self.left, device=ring.device), size)
+        index = order[None, :, None, :, None].expand(layers, slots, heads, self.left, d_k)
+        return ring.gather(3, index).permute(0, 1, 3, 2, 4).reshape(layers, slots, self.left, heads * d_k)
+
+    def copy_slots(self, other: "Caches", slots: int) -> None:
+        """The first `slots` slots of `other` (a smaller set of the same streams) into this one's."""
+        for mine, theirs in ((self.key, other.key), (self.value, other.value), (self.time, other.time)):
+            mine[:, :slots] = theirs[:, :slots]
+        self.length[:slots] = other.length[:slots]
+        self.end[:slots] = other.end[:slots]
 
     def reset(self, index: torch.Tensor) -> None:
         self.key.index_fill_(1, index, 0.0)
         self.value.index_fill_(1, index, 0.0)
         self.time.index_fill_(1, index, 0.0)
         self.length.index_fill_(0, index, 0)
+        self.end.index_fill_(0, index, 0)
+
+
+class _Window:
+    """Where a step of `t` frames writes and reads its rows' rings (`Caches`), worked out once for every layer: the
+    new frames go to the `t` ring positions from `end` on; the window is the `left + t` positions up to the newest,
+    in time order. Both as flat row numbers of a layer's (S * H * ring, d_k) view, for one `index_copy_` and one
+    `index_select` per layer and ring."""
+
+    def __init__(self, caches: Caches, index: torch.Tensor, t: int):
+        _, slots, heads, size, self.d_k = caches.key.shape
+        if caches.left + t > size:
+            raise ValueError(f"a step of {t} frames does not fit rings of {size} with {caches.left} cached")
+        device = index.device
+        self.end = caches.end.index_select(0, index)  # (B,)
+        ahead = torch.arange(t, device=device)
+        back = torch.arange(caches.left + t, device=device) - caches.left
+        rows = (index[:, None] * heads + torch.arange(heads, device=device)[None, :]) * size  # (B, H)
+        self.write_rows = (rows[:, :, None] + torch.remainder(self.end[:, None, None] + ahead, size)).reshape(-1)
+        self.read_rows = (rows[:, :, None] + torch.remainder(self.end[:, None, None] + back, size)).reshape(-1)
+        self.shape = (index.shape[0], heads, caches.left + t, self.d_k)
+        self.t, self.size = t, size
+
+    def write(self, ring: torch.Tensor, new: torch.Tensor) -> None:
+        """One layer's ring (S, H, ring, d_k) takes its rows' new (B, t, D) frames."""
+        b, heads = new.shape[0], self.shape[1]
+        new = new.view(b, self.t, heads, self.d_k).transpose(1, 2).reshape(-1, self.d_k)
+        ring.view(-1, self.d_k).index_copy_(0, self.write_rows, new)
+
+    def read(self, ring: torch.Tensor) -> torch.Tensor:
+        """One layer's ring (S, H, ring, d_k) -> its rows' windows (B, H, left + t, d_k), oldest frame first."""
+        return ring.view(-1, self.d_k).index_select(0, self.read_rows).view(self.shape)
+
+    def advance(self, caches: Caches, index: torch.Tensor) -> None:
+        caches.end.index_copy_(0, index, torch.remainder(self.end + self.t, self.size))
 
 
 @dataclass(frozen=True)
@@ -156,10 +235,11 @@ def encode(
     if cfg.xscaling:
         x = x * math.sqrt(cfg.d_model)
     b, t, _ = x.shape
-    cached = 0 if caches is None else caches.key.shape[2]
+    cached = 0 if caches is None else caches.left
     past_length = None if caches is None else caches.length.index_select(0, index)
     offset = torch.zeros_like(lengths) if caches is None else cached - past_length
     pad = (torch.arange(t, device=x.device)[None, :] >= lengths[:, None])[:, None]  # (B, 1, T) True = padding
+    window = None if caches is None else _Window(caches, index, t)
     if caches is None and t > block:
         attend = _Blocks(lengths, context, block, cfg.d_model, x.dtype)
     else:
@@ -167,31 +247,31 @@ def encode(
         pos_emb = relative_positions(cached + t, cfg.d_model, x.device, x.dtype)
 
         def attend(attn, h, keys, values):
-            return _attention(attn, h, keys, values, pos_emb, mask)
+            return _attention(attn, h, keys, values, pos_emb, mask, window)
 
     for i, layer in enumerate(encoder.layers):
-        x = _layer(layer, x, attend, pad, None if caches is None else (caches, i, index))
+        x = _layer(layer, x, attend, pad, None if caches is None else (caches, i, index, window))
     if caches is not None:
         caches.length.index_copy_(0, index, torch.clamp(past_length + t, max=cached))
+        window.advance(caches, index)
     return x, lengths
 
 
 def _layer(layer: ConformerLayer, x, attend, pad, cached):
     """One conformer layer (NeMo's ConformerLayer.forward with cache_last_channel/time): (B, T, D) -> (B, T, D).
-    `cached`: (caches, layer number, the rows' slots): the layer's caches read in front of the keys and the
-    convolution's input, and set to their last `left` and K - 1 frames after."""
+    `cached`: (caches, layer number, the rows' slots, their `_Window`): the layer's new keys and values written
+    to the rings and the window read back, the convolution's cache read in front of its input and set to its
+    last K - 1 frames after."""
     x = torch.add(x, layer.feed_forward1(layer.norm_feed_forward1(x)), alpha=0.5)
     h = layer.norm_self_att(x)
     attn = layer.self_attn
     keys, values = attn.linear_k(h), attn.linear_v(h)
     past_time = None
     if cached is not None:
-        caches, i, index = cached
-        keys = torch.cat([caches.key[i].index_select(0, index), keys], dim=1)
-        values = torch.cat([caches.value[i].index_select(0, index), values], dim=1)
-        first = keys.shape[1] - caches.key.shape[2]
-        caches.key[i].index_copy_(0, index, keys[:, first:])
-        caches.value[i].index_copy_(0, index, values[:, first:])
+        caches, i, index, window = cached
+        window.write(caches.key[i], keys)
+        window.write(caches.value[i], values)
+        keys, values = caches.key[i], caches.value[i]  # the rings: `attend` reads the window from them
         past_time = caches.time[i].index_select(0, index)
     x = x + attend(attn, h, keys, values)
     conv, time = _conv(layer.conv, layer.norm_conv(x), pad, past_time)
@@ -202,21 +282,31 @@ def _layer(layer: ConformerLayer, x, attend, pad, cached):
     return layer.norm_out(x)
 
 
-def _attention(attn: RelPositionAttention, h, keys, values, pos_emb, mask) -> torch.Tensor:
-    """NeMo's RelPositionMultiHeadAttention over [cache, chunk] keys and values (projected), its own products:
-    query i, key j at relative position (cached + i) - j."""
+def _attention(attn: RelPositionAttention, h, keys, values, pos_emb, mask, window=None) -> torch.Tensor:
+    """NeMo's RelPositionMultiHeadAttention over [cache, chunk] keys and values, its own products: query i, key j
+    at relative position (cached + i) - j. Keys and values come projected (B, n, D), or as a layer's rings
+    (S, H, ring, d_k) with the `window` to read from them."""
     b, t, _ = h.shape
-    n = keys.shape[1]
     heads, d_k = attn.n_heads, attn.d_k
+    n = keys.shape[1] if window is None else window.shape[2]
     q = attn.linear_q(h).view(b, t, heads, d_k)
-    k = keys.view(b, n, heads, d_k).transpose(1, 2)
-    v = values.view(b, n, heads, d_k).transpose(1, 2)
-    p = attn.linear_pos(pos_emb).view(1, -1, heads, d_k).transpose(1, 2)  # (1, H, 2n - 1, d_k)
+    p = attn.linear_pos(pos_emb).view(-1, heads, d_k).transpose(0, 1)  # (H, 2n - 1, d_k)
     q_u = (q + attn.pos_bias_u).transpose(1, 2)
-    q_v = (q + attn.pos_bias_v).transpose(1, 2)
-    scores = torch.matmul(q_u, k.transpose(-2, -1))
-    shifted = _rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))[..., :n]
-    scores = (scores + shifted) / math.sqrt(d_k)
+    q_v = (q + attn.pos_bias_v).transpose(0, 2).reshape(heads, t * b, d_k)  # (H, t B, d_k)
+    # one product per head: a (B, H, ...) product would broadcast a copy of the positions to every row
+    raw = torch.bmm(q_v, p.transpose(1, 2)).view(heads, t, b, -1).permute(2, 0, 1, 3)  # (B, H, t, 2n - 1)
+    shifted = _rel_shift(raw)[..., :n]
+    kernels = None if window is None else kernels_for(h)
+    if kernels is not None:  # 16 bits on CUDA: the windows read where they lie, one pass
+        flat = keys.view(-1, d_k), values.view(-1, d_k)
+        out = kernels.ring_attention(
+            q_u, *flat, window.read_rows.view(b, heads, n), shifted, mask[:, 0], 1 / math.sqrt(d_k), _MASKED_SCORE
+        )
+        return attn.linear_out(out.transpose(1, 2).reshape(b, t, heads * d_k))
+    if window is not None:
+        keys, values = window.read(keys), window.read(values)
+    k, v = (x if x.dim() == 4 else x.view(b, n, heads, d_k).transpose(1, 2) for x in (keys, values))
+    scores = (torch.matmul(q_u, k.transpose(-2, -1)) + shifted) / math.sqrt(d_k)
     weights = torch.softmax(scores.masked_fill(mask, _MASKED_SCORE), dim=-1).masked_fill(mask, 0.0)
     out = torch.matmul(weights, v).transpose(1, 2).reshape(b, t, heads * d_k)
     return attn.linear_out(out)
@@ -280,19 +370,25 @@ def _rel_shift(x: torch.Tensor) -> torch.Tensor:
 
 def _conv(conv, x: torch.Tensor, pad: torch.Tensor, past: torch.Tensor | None):
     """NeMo's ConformerConvolution with a causal depthwise convolution: (B, T, D) -> (B, T, D) and the new time
-    cache (the last K - 1 GLU outputs, cache included), or None without a cache."""
+    cache (the last K - 1 GLU outputs, cache included), or None without a cache. The pointwise convolutions run
+    as the linear layers they are, on (B, T, D): as convolutions over a step's few frames (B, D, T) cuDNN took a
+    general kernel that was a third of a 1.12 s step's GPU time."""
     kernel = conv.depthwise_conv.kernel_size[0]
-    x = F.glu(conv.pointwise_conv1(x.transpose(1, 2)), dim=1)  # (B, D, T)
+    x = F.glu(_pointwise(conv.pointwise_conv1, x), dim=-1).transpose(1, 2)  # (B, D, T)
     x = x.masked_fill(pad, 0.0)
     x = F.pad(x, (kernel - 1, 0)) if past is None else torch.cat([past, x], dim=-1)
     after = None if past is None else x[:, :, x.shape[2] - past.shape[2] :]
     x = conv.depthwise_conv(x)
     if isinstance(conv.batch_norm, torch.nn.LayerNorm):
-        x = conv.batch_norm(x.transpose(1, 2)).transpose(1, 2)
+        x = conv.batch_norm(x.transpose(1, 2))
     else:
-        x = conv.batch_norm(x)
-    x = conv.pointwise_conv2(F.silu(x))
-    return x.transpose(1, 2), after
+        x = conv.batch_norm(x).transpose(1, 2)
+    return _pointwise(conv.pointwise_conv2, F.silu(x)), after
+
+
+def _pointwise(conv: torch.nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """A kernel-1 convolution on (B, T, C) frames -> (B, T, C')."""
+    return F.linear(x, conv.weight[:, :, 0], conv.bias)
 
 
 class StepGraphs:

@@ -19,6 +19,10 @@ All state lives in `DecodeBuffers`, allocated once per batch size class and writ
 place, so the step can be captured in a CUDA graph (`graphs.py`) and replayed; the eager
 path calls the very same function. On CUDA that function is `fused_step.FusedStep`: the same
 step in four Triton kernels, tested against `decode_step`, which stays the CPU path.
+
+Shallow fusion (an n-gram LM, phrase boosting: `Fusion`) is NeMo's label-looping greedy with `fusion_models`: the
+joint alone decides blank or not; where it picks a token, the token is the argmax of its token logits plus each
+model's weight x score, and each model's state follows the emitted token.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from typing import Callable
 import torch
 
 from graphscribe.io.config import DecodingConfig
+from graphscribe.model.fusion import Fusion
 from graphscribe.model.heads import Joint, PredictionNet
+from graphscribe.model.ngram import TokenModel
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,11 @@ class DecodeState:
     c: torch.Tensor  # (L, B, H)
     g: torch.Tensor  # (B, J) projected prediction output
     skip: torch.Tensor  # (B,) frames of the next chunk to skip
+    fusion: torch.Tensor | None = None  # (B, K) each fused model's state (NeMo's fusion_states_list); None: start
+
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The state's tensors, the row dimension -2 in the 3-D ones and 0 in the others (a stream engine's pools)."""
+        return (self.h, self.c, self.g, self.skip) + ((self.fusion,) if self.fusion is not None else ())
 
 
 @dataclass
@@ -80,6 +91,7 @@ class DecodeBuffers:
         max_symbols: int,
         device: torch.device,
         dtype: torch.dtype,
+        fusion: list[tuple[TokenModel, float]] = (),
     ):
         j, layers, hidden = joint.cfg.hidden, prediction.cfg.layers, prediction.cfg.hidden
         state_dtype = prediction.prediction.embed.weight.dtype  # the prediction net may stay float32
@@ -110,6 +122,7 @@ class DecodeBuffers:
         self.records = torch.zeros(n, self.max_tokens, 3, device=device, dtype=torch.int32)  # [token, frame, duration]
         self.scratch: dict | None = None  # the fused step's, made on its first call
         self.parity = 0  # which of the fused step's two state buffers holds the state (0: h and c above)
+        self.fusion = Fusion(list(fusion), n, device) if fusion else None
 
     def grow_records(self, slots: int) -> None:
         """At least `slots` token slots per row, keeping what is recorded (a captured graph must be made again)."""
@@ -144,6 +157,8 @@ class DecodeBuffers:
         self.count.zero_()
         self.row_steps.zero_()
         self.parity = 0
+        if self.fusion is not None:
+            self.fusion.reset()
 
 
 def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, blank_id: int, max_symbols: int) -> None:
@@ -173,9 +188,13 @@ def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, bla
     landing = hop[:, 0]  # (N,) window position where the chain stops
     at = landing.clamp(max=w - 1)[:, None]
     token = tokens.gather(1, at)[:, 0]  # (N,)
+    if buf.fusion is not None:
+        token, fusion_next = buf.fusion.choose(logits, at, token, blank_id)
     duration = durations.gather(1, at)[:, 0]
     landing_frame = buf.t + landing
     emit = buf.active & (landing < w) & (landing_frame < buf.lengths)  # landed on a token
+    if buf.fusion is not None:
+        buf.fusion.move(fusion_next, token, emit)
 
     # Record (token, frame, duration) in the row's next slot; rows that do not emit write a slot they do not count.
     record = torch.stack([token, landing_frame, duration], dim=1)[:, None, :].to(buf.records.dtype)  # (N, 1, 3)
@@ -262,6 +281,7 @@ class GreedyDecoder:
     """Batched greedy decoding of encoder output; `graphs=True` replays captured CUDA graphs (CUDA only).
 
     `fused`: the Triton step on CUDA (None: on CUDA when Triton is there); the PyTorch `decode_step` otherwise.
+    `fusion`: token models (an n-gram LM, a boosting tree) with their weights, fused into every step (`Fusion`).
     """
 
     def __init__(
@@ -272,15 +292,19 @@ class GreedyDecoder:
         graphs: bool,
         window: int | None = None,
         fused: bool | None = None,
+        fusion: list[tuple[TokenModel, float]] | None = None,
     ):
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
+        self.fusion = list(fusion or [])
+        # the fused kernels choose the token inside the joint's kernel, which has no place for the fusion models'
+        # scores: with fusion the PyTorch step runs (in graphs all the same)
+        self.fused = False if self.fusion else fused
         # cuDNN wants the LSTM weights in one chunk (lost by .to(dtype)); otherwise it copies them at every
         # call, which also breaks graph capture.
         prediction.prediction.dec_rnn.lstm.flatten_parameters()
         self.blank_id = prediction.cfg.vocab_size
         self.graphs = graphs
         self.window = window
-        self.fused = fused
         self._fused_step = None  # FusedStep, made for the first CUDA batch
         self._buffers: dict[int, DecodeBuffers] = {}  # by batch size class N
         self._captured: dict = {}  # CapturedSteps by batch size class N, for the buffers above; they share a pool
@@ -341,6 +365,7 @@ class GreedyDecoder:
                 self.cfg.max_symbols,
                 device,
                 dtype,
+                self.fusion,
             )
             self._buffers[n] = buf
             self._captured.pop(n, None)
@@ -447,7 +472,10 @@ class GreedyDecoder:
     def fresh_state(self, b: int, device: torch.device, dtype: torch.dtype) -> DecodeState:
         """The state of b rows before their first chunk: after the start symbol, nothing to skip."""
         h, c, g = self.start_state(b, device, dtype)  # dtype: the joint's, as the encoder output's
-        return DecodeState(h.clone(), c.clone(), g.clone(), torch.zeros(b, dtype=torch.long, device=device))
+        fusion = None
+        if self.fusion:
+            fusion = torch.tensor([[model.start_state for model, _ in self.fusion]] * b, device=device)  # (B, K)
+        return DecodeState(h.clone(), c.clone(), g.clone(), torch.zeros(b, dtype=torch.long, device=device), fusion)
 
     def _decode(
         self,
@@ -468,7 +496,7 @@ class GreedyDecoder:
         if carried is None:
             restart = self._restarter(buf, step, start)
         else:  # each row from its own state: an eager restart (a few copies), the steps replayed as usual
-            restart = functools.partial(_restart_eagerly, buf, step, _rows(start, carried, b))
+            restart = functools.partial(_restart_carried, buf, step, _rows(start, carried, b), carried.fusion)
         restart()
         run = self._runner(buf, step, restart)
         # Before any step no row has more than `frames` to go and none has a token: the first round needs no read.
@@ -499,7 +527,8 @@ class GreedyDecoder:
             return hyps, None
         # an even number of steps leaves the LSTM state in buf.h, buf.c (the fused step alternates two copies)
         skip = (buf.t[:b] - buf.lengths[:b]).clamp(min=0)
-        return hyps, DecodeState(buf.h[:, :b].clone(), buf.c[:, :b].clone(), buf.g[:b].clone(), skip)
+        fusion = buf.fusion.states[:, :b].T.clone() if buf.fusion is not None else None
+        return hyps, DecodeState(buf.h[:, :b].clone(), buf.c[:, :b].clone(), buf.g[:b].clone(), skip, fusion)
 
 
 def _restart_eagerly(buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...]) -> None:
@@ -507,6 +536,13 @@ def _restart_eagerly(buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...]) 
     buf.restart(start)
     if step is not decode_step:
         step.start(buf)
+
+
+def _restart_carried(buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...], fusion: torch.Tensor | None) -> None:
+    """`_restart_eagerly`, then the fusion models' states carried from the last chunk into their rows."""
+    _restart_eagerly(buf, step, start)
+    if fusion is not None and buf.fusion is not None:
+        buf.fusion.states[:, : fusion.shape[0]].copy_(fusion.T)
 
 
 def _rows(start: tuple[torch.Tensor, ...], state: DecodeState, b: int) -> tuple[torch.Tensor, ...]:

@@ -39,10 +39,17 @@ _CAUSAL_PAD = 3  # NeMo's CausalConv2D pads both axes with kernel - 1 = 2 zeros 
 
 
 class CausalConv2d(nn.Conv2d):
-    """NeMo's CausalConv2D: (2, 1) zeros around the time axis and the mel axis alike, then no padding of its own."""
+    """NeMo's CausalConv2D: (2, 1) zeros around the time axis and the mel axis alike, then no padding of its own.
+
+    Run as the convolution padded by 2 on every side, its outputs past the causal ones cut: the same windows over
+    the same zeros (a window starting past the first (2, 1) padding's end only exists on an odd axis, as the last
+    output, which is cut), where padding the input first wrote a copy of it, the first subsampling layer's
+    input and the depthwise layers' (B, C, T, F) maps a second time."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(F.pad(x, (2, 1, 2, 1)))
+        t, f = x.shape[2] // 2 + 1, x.shape[3] // 2 + 1  # floor((L + 3 - 3) / 2) + 1 each
+        y = F.conv2d(x, self.weight, self.bias, self.stride, 2, self.dilation, self.groups)
+        return y[:, :, :t, :f]
 
 
 class Subsampling(nn.Module):
@@ -158,14 +165,20 @@ class Subsampling(nn.Module):
         return x  # (B, C, T', F')
 
     def _causal_stack(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """NeMo's MaskedConvSequential on causal convolutions: the time mask applied before every layer and after
-        the last, the lengths following each stride. (B, 1, T, F) -> (B, C, T', F')."""
+        """NeMo's MaskedConvSequential on causal convolutions, (B, 1, T, F) -> (B, C, T', F'): the time mask
+        applied before every layer and after the last, the lengths following each stride. Masking is needed
+        only where a layer reads across frames, so the input is masked and each ReLU with its mask is one pass
+        (`_relu_masked`): the pointwise convolutions read one frame each, and what they make of a masked frame is
+        masked by the ReLU after them. The same numbers, two passes over the largest maps instead of six."""
+        x = _mask_time(x, lengths)
         for layer in self.conv:
-            x = _mask_time(x, lengths)
+            if isinstance(layer, nn.ReLU):
+                x = _relu_masked(x, lengths)
+                continue
             x = layer(x)
             if isinstance(layer, nn.Conv2d) and layer.stride != (1, 1):
                 lengths = torch.div(lengths + _CAUSAL_PAD - _KERNEL, _STRIDE, rounding_mode="floor") + 1
-        return _mask_time(x, lengths)
+        return x
 
     @staticmethod
     def _masked_stack(x: torch.Tensor, layers: list[nn.Module], kernels, valid: list[torch.Tensor]) -> torch.Tensor:

@@ -20,6 +20,7 @@ from graphscribe.model.confidence import check_method, replay_batch
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate
 from graphscribe.model.features import PackedClips
+from graphscribe.model.fusion import fusion_models
 from graphscribe.model.graphs import LayerGraphs
 from graphscribe.model.packing import PackedFront, Packing
 from graphscribe.model.subsampling import subsampled_lengths
@@ -75,6 +76,9 @@ class LoadedModel:
         self.options = options
         self.module = module.to_inference(self.device, self.dtype)
         self.tokenizer = tokenizer
+        vocab = self.cfg.prediction.vocab_size
+        o = options
+        self.fusion = fusion_models(o.lm, o.lm_weight, o.hotwords, o.boost, tokenizer, vocab, self.device)
         self.decoder = self._new_decoder()
         self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
         self._copy_stream: torch.cuda.Stream | None = None  # host-to-device copies of batches (`_copied`)
@@ -114,7 +118,9 @@ class LoadedModel:
             self._layer_graphs.release()
 
     def _new_decoder(self) -> GreedyDecoder:
-        return GreedyDecoder(self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs)
+        return GreedyDecoder(
+            self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs, fusion=self.fusion
+        )
 
     @property
     def sample_rate(self) -> int:

@@ -10,6 +10,7 @@ graphscribe_graph_capture_seconds_total    counter    time spent capturing CUDA 
 graphscribe_realtime_sessions              gauge      realtime WebSocket sessions open
 graphscribe_live_step_rows                 histogram  live streams (realtime turns, stream=true uploads) per step
 graphscribe_live_step_seconds_total        counter    the batching thread's time in live steps (operations included)
+graphscribe_device_*{device}                           with --devices: each device's engine (engines.DEVICE_METRICS)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Metrics:
     def __init__(self, queue_depth: Callable[[], int], sessions: Callable[[], int] = lambda: 0):
         self.queue_depth, self.sessions = queue_depth, sessions
         self.capture_seconds: Callable[[], float] = lambda: 0.0  # the model's, once it is loaded
+        self.device_lines: Callable[[], list[str]] = lambda: []  # with --devices: each device's (engines.py)
         self.requests: Counter[tuple[str, int]] = Counter()  # (path, status) -> answered
         self.audio_seconds = 0.0
         self.padded_seconds = 0.0
@@ -116,6 +118,7 @@ class Metrics:
             "# HELP graphscribe_live_step_seconds_total Seconds the batching thread spent in live steps.",
             "# TYPE graphscribe_live_step_seconds_total counter",
             f"graphscribe_live_step_seconds_total {_number(live_seconds)}",
+            *self.device_lines(),
         ]
         return "\n".join(lines) + "\n"
 

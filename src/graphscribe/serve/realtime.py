@@ -448,6 +448,10 @@ class Realtime:
         if found is None:  # dropped, or its client went away
             return
         session, turn = found
+        if said.error is not None:
+            del self._turns[number]
+            session.failed(turn, said.error)
+            return
         if said.done is not None:
             del self._turns[number]
         session.turns.setdefault(turn.number, turn)

@@ -19,6 +19,8 @@ The engine owns the admission counts (ipc.Admission: a slot a worker, the reques
 SIGTERM or SIGINT: the workers refuse new requests with 503 and answer those they admitted (the engine keeps
 transcribing for them; an upload that sends nothing is cut after a second), then exit; the engine exits 0 after
 them. A worker that dies is replaced, and the places it held in the counts are freed.
+`--devices` with several devices: this process loads no model; an engine process per device runs a `Service` each,
+and `engines.DeviceEngines` stands for the `Service` here, sending each request to the one with the least audio queued.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from graphscribe.console import (
 )
 from graphscribe.io.checkpoint import DEMO_NAME
 from graphscribe.io.options import RunOptions
+from graphscribe.serve.engines import DeviceEngines, devices_or_exit
 from graphscribe.serve.ipc import (
     AUDIO,
     DONE,
@@ -382,10 +385,15 @@ def run(
         live_streams=max(sessions, 1),
         on_live_step=engine.metrics.live_step,
     )
-    max_queue = max_queue or QUEUE_PER_ROW * service.max_batch
     device = f"{model.device} {str(model.dtype).removeprefix('torch.')}"
     # on a GPU this lasts seconds (a fresh machine's Triton compiles: half a minute): say what the wait is
     sys.stderr.write(f"warming up {model_name} on {device}: {_warm_up_work(service)}\n")
+    return serve_until(engine, service, model_name, max_queue, stop)
+
+
+def serve_until(engine: Engine, service, model_name: str, max_queue: int | None, stop: _Stop) -> int:
+    """Start `service` (a `Service`, or engines.DeviceEngines) and serve it through `engine`'s workers until `stop`;
+    the exit code. max_queue None: QUEUE_PER_ROW x the batch size, for each device."""
     service.start()
     failed, announced = None, False
     while not stop.wait(0.05):
@@ -393,15 +401,17 @@ def run(
         if failed:
             break
         if service.error is not None:
-            failed = f"warming up failed: {service.error}"
+            failed = f"{'warming up failed: ' if not service.ready else ''}{service.error}"
             break
         if announced or not service.ready:
             continue
         if engine.ready is None:
-            engine.serve(service, model_name, max_queue)
+            devices = len(getattr(service, "devices", [None]))
+            engine.serve(service, model_name, max_queue or QUEUE_PER_ROW * service.max_batch * devices)
         if engine.all_up:
             host, port = engine.listening.getsockname()[:2]
             workers = f"{engine.count} HTTP worker{'s' if engine.count > 1 else ''}"
+            device = f"{service.model.device} {str(service.model.dtype).removeprefix('torch.')}"
             sys.stderr.write(
                 f"serving {model_name} on http://{host_text(host)}:{port} ({device}, batches of up to {service.max_batch}, "
                 f"{workers}; warmed up in {service.warm_up_seconds:.1f} s)\n"
@@ -483,6 +493,12 @@ def serve_command(
         help="HTTP worker processes: they take the requests and decode the uploads, apart from the model's process.",
     ),
     device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
+    devices: Optional[str] = typer.Option(
+        None,
+        "--devices",
+        metavar="all|cuda:0,cuda:1|cpu,cpu",
+        help="One engine process per device, each request sent to the one with the least audio queued.",
+    ),
     dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
     max_audio_hours: float = typer.Option(
         MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP + " 400 past it."
@@ -508,6 +524,8 @@ def serve_command(
     Needs the serve extra: pip install 'graphscribe\\[serve]'."""
     _check_the_extra()
     setup_logging()
+    names = devices_or_exit(devices, device)
+    device = names[0] if names else device
     if not is_loopback(host) and api_key is None:
         err_console.print(
             f"warning: listening on {host} without --api-key: anyone who can reach this port can use the server"
@@ -541,15 +559,24 @@ def serve_command(
             engine.stop_workers()
             err_console.print(f"error: cannot start the HTTP workers on {host}:{port} ({err.strerror or err})")
             raise typer.Exit(1) from None
+        options = RunOptions(device=device, dtype=dtype, batch_size=max_batch, confidence=confidence)
+        if len(names) > 1:
+            code = _serve_on_devices(engine, source, names, options, name, max_wait_ms, max_queue, stop)
+            raise typer.Exit(code)
         try:
-            loaded = load_or_exit(
-                model, RunOptions(device=device, dtype=dtype, batch_size=max_batch, confidence=confidence)
-            )
+            loaded = load_or_exit(model, options)
         except BaseException:
             engine.stop_workers()
             raise
         code = run(engine, loaded, name, max_batch, max_wait_ms / 1000, max_queue, stop)
     raise typer.Exit(code)
+
+
+def _serve_on_devices(engine, source, names, options, model_name, max_wait_ms, max_queue, stop) -> int:
+    """--devices with several: an engine process each (engines.py), which the HTTP workers' requests are spread over."""
+    service = DeviceEngines.behind(engine, source, names, options, max_wait_ms / 1000)
+    sys.stderr.write(f"warming up {model_name} on {', '.join(service.labels)}: an engine process each\n")
+    return serve_until(engine, service, model_name, max_queue, stop)
 
 
 SERVE_EXTRA = ("starlette", "uvicorn", "httptools")  # what the HTTP workers import (uvloop: uvicorn's, if present)

@@ -41,6 +41,7 @@ class Said:
     needed: int  # samples from the turn's start the step's chunk and right context took
     done: str | None = None
     audio_samples: int = 0  # the turn's samples, with `done`
+    error: str | None = None  # the turn could not be transcribed (its engine died): it failed, nothing more comes
 
 
 class LiveSessions:

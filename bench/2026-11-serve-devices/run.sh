@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 51's bar: one server on both GPUs (`serve --devices all`: an engine process each) against one server on one
+# GPU (`serve --devices cuda:0`: today's single-process path), the calibrated v3-shaped checkpoint (random weights,
+# NOT NVIDIA's) in bfloat16, 128 clients twice over the 4096 files each (`transcribe bench --serve`, the clients
+# spread over $CLIENTS processes so that they are not the limit), servers interleaved one, all, all, one; then each
+# run's RTFx, the ratio of the medians (bar: 1.9 or more) and the failed requests (bar: none). On the lent 2-GPU
+# machine from the repo root with .whl.tar.xz carried:  bash bench/2026-11-serve-devices/run.sh   (logs under $OUT)
+set -uo pipefail
+source scripts/gpu_setup.sh
+unset CUDA_VISIBLE_DEVICES
+CLIENTS=${CLIENTS:-4}
+loaded2() {
+    step "server $1" 120 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
+        --concurrency 128,128 --client-processes $CLIENTS --json "$OUT/serve-$1.json"
+}
+for name in one-1 all-1 all-2 one-2; do
+    case $name in one-*) EXTRA="--devices cuda:0 ${HTTP:-}" ;; *) EXTRA="--devices all ${HTTP:-}" ;; esac
+    EXTRA=$EXTRA serve $name bfloat16
+    loaded2 $name
+    grep -E '^graphscribe_device_(requests_total|restarts_total)' <(curl -s localhost:8000/metrics) | tee -a "$log"
+    stop $name
+done
+python3 - "$OUT" <<'PY' | tee -a "$log"
+import json, statistics, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+rtfx, failed = {"one": [], "all": []}, 0
+for name in ("one-1", "all-1", "all-2", "one-2"):
+    path = out / f"serve-{name}.json"
+    if not path.exists():
+        print(f"{name}: no report"); continue
+    report = json.loads(path.read_text())
+    rows = report["rows"]
+    rtfx[name.split("-")[0]] += [r["rtfx"] for r in rows]
+    failed += sum(r["failed"] for r in rows)
+    print(f"{name}: {report['server'].get('device')}: RTFx {[r['rtfx'] for r in rows]}, failed {[r['failed'] for r in rows]}")
+if rtfx["one"] and rtfx["all"]:
+    one, two = statistics.median(rtfx["one"]), statistics.median(rtfx["all"])
+    print(f"median RTFx: one GPU {one:.1f}, both {two:.1f}: {two / one:.2f}x (bar 1.9x); failed requests: {failed} (bar 0)")
+PY
+(cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)
+exit 0
