@@ -5,7 +5,8 @@ TDT model's duration logits left out), through one of its measures (the default:
 exponential norm), and a word takes the minimum of its tokens'. Nothing of it is needed while decoding: a
 hypothesis says which token came at which encoder frame, and each token's step read that frame and the
 prediction net's output after the tokens before it. So `replay_batch` recomputes those steps' logits afterwards, for the
-hypotheses whose confidence is asked for, and greedy decoding stays as it is.
+hypotheses whose confidence is asked for, and greedy decoding stays as it is. With an LM or hotwords fused into
+the decoding, NeMo measures the joint's own logits before the fused scores (`unbiased_logits`): the replay's too.
 """
 
 from __future__ import annotations
