@@ -420,3 +420,20 @@ def test_fusion_in_graphs_gives_nemos_tokens(folder, checkpoint):
     assert model.decoder._captured and model.decoder._fused_step is None
     batch = model.transcribe([root / fusion["clips"][c] for c in clips], batch_size=len(clips))
     assert [t.token_ids for t in batch] == [t.token_ids for t in singles]
+
+
+@pytest.mark.parametrize("name", ["tdt-tiny", "rnnt-tiny"])
+@pytest.mark.parametrize("beam", [2, 4, 8])
+def test_beam_float32_matches_nemo_on_gpu(name, beam):
+    """The beam search on CUDA in float32, the nine clips as one batch: NeMo's best hypothesis (made on the CPU)
+    and its score to float32 rounding (fixtures/nemo-beam)."""
+    ref = _reference("nemo-beam")
+    spec = ref["models"][name]
+    root = Path(__file__).parent.parent
+    model = gs.load_model(root / spec["checkpoint"], device="cuda", dtype="float32", beam_size=beam, nbest=True)
+    clips = list(ref["clips"])
+    got = model.transcribe([root / ref["clips"][c]["file"] for c in clips], batch_size=len(clips))
+    run = spec["runs"][f"malsd_batch/beam{beam}/nolm"]["single"]
+    assert [t.token_ids for t in got] == [run[c][0]["token_ids"] for c in clips]
+    for t, c in zip(got, clips):
+        assert t.alternatives[0].score == pytest.approx(run[c][0]["score"], rel=1e-5, abs=5e-4), c

@@ -1,7 +1,7 @@
 """The Python API: `load_model(source).transcribe(inputs)`.
 
 Pipeline: audio -> LogMel (float32) -> FastConformer (model dtype; eager, or a small batch's layers
-replayed from a CUDA graph) -> greedy decoding (GreedyDecoder, eager or CUDA graphs) -> text and token
+replayed from a CUDA graph) -> greedy decoding (GreedyDecoder, eager or CUDA graphs; or BeamDecoder's beam search) -> text and token
 timestamps. The stages are `runtime/loaded.py`'s; reading and batching many inputs is `runtime/pipeline.py`'s.
 """
 
@@ -129,6 +129,7 @@ def load_model(
     `load_model(path, device="cpu")` is `load_model(path, RunOptions(device="cpu"))`.
     batch_size, batch_seconds: `transcribe`'s defaults (None: the device's, see `Model.transcribe_iter`).
     attention: auto | full | local, and attention_window (frames each side): see `Model.attention_for`.
+    beam_size: 1 greedy, more a beam search (`model/beam.py`); nbest: each transcript's `alternatives`.
     The weights go from the (memory-mapped) file straight to the device in their inference
     dtype, into a module built on the meta device: nothing is initialised and nothing is
     copied twice. On the CPU in float32 they stay memory-mapped (the file must not change

@@ -141,6 +141,16 @@ def transcribe_command(
     graphs: Optional[bool] = typer.Option(
         None, "--graphs/--no-graphs", show_default="on with CUDA", help="Replay the decode steps from CUDA graphs."
     ),
+    beam: int = typer.Option(
+        1,
+        "--beam",
+        min=1,
+        metavar="N",
+        help="Beam search of N hypotheses per file (NeMo's malsd_batch); 1: greedy. Files only, not --stream.",
+    ),
+    nbest: bool = typer.Option(
+        False, "--nbest", help="With --beam and -f json: each file's n-best list (alternatives, with their scores)."
+    ),
     fmt: str = typer.Option(
         "txt",
         "--format",
@@ -209,6 +219,7 @@ def transcribe_command(
     Output files are written whole (a temporary name, renamed when complete) and named by their input alone:
     NAME.txt, or NAME.wav.txt where NAME.flac sits beside NAME.wav. Ctrl-C keeps every finished result."""
     setup_logging()
+    _check_beam(beam, nbest, stream, fmt)
     if stream:
         from graphscribe.live import stream_command  # here: torch and the stream engine for --stream only
 
@@ -260,6 +271,8 @@ def transcribe_command(
             lm_weight=lm_weight,
             hotwords=hotwords_or_exit(hotwords, hotwords_file),
             boost=boost,
+            beam_size=beam,
+            nbest=nbest,
             confidence=confidence,
         )
         loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, model, options, graphs is True)
@@ -331,6 +344,15 @@ def _device_lines(loaded) -> list[str]:
             line += f", done at {stats.done_at:.2f} s"
         lines.append(line + (f" ({stats.ended})" if stats.ended else ""))
     return lines
+
+
+def _check_beam(beam: int, nbest: bool, stream: bool, fmt: str) -> None:
+    if beam > 1 and stream:
+        fail_usage("--beam decodes files; --stream decodes greedily")
+    if nbest and beam < 2:
+        fail_usage("--nbest lists a beam's hypotheses: add --beam N (2 or more)")
+    if nbest and "json" not in fmt.split(","):
+        fail_usage("--nbest lists the alternatives in JSON output: add -f json")
 
 
 def _load_and_transcribe(files, formats, targets, devices: list[str], model, options: RunOptions, graphs_asked: bool):

@@ -53,6 +53,8 @@ class RunOptions:
     lm_weight: float = 0.5  # its weight (NeMo's ngram_lm_alpha)
     hotwords: tuple[str, ...] = ()  # phrases to boost, each with an optional ":score" (`model/boosting.py`)
     boost: float = 1.0  # the boosting tree's weight (NeMo's boosting_tree_alpha)
+    beam_size: int = 1  # 1: greedy; more: NeMo's malsd_batch beam search (`model/beam.py`), files only (not streams)
+    nbest: bool = False  # with a beam: each transcript's n-best list (`Transcript.alternatives`, JSON)
     # token and word confidence in the outputs that carry tokens and words (json, tsv, verbose_json): replayed after
     # decoding (`model.confidence.replay_batch`); off, nothing of it is computed
     confidence: bool = False

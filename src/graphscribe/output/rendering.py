@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.output.timestamps import WordRules, token_spans, words_and_segments
-from graphscribe.output.transcript import Token, Transcript
+from graphscribe.output.transcript import Alternative, Token, Transcript
 from graphscribe.output.writers import WRITERS, cannot_write, is_disk_full, write_file
 
 if TYPE_CHECKING:
@@ -40,12 +40,20 @@ if TYPE_CHECKING:
 RENDER_WORKERS = 2
 
 
+class PlainAlternative(NamedTuple):
+    """An n-best entry as it crosses to a worker (`beam.ScoredPath`'s token ids and score)."""
+
+    token_ids: list[int]
+    score: float
+
+
 class PlainHypothesis(NamedTuple):
     """A hypothesis as it crosses to a worker: `decoding.Hypothesis`'s fields, without importing decoding (torch)."""
 
     token_ids: list[int]
     frames: list[int]  # encoder frame of each token
     durations: list[int]  # encoder frames (RNN-T: 0)
+    alternatives: tuple[PlainAlternative, ...] = ()  # a beam's n-best list (`beam.BeamHypothesis`)
     confidences: list[float] | None = None  # each token's, when asked for
 
 
@@ -82,6 +90,10 @@ class TranscriptMaker:
             token_ids=list(hyp.token_ids),
             audio_seconds=samples / self.sample_rate,
             seconds=seconds,
+            alternatives=[
+                Alternative(tokenizer.decode(a.token_ids), list(a.token_ids), a.score)
+                for a in getattr(hyp, "alternatives", ())
+            ],
         )
         if not word_times:
             return Transcript(**common)
@@ -159,10 +171,7 @@ class RenderPool:
         the inputs' places in `outputs` (needed with outputs)."""
         self._starter.join()
         paths = [self.outputs[i] for i in indices] if self.outputs is not None else [None] * len(sources)
-        rows = [
-            (s, n, PlainHypothesis(h.token_ids, h.frames, h.durations, h.confidences), p)
-            for s, n, h, p in zip(sources, samples, hyps, paths)
-        ]
+        rows = [(s, n, _plain(h), p) for s, n, h, p in zip(sources, samples, hyps, paths)]
         size = -(-len(rows) // len(self._conns))  # a share each: a batch's wait is its slowest share
         shares = [rows[k : k + size] for k in range(0, len(rows), size)]
         with self._lock:
@@ -199,6 +208,11 @@ class RenderPool:
         self._starter.join()
         for conn in self._conns:
             conn.close()
+
+
+def _plain(hyp: Hypothesis) -> PlainHypothesis:
+    alternatives = tuple(PlainAlternative(a.token_ids, a.score) for a in getattr(hyp, "alternatives", ()))
+    return PlainHypothesis(hyp.token_ids, hyp.frames, hyp.durations, alternatives, hyp.confidences)
 
 
 def _received(conn: Connection) -> list[Transcript]:

@@ -19,6 +19,15 @@ class Token:
 
 
 @dataclass
+class Alternative:
+    """One hypothesis of a beam search's n-best list: its text, token ids and NeMo's raw score (natural log)."""
+
+    text: str
+    token_ids: list[int]
+    score: float
+
+
+@dataclass
 class Transcript:
     """One input's result; `error` is set (and the rest empty) when the input could not be transcribed."""
 
@@ -31,6 +40,7 @@ class Transcript:
     audio_seconds: float = 0.0
     seconds: float = 0.0  # processing time: its batch's time divided by the batch size
     error: str | None = None
+    alternatives: list[Alternative] = field(default_factory=list)  # a beam's n-best, best first (--nbest)
     # format -> its writer's text, made in a worker process (`rendering.RenderPool`), which leaves tokens, words and
     # segments empty; `writers.render` takes it from here
     rendered: dict[str, str] = field(default_factory=dict)
@@ -69,6 +79,15 @@ class Transcript:
                 for w in self.words
             ],
             "segments": [{"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3)} for s in self.segments],
+        } | self._alternatives_json()
+
+    def _alternatives_json(self) -> dict:
+        if not self.alternatives:
+            return {}
+        return {
+            "alternatives": [
+                {"text": a.text, "token_ids": a.token_ids, "score": round(a.score, 4)} for a in self.alternatives
+            ]
         }
 
 

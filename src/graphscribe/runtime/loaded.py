@@ -16,6 +16,7 @@ from graphscribe.io.audio import read_input
 from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model import cache_aware
+from graphscribe.model.beam import BeamDecoder, Fusion
 from graphscribe.model.confidence import check_method, replay_batch
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate
@@ -57,6 +58,8 @@ class LoadedModel:
         self.cfg = module.cfg
         if options.attention not in _ATTENTION:
             raise ValueError(f"--attention {options.attention}: use auto, full or local")
+        if options.beam_size < 1:
+            raise ValueError(f"--beam {options.beam_size}: use 1 (greedy) or more")
         if options.attention_window < 1:
             raise ValueError(f"--attention-window {options.attention_window}: use 1 or more frames")
         if options.attention == "full" and self.cfg.encoder.local_context is not None:
@@ -80,6 +83,8 @@ class LoadedModel:
         o = options
         self.fusion = fusion_models(o.lm, o.lm_weight, o.hotwords, o.boost, tokenizer, vocab, self.device)
         self.decoder = self._new_decoder()
+        self.beam: BeamDecoder | None = None  # beam_size > 1: decodes files (streams stay greedy, `decoder`)
+        self.fuse(Fusion(self.fusion) if self.fusion and options.beam_size > 1 else None)
         self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
         self._copy_stream: torch.cuda.Stream | None = None  # host-to-device copies of batches (`_copied`)
         decoding = self.cfg.decoding
@@ -121,6 +126,18 @@ class LoadedModel:
         return GreedyDecoder(
             self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs, fusion=self.fusion
         )
+
+    def fuse(self, fusion: Fusion | None) -> None:
+        """Fuse token-level models (an n-gram LM, a boosting tree) into the beam search from now on; None: none.
+        The options' `lm` and `hotwords` are fused so at loading; greedy decoding takes them from `self.fusion`,
+        so a fusion given here with `beam_size` 1 is refused."""
+        if fusion is not None and self.options.beam_size < 2:
+            raise ValueError("a language model is fused into the beam search: use a beam of 2 or more")
+        if self.options.beam_size > 1:
+            cfg, module = self.cfg.decoding, self.module
+            self.beam = BeamDecoder(
+                module.decoder, module.joint, cfg, self.options.beam_size, fusion, self.options.nbest
+            )
 
     @property
     def sample_rate(self) -> int:
@@ -273,8 +290,11 @@ class LoadedModel:
     def decode(
         self, encoded: torch.Tensor, lengths: torch.Tensor, queued: Callable[[], None] | None = None
     ) -> list[Hypothesis]:
-        """queued: called once the first round of steps is queued on the device (`Decoder.decode`)."""
+        """queued: called once the first round of steps is queued on the device (`Decoder.decode`). Greedy, or the
+        beam search with `options.beam_size` > 1."""
         with self._float32_math():
+            if self.beam is not None:
+                return self.beam.decode(encoded, lengths, queued)
             return self.decoder.decode(encoded, lengths, queued)
 
     @torch.inference_mode()
