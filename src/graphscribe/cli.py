@@ -40,6 +40,7 @@ from graphscribe.console import (
     MAX_AUDIO_HOURS,
     MODEL_DEFAULT,
     MODEL_HELP,
+    devices_or_exit,
     err_console,
     fail_usage,
     hotwords_or_exit,
@@ -47,7 +48,6 @@ from graphscribe.console import (
     model_source,
     setup_logging,
 )
-from graphscribe.devices import devices_or_exit
 from graphscribe.io.config import ATTENTION_WINDOW, CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
 from graphscribe.io.options import RunOptions
 from graphscribe.output.transcript import Transcript

@@ -18,6 +18,7 @@ from graphscribe.console import (
     DTYPE_HELP,
     MODEL_DEFAULT,
     MODEL_HELP,
+    devices_or_exit,
     err_console,
     fail_usage,
     find_audio_files,
@@ -25,7 +26,6 @@ from graphscribe.console import (
     model_source,
     setup_logging,
 )
-from graphscribe.devices import devices_or_exit
 from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
 from graphscribe.io.options import RunOptions
 

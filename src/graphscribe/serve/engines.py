@@ -36,10 +36,8 @@ from typing import Callable, Hashable
 import numpy as np
 import torch
 
-from graphscribe.console import fail_usage
 from graphscribe.io.options import RunOptions
 from graphscribe.output.transcript import Transcript
-from graphscribe.runtime.device_names import parse_devices
 from graphscribe.serve.ipc import (
     AUDIO,
     DONE,
@@ -554,18 +552,6 @@ class _Live:
 
     def drop_all(self, owner: Callable[[Hashable], bool]) -> None:
         self.apply([(DROP, owner, None)])
-
-
-def devices_or_exit(devices: str | None, device: str) -> list[str]:
-    """`serve --devices` as device names ([] when not given); a bad value exits 2 with one line."""
-    if devices is None:
-        return []
-    if device != "auto":
-        fail_usage(f"--device {device} --devices {devices}: give one of them")
-    try:
-        return parse_devices(devices)
-    except ValueError as err:
-        fail_usage(str(err))
 
 
 def device_labels(devices: list[str]) -> list[str]:

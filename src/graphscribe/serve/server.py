@@ -2,7 +2,7 @@
 
     POST /v1/audio/transcriptions  multipart: file; response_format json | text | srt | vtt | verbose_json;
                                    stream; timestamp_granularities[]; include[]=confidence; model, language,
-                                   prompt, temperature (accepted, unused: one model answers, no prompting)
+                                   prompt, temperature (unused)
     GET  /v1/realtime              ?intent=transcription: OpenAI's Realtime transcription sessions over a WebSocket
                                    (realtime.py); `--max-sessions` at once, `--session-idle` seconds without an event
     GET  /v1/models                the loaded model
@@ -52,13 +52,14 @@ from graphscribe.console import (
     MODEL_DEFAULT,
     MODEL_ENV,
     MODEL_HELP,
+    devices_or_exit,
     err_console,
     load_or_exit,
     setup_logging,
 )
 from graphscribe.io.checkpoint import DEMO_NAME
 from graphscribe.io.options import RunOptions
-from graphscribe.serve.engines import DeviceEngines, devices_or_exit
+from graphscribe.serve.engines import DeviceEngines
 from graphscribe.serve.ipc import (
     AUDIO,
     DONE,
