@@ -1,8 +1,7 @@
 """`transcribe serve`: OpenAI's transcription API over HTTP, batching concurrent requests through one model.
 
     POST /v1/audio/transcriptions  multipart: file; response_format json | text | srt | vtt | verbose_json;
-                                   stream; timestamp_granularities[]; include[]=confidence; model, language,
-                                   prompt, temperature (unused)
+                                   stream; timestamp_granularities[]; include[]; model, language, prompt, temperature
     GET  /v1/realtime              ?intent=transcription: OpenAI's Realtime transcription sessions over a WebSocket
                                    (realtime.py); `--max-sessions` at once, `--session-idle` seconds without an event
     GET  /v1/models                the loaded model
