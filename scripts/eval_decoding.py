@@ -247,6 +247,53 @@ def boost_study(args, dev: Clips, test: Clips, make_recall, text, test_greedy: d
     }
 
 
+def aligned_correct(ref: list[str], hyp: list[str]) -> list[bool]:
+    """For each hypothesis word: whether a minimal word alignment matches it to the same reference word."""
+    rows = [list(range(len(hyp) + 1))]
+    for i, rw in enumerate(ref, 1):
+        row = [i]
+        for j, hw in enumerate(hyp, 1):
+            row.append(min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (rw != hw)))
+        rows.append(row)
+    correct, i, j = [False] * len(hyp), len(ref), len(hyp)
+    while i and j:
+        if rows[i][j] == rows[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1]):
+            correct[j - 1] = ref[i - 1] == hyp[j - 1]
+            i, j = i - 1, j - 1
+        elif rows[i][j] == rows[i][j - 1] + 1:
+            j -= 1
+        else:
+            i -= 1
+    return correct
+
+
+def confidence_study(args, test: Clips) -> dict:
+    """Word confidences (NeMo's defaults) of greedy on the test utterances against which words are wrong."""
+    model = gs.load_model(args.model, device="cpu", dtype="float32", batch_size=args.batch_size, confidence=True)
+    pairs = []  # (confidence, correct)
+    for ref, t in zip(test.refs, model.transcribe(test.audio, batch_size=args.batch_size)):
+        words = [(speech.normalize(w.word), w.confidence) for w in t.words if speech.normalize(w.word)]
+        marks = aligned_correct(ref.split(), [w for w, _ in words])
+        pairs += [(c, ok) for (_, c), ok in zip(words, marks)]
+    good = sorted(c for c, ok in pairs if ok)
+    bad = sorted(c for c, ok in pairs if not ok)
+    ranked = sorted(pairs)
+    low = ranked[: len(ranked) // 10]
+    below = sum(sum(1 for g in good if g > b) + 0.5 * sum(1 for g in good if g == b) for b in bad)
+    report = {
+        "words": len(pairs),
+        "wrong_words": len(bad),
+        "mean_confidence_correct": sum(good) / max(len(good), 1),
+        "mean_confidence_wrong": sum(bad) / max(len(bad), 1),
+        "auc_wrong_below_correct": below / max(len(good) * len(bad), 1),
+        "wrong_share_least_confident_tenth": sum(1 for _, ok in low if not ok) / max(len(low), 1),
+        "wrong_share_all": len(bad) / max(len(pairs), 1),
+        "wrong_words_in_least_confident_tenth": sum(1 for _, ok in low if not ok),
+    }
+    print(f"confidence: {report}", flush=True)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEMO))
@@ -256,12 +303,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="espeak-ng processes")
     parser.add_argument("--dev-lm", type=int, default=200, help="dev utterances for the LM's order and weight")
     parser.add_argument("--recall-voices", type=int, default=3, help="new voices per sentence with a rare word")
-    parser.add_argument("--only", choices=["lm", "boost"], help="one study (boost decodes the test set greedily)")
+    parser.add_argument(
+        "--only", choices=["lm", "boost", "confidence"], help="one study (boost decodes the test set greedily)"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     test, dev, make_recall, text = make_sets(args.workers, args.recall_voices)
     print(f"test: {len(test.refs)} utterances ({test.seconds:.0f} s); dev: {len(dev.refs)} ({dev.seconds:.0f} s)")
     setup = {"model": Path(args.model).name, "device": "cpu", "dtype": "float32", "batch_size": args.batch_size}
+    if args.only == "confidence":
+        report = confidence_study(args, test)
+        (args.out / "confidence.json").write_text(json.dumps({**setup, **report}, indent=1) + "\n")
+        return 0
     if args.only != "boost":
         report, test_greedy = lm_study(args, dev, test)
         (args.out / "lm.json").write_text(json.dumps({**setup, **report}, indent=1) + "\n")
