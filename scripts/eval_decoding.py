@@ -2,6 +2,7 @@
 """The demo model's decoding tables: greedy, beam 4, beam 4 with an n-gram LM (issue 49); rare-word boosting (50).
 
     python scripts/eval_decoding.py [--out bench/2026-11-demo-decoding] [--model src/graphscribe/data/demo.nemo]
+    python scripts/eval_decoding.py --only confidence   # greedy word confidences against the wrong words
 
 Needs `python scripts/demo_speech.py prepare` first. All on the CPU (`device="cpu"`, float32).
 
