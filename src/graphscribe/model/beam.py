@@ -25,6 +25,8 @@ reads only between rounds of steps (`BeamDecoder`), to see whether any live hypo
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
@@ -33,8 +35,10 @@ import numpy as np
 import torch
 
 from graphscribe.io.config import DecodingConfig
-from graphscribe.model.decoding import Hypothesis, frame_capacity
+from graphscribe.model.decoding import Hypothesis, frame_capacity, size_class
 from graphscribe.model.heads import Joint, PredictionNet
+
+log = logging.getLogger(__name__)
 
 HASH_MULTIPLIER = 6364136223846793005  # NeMo's rolling hash of a token sequence: h * M + 1 + token (mod 2**64)
 EPS = 1e-2  # NeMo's clamp of p(blank) in lm_weighted_full: log(1 - min(p_blank, 1 - EPS))
@@ -340,7 +344,11 @@ def _advance_fusion(buf: BeamBuffers, source: torch.Tensor, token: torch.Tensor,
 class BeamDecoder:
     """Batched beam search of encoder output: `decode` as `GreedyDecoder.decode`, one `BeamHypothesis` per input.
 
-    nbest: the hypotheses' `alternatives` hold the sorted n-best list (else only the best is made)."""
+    nbest: the hypotheses' `alternatives` hold the sorted n-best list (else only the best is made). graphs: on CUDA,
+    STEPS_PER_CHECK steps are captured once per batch size class as one CUDA graph and replayed (`CapturedSteps`);
+    the eager path runs the same `beam_step`. On CUDA the buffers have the rows of the batch's size class either way
+    (the spare rows hold no input and stay finished), so a partial batch replays its class's graph and both paths
+    run the same kernels on the same shapes."""
 
     def __init__(
         self,
@@ -350,14 +358,24 @@ class BeamDecoder:
         beam_size: int,
         fusion: Fusion | None = None,
         nbest: bool = False,
+        graphs: bool = False,
     ):
         if beam_size < 1:
             raise ValueError(f"beam size {beam_size}: use 1 or more")
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
-        self.beam_size, self.fusion, self.nbest = beam_size, fusion, nbest
+        self.beam_size, self.fusion, self.nbest, self.graphs = beam_size, fusion, nbest, graphs
+        # cuDNN wants the LSTM weights in one chunk; otherwise it copies them at every call, which breaks capture
+        prediction.prediction.dec_rnn.lstm.flatten_parameters()
         self.blank_id = prediction.cfg.vocab_size
         self._buffers: dict[int, BeamBuffers] = {}  # by inputs per batch: a batch of another size keeps the others
+        self._captured: dict = {}  # CapturedSteps by inputs per batch, for the buffers above; they share a pool
+        self._start: dict = {}  # by (device, dtype): the state after the start symbol, for one row
         self.steps = 0  # steps the last decode ran
+        self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
+
+    def _replayed(self, device: torch.device) -> bool:
+        """Whether the steps on `device` replay captured graphs (CUDA graphs: CUDA only)."""
+        return self.graphs and device.type == "cuda"
 
     def _buffers_for(self, n: int, frames: int, device: torch.device, dtype: torch.dtype) -> BeamBuffers:
         buf = self._buffers.get(n)
@@ -376,14 +394,52 @@ class BeamDecoder:
                 dtype,
             )
             self._buffers[n] = buf
+            self._captured.pop(n, None)
         return buf
 
     def _start_state(self, rows: int, device: torch.device, dtype: torch.dtype):
-        """The prediction state and projected output after the start symbol (blank) for `rows` rows."""
-        h, c = self.prediction.initial_state(1, device, self.prediction.prediction.embed.weight.dtype)
-        out, h, c = self.prediction.step(torch.full((1,), self.blank_id, device=device), h, c)
-        g = self.joint.project_prediction(out.to(dtype))
+        """The prediction state and projected output after the start symbol (blank) for `rows` rows: computed once
+        for one row and repeated, so that a hypothesis starts from the same bits in any batch."""
+        one = self._start.get((device, dtype))
+        if one is None:
+            h, c = self.prediction.initial_state(1, device, self.prediction.prediction.embed.weight.dtype)
+            out, h, c = self.prediction.step(torch.full((1,), self.blank_id, device=device), h, c)
+            one = self._start[(device, dtype)] = (h, c, self.joint.project_prediction(out.to(dtype)))
+        h, c, g = one
         return h.expand(-1, rows, -1), c.expand(-1, rows, -1), g.expand(rows, -1)
+
+    def _runner(self, buf: BeamBuffers, restore: Callable[[], None], warm_up: bool = True) -> Callable[[], None]:
+        """A callable that runs STEPS_PER_CHECK steps: a graph replay, or eager calls of the same `beam_step`.
+
+        A graph is captured on first use, after eager warm-up steps and `restore()`; `warm_up=False` captures again
+        in the middle of a decode (the history was regrown), leaving the state as it is."""
+
+        def one() -> None:
+            beam_step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
+
+        if self._replayed(buf.enc.device):
+            captured = self._captured.get(buf.n)
+            if captured is None:
+                try:
+                    from graphscribe.model.graphs import CapturedSteps, pool_of
+
+                    pool = pool_of(list(self._captured.values()))
+                    captured = CapturedSteps(one, STEPS_PER_CHECK, pool, before_capture=restore, warm_up=warm_up)
+                    self.capture_seconds += captured.capture_seconds
+                    self._captured[buf.n] = captured
+                except RuntimeError as err:  # capture is an optimisation: decode eagerly rather than fail
+                    log.warning("CUDA graph capture failed (%s); beam search runs eagerly", str(err).splitlines()[0])
+                    self.graphs = False
+                    if warm_up:
+                        restore()
+            if captured is not None:
+                return captured.replay
+
+        def eager() -> None:
+            for _ in range(STEPS_PER_CHECK):
+                one()
+
+        return eager
 
     @torch.inference_mode()
     def decode(
@@ -394,19 +450,24 @@ class BeamDecoder:
         b, frames = encoded.shape[:2]
         device = encoded.device
         enc_projected = self.joint.project_encoder(encoded)  # (B, T, J)
-        buf = self._buffers_for(b, frames, device, enc_projected.dtype)
+        n = size_class(b) if device.type == "cuda" or self._replayed(device) else b
+        buf = self._buffers_for(n, frames, device, enc_projected.dtype)
         buf.load(enc_projected, lengths.to(device))
-        buf.restart(*self._start_state(b * self.beam_size, device, enc_projected.dtype))
+        start = self._start_state(n * self.beam_size, device, enc_projected.dtype)
+        restore = functools.partial(buf.restart, *start)
+        restore()
+        run = self._runner(buf, restore)
         live = bool(buf.active.any())
         # every step moves each live hypothesis on by a token or a frame, at most max_symbols tokens a frame
         bound = frames * (self.cfg.max_symbols + 1) + STEPS_PER_CHECK
         while live:
             if buf.steps > bound:
                 raise RuntimeError(f"beam search: still decoding after {buf.steps} steps of {frames} frames")
-            if buf.steps + STEPS_PER_CHECK > buf.capacity:
+            if buf.steps + STEPS_PER_CHECK > buf.capacity:  # new history tensors: a graph is captured on them
                 buf.grow(buf.steps + STEPS_PER_CHECK)
-            for _ in range(STEPS_PER_CHECK):
-                beam_step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
+                self._captured.pop(buf.n, None)
+                run = self._runner(buf, restore, warm_up=False)
+            run()
             buf.steps += STEPS_PER_CHECK
             if queued is not None:
                 queued()
