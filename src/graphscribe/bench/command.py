@@ -140,6 +140,9 @@ def bench_command(
     left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="--streams: seconds of left context."),
     right: float = typer.Option(RIGHT_SECONDS, "--right", metavar="S", help="--streams: seconds of right context."),
     profile: bool = typer.Option(False, "--profile", help="--streams: once more, seconds per stage of the steps."),
+    beam: int = typer.Option(
+        1, "--beam", min=1, metavar="N", help="--folder, --throughput: decode with a beam search of N (1: greedy)."
+    ),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
     --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
@@ -173,6 +176,8 @@ def bench_command(
     folder_mode = folder is not None or throughput
     if folder_mode and clips:
         fail_usage("bench: give CLIPS, or --folder / --throughput, not both")
+    if beam > 1 and not folder_mode:
+        fail_usage("bench --beam: with --folder or --throughput")
     given_sizes = _batch_sizes(batch_sizes) if batch_sizes else None  # checked before the model loads
     if devices is not None:
         sizes, reps = given_sizes or _batch_sizes(THROUGHPUT_DEFAULTS[0]), reps or THROUGHPUT_DEFAULTS[1]
@@ -183,10 +188,11 @@ def bench_command(
         several = devices_or_exit(devices, device)
         with NATIVE_STDERR.installed():
             batch = max(sizes) if batch_sizes else None  # None: the devices' default
-            report = _bench_devices(several, model, dtype, graphs, folder, files, batch, reps, batch_seconds)
+            report = _bench_devices(several, model, dtype, graphs, folder, files, batch, reps, batch_seconds, beam)
         _write_report(report, json_path)
         return
-    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=False))  # rows set graphs on and off
+    # rows set graphs on and off
+    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=False, beam_size=beam))
     cuda = loaded.device.type == "cuda"
     want_graphs = graphs is not False
     modes = [False, True] if want_graphs and cuda else [False]
@@ -216,7 +222,7 @@ def _write_report(report: dict, json_path: Optional[Path]) -> None:
         json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
 
 
-def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, batch_seconds) -> dict:
+def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, batch_seconds, beam) -> dict:
     """`bench --devices`: RTFx per device count on the folder (or a generated one), at --batch-sizes' largest."""
     import tempfile
 
@@ -226,7 +232,9 @@ def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, ba
         paths = make_folder(generated, files) if folder is None else find_audio_files(folder) if folder.is_dir() else []
         if not paths:
             fail_usage(f"--folder {folder}: no audio files there")
-        options = RunOptions(dtype=dtype, graphs=graphs is not False, batch_size=batch, batch_seconds=batch_seconds)
+        options = RunOptions(
+            dtype=dtype, graphs=graphs is not False, batch_size=batch, batch_seconds=batch_seconds, beam_size=beam
+        )
         report = run_device_scaling(model_source(model), devices, paths, options, reps)
     print_device_scaling(report, Console(width=None if sys.stdout.isatty() else 240))
     return report

@@ -129,7 +129,7 @@ def run_throughput(
                         "rtfx_max": total / min(seconds),
                         "seconds": median["seconds"],
                         "warmup_seconds": warmup,
-                        "capture_ms": model.decoder.capture_seconds * 1e3,
+                        "capture_ms": (model.beam or model.decoder).capture_seconds * 1e3,
                         "compile_ms": model.decoder.compile_seconds * 1e3,
                         "stages": median["stages"],
                         "gpu_busy_seconds": median["gpu_busy"],
@@ -206,7 +206,7 @@ def _peak_rss_mb() -> float | None:
 def print_throughput(report: dict, console: Console) -> None:
     table = Table(
         title=f"graphscribe bench throughput: {report['files']} files, {report['audio_seconds']:.0f} s of "
-        f"audio; {report['device']}, {report['dtype']}, median of {report['reps']}"
+        f"audio; {report['device']}, {report['dtype']}, {_decoding(report)}, median of {report['reps']}"
     )
     columns = [
         "B",
@@ -239,6 +239,11 @@ def print_throughput(report: dict, console: Console) -> None:
         "decode: GPU time between CUDA events around each stage (CPU: wall time); text: tokens to words; "
         "write: output files. from memory: RTFx of transcribe() on the clips already read."
     )
+
+
+def _decoding(report: dict) -> str:
+    beam = report.get("beam", 1)
+    return f"beam {beam}" if beam > 1 else "greedy"
 
 
 def _seconds(value: float | None) -> str:
