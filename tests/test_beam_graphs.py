@@ -152,3 +152,16 @@ def test_load_model_passes_graphs_to_the_beam():
     model.use_graphs(True)
     assert model.beam is not before and model.beam.graphs is False  # the CPU: off still
     assert (model.beam.beam_size, model.beam.fusion) == (4, before.fusion)
+
+
+def test_rounds_queue_the_steps_no_hypothesis_can_skip(case):
+    """A round queues as many steps as the furthest-behind input's frames to go allow at the least (a step moves a
+    hypothesis at most the longest duration on), so a long clip takes a few host reads, not one per 8 steps; the
+    pipeline's `queued` is called once, after the first round."""
+    name, spec, model, encoded = case
+    calls = []
+    decoder = _decoder(model, 4, "nolm")
+    [hyp] = decoder.decode(*encoded["long_mix"], queued=lambda: calls.append(decoder.host_reads))
+    assert calls == [0]
+    assert decoder.host_reads < decoder.steps // STEPS_PER_CHECK / 4
+    _check(hyp, spec["runs"]["malsd_batch/beam4/nolm"]["single"]["long_mix"], spec["model_type"] == "tdt", name)

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 HASH_MULTIPLIER = 6364136223846793005  # NeMo's rolling hash of a token sequence: h * M + 1 + token (mod 2**64)
 EPS = 1e-2  # NeMo's clamp of p(blank) in lm_weighted_full: log(1 - min(p_blank, 1 - EPS))
-STEPS_PER_CHECK = 8  # steps queued between host reads; a step after a row's end leaves its hypotheses as they are
+STEPS_PER_CHECK = 8  # steps a graph replays; a step after a row's end leaves its hypotheses as they are
 PRUNING_MODES = ("late", "early")
 BLANK_MODES = ("lm_weighted_full", "no_score")
 
@@ -123,6 +123,7 @@ class BeamBuffers:
         self.n, self.k, self.max_frames, self.fusion = n, k, max_frames, fusion
         self.blank_id = prediction.cfg.vocab_size
         self.tdt = bool(durations)
+        self.max_move = max(max(durations or (1,)), 1)  # frames a step moves a hypothesis on at most
         self.durations = torch.tensor(durations or (0,), **ints)  # (D,) frames of each duration index
         self.row_of = torch.arange(n, **ints).repeat_interleave(k)  # (R,) the input of each hypothesis row
         self.slot0 = torch.arange(k, device=device) == 0  # (K,) where a finished or forced hypothesis goes
@@ -335,7 +336,7 @@ def _advance_fusion(buf: BeamBuffers, source: torch.Tensor, token: torch.Tensor,
     token for the next step; source (R,) the parent rows, token (R,) (0 where kept), keep (R,)."""
     buf.lm_scores.zero_()
     for (model, weight), states, after in zip(buf.fusion.models, buf.lm_states, buf.lm_next):
-        moved = after[source].gather(1, token[:, None])[:, 0]
+        moved = after[source, token]  # (R,): the parent row's next state after the token, not its whole row
         states.copy_(torch.where(keep, states[source], moved))
         scores, nxt = model.advance(states)
         after.copy_(nxt)
@@ -372,6 +373,7 @@ class BeamDecoder:
         self._captured: dict = {}  # CapturedSteps by inputs per batch, for the buffers above; they share a pool
         self._start: dict = {}  # by (device, dtype): the state after the start symbol, for one row
         self.steps = 0  # steps the last decode ran
+        self.host_reads = 0  # rounds of the last decode: each one host read (a wait for the GPU)
         self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
 
     def _replayed(self, device: torch.device) -> bool:
@@ -458,25 +460,39 @@ class BeamDecoder:
         restore = functools.partial(buf.restart, *start)
         restore()
         run = self._runner(buf, restore)
-        live = bool(buf.active.any())
+        remaining = int(lengths.max()) if b else 0  # frames still to go: before any step, the longest input's
         # every step moves each live hypothesis on by a token or a frame, at most max_symbols tokens a frame
         bound = frames * (self.cfg.max_symbols + 1) + STEPS_PER_CHECK
-        while live:
+        self.host_reads = 0
+        while remaining > 0:
             if buf.steps > bound:
                 raise RuntimeError(f"beam search: still decoding after {buf.steps} steps of {frames} frames")
-            if buf.steps + STEPS_PER_CHECK > buf.capacity:  # new history tensors: a graph is captured on them
-                buf.grow(buf.steps + STEPS_PER_CHECK)
+            # no live hypothesis ends sooner than its frames to go over the longest move a step (the lower bound:
+            # queued steps after an input's end are no-ops, and every round costs a host read that idles the GPU)
+            rounds = -(-remaining // (buf.max_move * STEPS_PER_CHECK))
+            if buf.steps + rounds * STEPS_PER_CHECK > buf.capacity:  # new history tensors: a graph is captured on them
+                buf.grow(buf.steps + rounds * STEPS_PER_CHECK)
                 self._captured.pop(buf.n, None)
                 run = self._runner(buf, restore, warm_up=False)
-            run()
-            buf.steps += STEPS_PER_CHECK
+            for _ in range(rounds):
+                run()
+            buf.steps += rounds * STEPS_PER_CHECK
             if queued is not None:
                 queued()
                 queued = None
-            # the one host read per round: a dead slot (-inf) can stay on its frame, but it can never come back
-            live = bool((buf.active & (buf.scores > -math.inf)).any())
+            remaining = _remaining(buf)  # the one host read per round
+            self.host_reads += 1
         self.steps = buf.steps
         return _results(buf, b, self.nbest)
+
+
+def _remaining(buf: BeamBuffers) -> int:
+    """Frames still to go for the furthest-behind input: over the inputs with a live hypothesis on its frames (a
+    dead slot, -inf after a merge, may stay on its frame, but it never comes back), its last frame + 1 less the
+    frame of its furthest live one (the others' children can move no further a step than it). 0: all done."""
+    live = buf.active & (buf.scores > -math.inf)  # (N, K)
+    furthest = torch.where(live, buf.t, -1).amax(dim=1)  # (N,)
+    return int(torch.where(live.any(dim=1), buf.last[:, 0] + 1 - furthest, 0).amax())
 
 
 def _results(buf: BeamBuffers, b: int, nbest: bool) -> list[BeamHypothesis]:
