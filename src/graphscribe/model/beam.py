@@ -223,7 +223,8 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
     """Step 1: each hypothesis' top K (values, labels, duration frames), all (N, K, K), and the score of its
     forced blank (N, K)."""
     n, k = buf.n, buf.k
-    lp = torch.log_softmax(logits[:, : blank_id + 1].float(), dim=-1).view(n, k, -1)  # (N, K, V + 1)
+    # float32 as NeMo computes it (log_softmax's dtype: the 16-bit logits read once, no float32 copy of them)
+    lp = torch.log_softmax(logits[:, : blank_id + 1], dim=-1, dtype=torch.float32).view(n, k, -1)  # (N, K, V + 1)
     late = buf.fusion is not None and buf.fusion.pruning == "late"
     early = buf.fusion is not None and not late
     if late:
@@ -233,7 +234,7 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
         if early:
             top = _early(top, labels, lp, buf, blank_id)
         return top, labels, torch.zeros_like(labels), lp[..., blank_id]
-    dlp = torch.log_softmax(logits[:, blank_id + 1 :].float(), dim=-1).view(n, k, -1)  # (N, K, D)
+    dlp = torch.log_softmax(logits[:, blank_id + 1 :], dim=-1, dtype=torch.float32).view(n, k, -1)  # (N, K, D)
     d = dlp.shape[-1]
     # NeMo takes the top K of all (V + 1) x D sums. The K best pairs all pair one of the K best tokens with a
     # duration (a pair of any other token is beaten by the K better tokens' pairs of the same duration), so the
