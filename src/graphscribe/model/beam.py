@@ -19,8 +19,9 @@ At the end each input's beam is sorted by score / (tokens + 1) (NeMo's `score_no
 raw scores are reported.
 
 All state lives in `BeamBuffers`, allocated once per (rows, beam) and written in place by `beam_step`, which reads
-nothing back to the host: the step can be captured in a CUDA graph and replayed as the greedy step is. The host
-reads only between rounds of steps (`BeamDecoder`), to see whether any live hypothesis is still decoding.
+nothing back to the host: with graphs on CUDA, `BeamDecoder` captures 8 steps once per batch size class and replays
+them, as the greedy decoder does; eagerly it calls the same step. The host reads only between rounds of steps, to
+see how many frames the furthest-behind input still has to go (the next round's length; 0: done).
 """
 
 from __future__ import annotations
