@@ -448,3 +448,26 @@ def test_beam_graphs_equal_eager_and_nemo_on_gpu(name, lm):
         for h, c in zip(graphs, clips):
             assert h.score == pytest.approx(run[c][0]["score"], rel=1e-5, abs=5e-4), c
     assert sorted(models[True].beam._captured) == [4, 8] and not models[False].beam._captured
+
+
+def test_beam_history_regrown_under_graphs_on_gpu():
+    """Beam 4 with room for 8 steps of history: each growth captures the steps again on the new tensors (mid-decode,
+    no warm-up), and the hypotheses are the eager search's, every bit."""
+    from graphscribe.model.beam import BeamBuffers
+
+    ref = _reference("nemo-beam")
+    spec = ref["models"]["tdt-tiny"]
+    root = Path(__file__).parent.parent
+    models = {
+        g: gs.load_model(root / spec["checkpoint"], device="cuda", dtype="float32", beam_size=4, nbest=True, graphs=g)
+        for g in (False, True)
+    }
+    encoded = models[False].encode([models[False].read(root / ref["clips"]["long_mix"]["file"])])
+    module, beam = models[True].module, models[True].beam
+    beam._buffers[1] = BeamBuffers(
+        1, 4, 512, 8, module.joint, module.decoder, models[True].cfg.decoding.durations, None, "cuda", torch.float32
+    )
+    got = models[True].decode(*encoded)
+    assert got == models[False].decode(*encoded)
+    assert beam._buffers[1].capacity >= beam.steps > 8 and beam._captured
+    assert got[0].token_ids == spec["runs"]["malsd_batch/beam4/nolm"]["single"]["long_mix"][0]["token_ids"]
