@@ -119,10 +119,11 @@ class Link:
         except OSError:
             raise EngineLost from None
 
-    def submit(self, n: int, samples: np.ndarray, word_times: bool, name: str) -> None:
-        """(SUBMIT, n, bytes, word_times, name), then the float32 samples themselves, raw (`receive_samples`)."""
+    def submit(self, n: int, samples: np.ndarray, word_times: bool, name: str, confidence: bool = False) -> None:
+        """(SUBMIT, n, bytes, word_times, name, confidence), then the float32 samples themselves, raw
+        (`receive_samples`)."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
-        self.send((SUBMIT, n, samples.nbytes, word_times, name), samples)
+        self.send((SUBMIT, n, samples.nbytes, word_times, name, confidence), samples)
 
     def expect(self) -> tuple[int, asyncio.Future]:
         """A new id and the future its answer will settle (on the event loop)."""
@@ -265,7 +266,7 @@ class Front:
         try:
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    self.uploads, self._submit, n, form.file, form.filename, options.word_times
+                    self.uploads, self._submit, n, form.file, form.filename, options.word_times, options.confidence
                 )
             except AudioError as err:
                 raise ApiError(400, str(err), "file") from None
@@ -304,10 +305,10 @@ class Front:
         stream.start(audio)
         return audio.size
 
-    def _submit(self, n: int, data: memoryview, name: str, word_times: bool) -> None:
+    def _submit(self, n: int, data: memoryview, name: str, word_times: bool, confidence: bool) -> None:
         """On an upload thread: decode, resample, send to the engine."""
         audio = read_bytes(data, self.link.sample_rate, name, self.settings.max_audio_seconds)
-        self.link.submit(n, audio.numpy(), word_times, name)
+        self.link.submit(n, audio.numpy(), word_times, name, confidence)
 
     async def _refuse(self, upload: Upload, err: ApiError) -> Response:
         if await drain(upload):

@@ -226,6 +226,7 @@ class Options:
     stream: bool = False
     granularities: tuple[str, ...] = ()
     language: str | None = None
+    confidence: bool = False  # include[]=confidence: verbose_json's words carry their confidence
 
     @property
     def word_times(self) -> bool:
@@ -235,7 +236,7 @@ class Options:
 
 def parse_options(form: Form) -> Options:
     """Options from the form; ApiError 400 naming the field and what it takes. language, prompt and temperature are
-    accepted and unused (a temperature must still be a number)."""
+    accepted and unused (a temperature must still be a number), as is `include[]` but for `confidence`."""
     fmt = (form.one("response_format") or "json").strip()
     if fmt not in FORMATS:
         raise ApiError(400, f"response_format {fmt!r}: use {', '.join(FORMATS)}", "response_format")
@@ -252,7 +253,9 @@ def parse_options(form: Form) -> Options:
             float(temperature)
         except ValueError:
             raise ApiError(400, f"temperature {temperature!r}: use a number", "temperature") from None
-    return Options(fmt, stream == "true", tuple(dict.fromkeys(granularities)), form.one("language"))
+    include = [*form.fields.get("include[]", []), *form.fields.get("include", [])]  # OpenAI's logprobs: unused
+    granularities = tuple(dict.fromkeys(granularities))
+    return Options(fmt, stream == "true", granularities, form.one("language"), "confidence" in include)
 
 
 # ------------------------------------------------------------------ answers in OpenAI's shapes
@@ -306,6 +309,7 @@ def verbose_json(transcript: Transcript, options: Options) -> dict:
     if "word" in options.granularities:
         body["words"] = [
             {"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+            | ({} if w.confidence is None else {"confidence": w.confidence})  # include[]=confidence, serve --confidence
             for w in transcript.words
             if w.word.strip()
         ]

@@ -88,6 +88,7 @@ class Request:
     name: str = "<upload>"  # names the input in error messages
     put_at: float = 0.0  # time.monotonic()
     taken_at: float = 0.0  # when its batch was formed; 0 while it waits
+    confidence: bool = False  # token and word confidences wanted (include[]=confidence)
 
     @property
     def queue_seconds(self) -> float:
@@ -167,12 +168,18 @@ class Service:
         return torch.empty(n, dtype=torch.float32, pin_memory=pin)
 
     def submit(
-        self, audio: torch.Tensor, word_times: bool, done: Callable[[Transcript, float], None], name: str = "<upload>"
+        self,
+        audio: torch.Tensor,
+        word_times: bool,
+        done: Callable[[Transcript, float], None],
+        name: str = "<upload>",
+        confidence: bool = False,
     ) -> Request:
         """Queue (L,) samples at the model's rate; `done(transcript, queue_seconds)` is called on the batching thread
         when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
         closed."""
-        request = Request(audio, audio.numel() / self.model.sample_rate, word_times, done, name, time.monotonic())
+        seconds = audio.numel() / self.model.sample_rate
+        request = Request(audio, seconds, word_times, done, name, time.monotonic(), confidence=confidence)
         n = next(self._numbers)
         self.requests[n] = request
         try:
@@ -214,6 +221,9 @@ class Service:
     def _answer(self, n: int, transcript: Transcript) -> None:
         request = self.requests.pop(n, None)
         if request is not None:
+            if not (request.confidence or self.model.options.confidence):  # its batch's, asked for by another
+                for item in (*transcript.tokens, *transcript.words):
+                    item.confidence = None
             request.done(transcript, request.queue_seconds)
 
     def _fail_taken(self, message: str) -> None:
@@ -286,6 +296,7 @@ class Service:
         else:
             batch = collate(rows, self.buffers, self.pad_to)
         batch.word_times = any(r.word_times for r in requests)
+        batch.confidence = any(r.confidence for r in requests)
         for r in requests:
             r.audio, r.taken_at = None, now
         if counted and self._on_batch is not None:
