@@ -516,7 +516,9 @@ def _results(buf: BeamBuffers, b: int, nbest: bool) -> list[BeamHypothesis]:
             alts.append(_alternative(labels[i, m], frames[i, m], spans[i, m], float(scores[i, slot]), buf))
         best = alts[0]
         out.append(
-            BeamHypothesis(best.token_ids, best.frames, best.durations, steps, best.score, alts if nbest else [])
+            BeamHypothesis(
+                best.token_ids, best.frames, best.durations, steps, score=best.score, alternatives=alts if nbest else []
+            )
         )
     return out
 
