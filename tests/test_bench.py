@@ -175,9 +175,30 @@ def test_throughput_on_a_folder_counts_a_bad_file(tmp_path):
     _assert_rtfx(row, audio_seconds, wall)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rows")
+def test_throughput_with_a_beam(tmp_path):
+    """`bench --folder --beam 4`: the rows decode with the beam search (the options' beam_size), said so in the
+    JSON and the table's title."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("short_2s.wav", "espeak_fox.wav"):
+        (folder / name).write_bytes((CLIPS / name).read_bytes())
+    out = tmp_path / "beam.json"
+    result, wall = _timed_bench(
+        "--folder", folder, "--beam", 4, "--batch-sizes", "2", "--reps", 1, "--model", NEMO_PATH, "--json", out
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["beam"] == 4 and "beam 4" in result.stdout
+    [row] = report["throughput"]
+    assert row["failed"] == 0 and row["identical"] is True and row["rtfx"] > 0
+
+
 def test_bench_folder_usage_errors(tmp_path, capsys):
     code, stderr = _bench_in_process(capsys, CLIPS / "short_2s.wav", "--folder", CLIPS, "--model", NEMO_PATH)
     assert code == 2 and "not both" in stderr
+    code, stderr = _bench_in_process(capsys, CLIPS / "short_2s.wav", "--beam", 4, "--model", NEMO_PATH)
+    assert code == 2 and "bench --beam: with --folder or --throughput" in stderr
     code, stderr = _bench_in_process(capsys, "--folder", tmp_path, "--model", NEMO_PATH)
     assert code == 2 and "no audio files" in stderr
 

@@ -437,3 +437,57 @@ def test_beam_float32_matches_nemo_on_gpu(name, beam):
     assert [t.token_ids for t in got] == [run[c][0]["token_ids"] for c in clips]
     for t, c in zip(got, clips):
         assert t.alternatives[0].score == pytest.approx(run[c][0]["score"], rel=1e-5, abs=5e-4), c
+
+
+@pytest.mark.parametrize("name", ["tdt-tiny", "rnnt-tiny"])
+@pytest.mark.parametrize("lm", [False, True])
+def test_beam_graphs_equal_eager_and_nemo_on_gpu(name, lm):
+    """Beam 4 in float32 with its steps replayed from CUDA graphs: every bit of the eager search's hypotheses (the
+    n-best and scores), batches of 3 and 5 in the graphs of classes 4 and 8 (spare rows) and the 8 of the fixture's
+    batch, and NeMo's malsd_batch best hypotheses (made on the CPU), without and with the ARPA LM fused."""
+    ref = _reference("nemo-beam")
+    spec = ref["models"][name]
+    root = Path(__file__).parent.parent
+    extra = dict(lm=str(root / "tests/fixtures/nemo-beam/lm.arpa"), lm_weight=ref["lm_weight"]) if lm else {}
+    key = f"malsd_batch/beam4/lm{ref['lm_weight']}-late-lm_weighted_full" if lm else "malsd_batch/beam4/nolm"
+    run = spec["runs"][key]["single"]
+    models = {
+        graphs: gs.load_model(
+            root / spec["checkpoint"], device="cuda", dtype="float32", beam_size=4, nbest=True, graphs=graphs, **extra
+        )
+        for graphs in (False, True)
+    }
+    batch = ref["batch"]
+    short = [c for c in batch if not c.startswith("long")]
+    for clips in (batch, short, batch[:3]):
+        audios = [models[False].read(root / ref["clips"][c]["file"]) for c in clips]
+        encoded = models[False].encode(audios)
+        eager, graphs = (models[g].decode(*encoded) for g in (False, True))
+        assert graphs == eager, clips
+        assert [h.token_ids for h in graphs] == [run[c][0]["token_ids"] for c in clips], clips
+        for h, c in zip(graphs, clips):
+            assert h.score == pytest.approx(run[c][0]["score"], rel=1e-5, abs=5e-4), c
+    assert sorted(models[True].beam._captured) == [4, 8] and not models[False].beam._captured
+
+
+def test_beam_history_regrown_under_graphs_on_gpu():
+    """Beam 4 with room for 8 steps of history: each growth captures the steps again on the new tensors (mid-decode,
+    no warm-up), and the hypotheses are the eager search's, every bit."""
+    from graphscribe.model.beam import BeamBuffers
+
+    ref = _reference("nemo-beam")
+    spec = ref["models"]["tdt-tiny"]
+    root = Path(__file__).parent.parent
+    models = {
+        g: gs.load_model(root / spec["checkpoint"], device="cuda", dtype="float32", beam_size=4, nbest=True, graphs=g)
+        for g in (False, True)
+    }
+    encoded = models[False].encode([models[False].read(root / ref["clips"]["long_mix"]["file"])])
+    module, beam = models[True].module, models[True].beam
+    beam._buffers[1] = BeamBuffers(
+        1, 4, 512, 8, module.joint, module.decoder, models[True].cfg.decoding.durations, None, "cuda", torch.float32
+    )
+    got = models[True].decode(*encoded)
+    assert got == models[False].decode(*encoded)
+    assert beam._buffers[1].capacity >= beam.steps > 8 and beam._captured
+    assert got[0].token_ids == spec["runs"]["malsd_batch/beam4/nolm"]["single"]["long_mix"][0]["token_ids"]

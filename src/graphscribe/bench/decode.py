@@ -240,6 +240,7 @@ def header(model, reps: int) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(model.dtype).removeprefix("torch."),
         "step": "fused (Triton)" if device.type == "cuda" and model.decoder.fused is not False else "PyTorch",
+        "beam": model.options.beam_size,  # 1: greedy (the step above); more: the beam search's PyTorch step
         "torch": torch.__version__,
         "graphscribe": __version__,
         "reps": reps,

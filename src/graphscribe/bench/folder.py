@@ -137,7 +137,7 @@ def run_throughput(
                         "rtfx_max": total / min(seconds),
                         "seconds": median["seconds"],
                         "warmup_seconds": warmup,
-                        "capture_ms": model.decoder.capture_seconds * 1e3,
+                        "capture_ms": (model.beam or model.decoder).capture_seconds * 1e3,
                         "compile_ms": model.decoder.compile_seconds * 1e3,
                         "stages": median["stages"],
                         "gpu_busy_seconds": median["gpu_busy"],
@@ -216,7 +216,7 @@ def _peak_rss_mb() -> float | None:
 def print_throughput(report: dict, console: Console) -> None:
     table = Table(
         title=f"graphscribe bench throughput: {report['files']} files, {report['audio_seconds']:.0f} s of "
-        f"audio; {report['device']}, {report['dtype']}, median of {report['reps']}; "
+        f"audio; {report['device']}, {report['dtype']}, {_decoding(report)}, median of {report['reps']}; "
         f"{report.get('format', 'txt')} out{', confidence on' if report.get('confidence') else ''}"
     )
     columns = [
@@ -251,6 +251,11 @@ def print_throughput(report: dict, console: Console) -> None:
         "time); text: tokens to words; "
         "write: output files. from memory: RTFx of transcribe() on the clips already read."
     )
+
+
+def _decoding(report: dict) -> str:
+    beam = report.get("beam", 1)
+    return f"beam {beam}" if beam > 1 else "greedy"
 
 
 def _seconds(value: float | None) -> str:

@@ -19,12 +19,15 @@ At the end each input's beam is sorted by score / (tokens + 1) (NeMo's `score_no
 raw scores are reported.
 
 All state lives in `BeamBuffers`, allocated once per (rows, beam) and written in place by `beam_step`, which reads
-nothing back to the host: the step can be captured in a CUDA graph and replayed as the greedy step is. The host
-reads only between rounds of steps (`BeamDecoder`), to see whether any live hypothesis is still decoding.
+nothing back to the host: with graphs on CUDA, `BeamDecoder` captures 8 steps once per batch size class and replays
+them, as the greedy decoder does; eagerly it calls the same step. The host reads only between rounds of steps, to
+see how many frames the furthest-behind input still has to go (the next round's length; 0: done).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
@@ -33,12 +36,14 @@ import numpy as np
 import torch
 
 from graphscribe.io.config import DecodingConfig
-from graphscribe.model.decoding import Hypothesis, frame_capacity
+from graphscribe.model.decoding import Hypothesis, frame_capacity, size_class
 from graphscribe.model.heads import Joint, PredictionNet
+
+log = logging.getLogger(__name__)
 
 HASH_MULTIPLIER = 6364136223846793005  # NeMo's rolling hash of a token sequence: h * M + 1 + token (mod 2**64)
 EPS = 1e-2  # NeMo's clamp of p(blank) in lm_weighted_full: log(1 - min(p_blank, 1 - EPS))
-STEPS_PER_CHECK = 8  # steps queued between host reads; a step after a row's end leaves its hypotheses as they are
+STEPS_PER_CHECK = 8  # steps a graph replays; a step after a row's end leaves its hypotheses as they are
 PRUNING_MODES = ("late", "early")
 BLANK_MODES = ("lm_weighted_full", "no_score")
 
@@ -119,6 +124,7 @@ class BeamBuffers:
         self.n, self.k, self.max_frames, self.fusion = n, k, max_frames, fusion
         self.blank_id = prediction.cfg.vocab_size
         self.tdt = bool(durations)
+        self.max_move = max(max(durations or (1,)), 1)  # frames a step moves a hypothesis on at most
         self.durations = torch.tensor(durations or (0,), **ints)  # (D,) frames of each duration index
         self.row_of = torch.arange(n, **ints).repeat_interleave(k)  # (R,) the input of each hypothesis row
         self.slot0 = torch.arange(k, device=device) == 0  # (K,) where a finished or forced hypothesis goes
@@ -218,7 +224,8 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
     """Step 1: each hypothesis' top K (values, labels, duration frames), all (N, K, K), and the score of its
     forced blank (N, K)."""
     n, k = buf.n, buf.k
-    lp = torch.log_softmax(logits[:, : blank_id + 1].float(), dim=-1).view(n, k, -1)  # (N, K, V + 1)
+    # float32 as NeMo computes it (log_softmax's dtype: the 16-bit logits read once, no float32 copy of them)
+    lp = torch.log_softmax(logits[:, : blank_id + 1], dim=-1, dtype=torch.float32).view(n, k, -1)  # (N, K, V + 1)
     late = buf.fusion is not None and buf.fusion.pruning == "late"
     early = buf.fusion is not None and not late
     if late:
@@ -228,16 +235,17 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
         if early:
             top = _early(top, labels, lp, buf, blank_id)
         return top, labels, torch.zeros_like(labels), lp[..., blank_id]
-    dlp = torch.log_softmax(logits[:, blank_id + 1 :].float(), dim=-1).view(n, k, -1)  # (N, K, D)
+    dlp = torch.log_softmax(logits[:, blank_id + 1 :], dim=-1, dtype=torch.float32).view(n, k, -1)  # (N, K, D)
     d = dlp.shape[-1]
-    if early:  # top-K tokens alone, fused, then top-K of those x durations
-        top, tokens = lp.topk(k, dim=-1)
+    # NeMo takes the top K of all (V + 1) x D sums. The K best pairs all pair one of the K best tokens with a
+    # duration (a pair of any other token is beaten by the K better tokens' pairs of the same duration), so the
+    # K x D sums give the same candidates with the same values (the order of exact ties aside) for 1/V of the
+    # memory traffic. Early fusion: the K best plain tokens, fused, then x D.
+    top, tokens = lp.topk(k, dim=-1)  # (N, K, K)
+    if early:
         top = _early(top, tokens, lp, buf, blank_id)
-        top, index = (top[..., :, None] + dlp[..., None, :]).view(n, k, -1).topk(k, dim=-1)
-        labels = tokens.gather(2, index // d)
-    else:
-        top, index = (lp[..., :, None] + dlp[..., None, :]).view(n, k, -1).topk(k, dim=-1)
-        labels = index // d
+    top, index = (top[..., :, None] + dlp[..., None, :]).view(n, k, -1).topk(k, dim=-1)  # (N, K, K) of K x D
+    labels = tokens.gather(2, index // d)
     frames = buf.durations[index % d]  # NeMo moves by the duration's index: the same for Parakeet's 0..4
     frames = torch.where((labels == blank_id) & (frames == 0), 1, frames)  # a blank moves on
     return top, labels, frames, lp[..., blank_id] + dlp.max(dim=-1).values
@@ -330,7 +338,7 @@ def _advance_fusion(buf: BeamBuffers, source: torch.Tensor, token: torch.Tensor,
     token for the next step; source (R,) the parent rows, token (R,) (0 where kept), keep (R,)."""
     buf.lm_scores.zero_()
     for (model, weight), states, after in zip(buf.fusion.models, buf.lm_states, buf.lm_next):
-        moved = after[source].gather(1, token[:, None])[:, 0]
+        moved = after[source, token]  # (R,): the parent row's next state after the token, not its whole row
         states.copy_(torch.where(keep, states[source], moved))
         scores, nxt = model.advance(states)
         after.copy_(nxt)
@@ -340,7 +348,11 @@ def _advance_fusion(buf: BeamBuffers, source: torch.Tensor, token: torch.Tensor,
 class BeamDecoder:
     """Batched beam search of encoder output: `decode` as `GreedyDecoder.decode`, one `BeamHypothesis` per input.
 
-    nbest: the hypotheses' `alternatives` hold the sorted n-best list (else only the best is made)."""
+    nbest: the hypotheses' `alternatives` hold the sorted n-best list (else only the best is made). graphs: on CUDA,
+    STEPS_PER_CHECK steps are captured once per batch size class as one CUDA graph and replayed (`CapturedSteps`);
+    the eager path runs the same `beam_step`. On CUDA the buffers have the rows of the batch's size class either way
+    (the spare rows hold no input and stay finished), so a partial batch replays its class's graph and both paths
+    run the same kernels on the same shapes."""
 
     def __init__(
         self,
@@ -350,14 +362,25 @@ class BeamDecoder:
         beam_size: int,
         fusion: Fusion | None = None,
         nbest: bool = False,
+        graphs: bool = False,
     ):
         if beam_size < 1:
             raise ValueError(f"beam size {beam_size}: use 1 or more")
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
-        self.beam_size, self.fusion, self.nbest = beam_size, fusion, nbest
+        self.beam_size, self.fusion, self.nbest, self.graphs = beam_size, fusion, nbest, graphs
+        # cuDNN wants the LSTM weights in one chunk; otherwise it copies them at every call, which breaks capture
+        prediction.prediction.dec_rnn.lstm.flatten_parameters()
         self.blank_id = prediction.cfg.vocab_size
         self._buffers: dict[int, BeamBuffers] = {}  # by inputs per batch: a batch of another size keeps the others
+        self._captured: dict = {}  # CapturedSteps by inputs per batch, for the buffers above; they share a pool
+        self._start: dict = {}  # by (device, dtype): the state after the start symbol, for one row
         self.steps = 0  # steps the last decode ran
+        self.host_reads = 0  # rounds of the last decode: each one host read (a wait for the GPU)
+        self.capture_seconds = 0.0  # spent capturing graphs, reported apart from decoding
+
+    def _replayed(self, device: torch.device) -> bool:
+        """Whether the steps on `device` replay captured graphs (CUDA graphs: CUDA only)."""
+        return self.graphs and device.type == "cuda"
 
     def _buffers_for(self, n: int, frames: int, device: torch.device, dtype: torch.dtype) -> BeamBuffers:
         buf = self._buffers.get(n)
@@ -376,14 +399,52 @@ class BeamDecoder:
                 dtype,
             )
             self._buffers[n] = buf
+            self._captured.pop(n, None)
         return buf
 
     def _start_state(self, rows: int, device: torch.device, dtype: torch.dtype):
-        """The prediction state and projected output after the start symbol (blank) for `rows` rows."""
-        h, c = self.prediction.initial_state(1, device, self.prediction.prediction.embed.weight.dtype)
-        out, h, c = self.prediction.step(torch.full((1,), self.blank_id, device=device), h, c)
-        g = self.joint.project_prediction(out.to(dtype))
+        """The prediction state and projected output after the start symbol (blank) for `rows` rows: computed once
+        for one row and repeated, so that a hypothesis starts from the same bits in any batch."""
+        one = self._start.get((device, dtype))
+        if one is None:
+            h, c = self.prediction.initial_state(1, device, self.prediction.prediction.embed.weight.dtype)
+            out, h, c = self.prediction.step(torch.full((1,), self.blank_id, device=device), h, c)
+            one = self._start[(device, dtype)] = (h, c, self.joint.project_prediction(out.to(dtype)))
+        h, c, g = one
         return h.expand(-1, rows, -1), c.expand(-1, rows, -1), g.expand(rows, -1)
+
+    def _runner(self, buf: BeamBuffers, restore: Callable[[], None], warm_up: bool = True) -> Callable[[], None]:
+        """A callable that runs STEPS_PER_CHECK steps: a graph replay, or eager calls of the same `beam_step`.
+
+        A graph is captured on first use, after eager warm-up steps and `restore()`; `warm_up=False` captures again
+        in the middle of a decode (the history was regrown), leaving the state as it is."""
+
+        def one() -> None:
+            beam_step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
+
+        if self._replayed(buf.enc.device):
+            captured = self._captured.get(buf.n)
+            if captured is None:
+                try:
+                    from graphscribe.model.graphs import CapturedSteps, pool_of
+
+                    pool = pool_of(list(self._captured.values()))
+                    captured = CapturedSteps(one, STEPS_PER_CHECK, pool, before_capture=restore, warm_up=warm_up)
+                    self.capture_seconds += captured.capture_seconds
+                    self._captured[buf.n] = captured
+                except RuntimeError as err:  # capture is an optimisation: decode eagerly rather than fail
+                    log.warning("CUDA graph capture failed (%s); beam search runs eagerly", str(err).splitlines()[0])
+                    self.graphs = False
+                    if warm_up:
+                        restore()
+            if captured is not None:
+                return captured.replay
+
+        def eager() -> None:
+            for _ in range(STEPS_PER_CHECK):
+                one()
+
+        return eager
 
     @torch.inference_mode()
     def decode(
@@ -394,27 +455,46 @@ class BeamDecoder:
         b, frames = encoded.shape[:2]
         device = encoded.device
         enc_projected = self.joint.project_encoder(encoded)  # (B, T, J)
-        buf = self._buffers_for(b, frames, device, enc_projected.dtype)
+        n = size_class(b) if device.type == "cuda" or self._replayed(device) else b
+        buf = self._buffers_for(n, frames, device, enc_projected.dtype)
         buf.load(enc_projected, lengths.to(device))
-        buf.restart(*self._start_state(b * self.beam_size, device, enc_projected.dtype))
-        live = bool(buf.active.any())
+        start = self._start_state(n * self.beam_size, device, enc_projected.dtype)
+        restore = functools.partial(buf.restart, *start)
+        restore()
+        run = self._runner(buf, restore)
+        remaining = int(lengths.max()) if b else 0  # frames still to go: before any step, the longest input's
         # every step moves each live hypothesis on by a token or a frame, at most max_symbols tokens a frame
         bound = frames * (self.cfg.max_symbols + 1) + STEPS_PER_CHECK
-        while live:
+        self.host_reads = 0
+        while remaining > 0:
             if buf.steps > bound:
                 raise RuntimeError(f"beam search: still decoding after {buf.steps} steps of {frames} frames")
-            if buf.steps + STEPS_PER_CHECK > buf.capacity:
-                buf.grow(buf.steps + STEPS_PER_CHECK)
-            for _ in range(STEPS_PER_CHECK):
-                beam_step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
-            buf.steps += STEPS_PER_CHECK
+            # no live hypothesis ends sooner than its frames to go over the longest move a step (the lower bound:
+            # queued steps after an input's end are no-ops, and every round costs a host read that idles the GPU)
+            rounds = -(-remaining // (buf.max_move * STEPS_PER_CHECK))
+            if buf.steps + rounds * STEPS_PER_CHECK > buf.capacity:  # new history tensors: a graph is captured on them
+                buf.grow(buf.steps + rounds * STEPS_PER_CHECK)
+                self._captured.pop(buf.n, None)
+                run = self._runner(buf, restore, warm_up=False)
+            for _ in range(rounds):
+                run()
+            buf.steps += rounds * STEPS_PER_CHECK
             if queued is not None:
                 queued()
                 queued = None
-            # the one host read per round: a dead slot (-inf) can stay on its frame, but it can never come back
-            live = bool((buf.active & (buf.scores > -math.inf)).any())
+            remaining = _remaining(buf)  # the one host read per round
+            self.host_reads += 1
         self.steps = buf.steps
         return _results(buf, b, self.nbest)
+
+
+def _remaining(buf: BeamBuffers) -> int:
+    """Frames still to go for the furthest-behind input: over the inputs with a live hypothesis on its frames (a
+    dead slot, -inf after a merge, may stay on its frame, but it never comes back), its last frame + 1 less the
+    frame of its furthest live one (the others' children can move no further a step than it). 0: all done."""
+    live = buf.active & (buf.scores > -math.inf)  # (N, K)
+    furthest = torch.where(live, buf.t, -1).amax(dim=1)  # (N,)
+    return int(torch.where(live.any(dim=1), buf.last[:, 0] + 1 - furthest, 0).amax())
 
 
 def _results(buf: BeamBuffers, b: int, nbest: bool) -> list[BeamHypothesis]:

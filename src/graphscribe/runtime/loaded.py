@@ -110,12 +110,15 @@ class LoadedModel:
         captures); the encoder's captured layers are kept for whenever graphs are on."""
         self.options = replace(self.options, graphs=enabled and self.device.type == "cuda")
         self.decoder = self._new_decoder()
+        if self.beam is not None:
+            self.fuse(self.beam.fusion)
 
     @property
     def capture_seconds(self) -> float:
         """Seconds spent capturing CUDA graphs so far: the decoder's and the encoder layers' (the server's /metrics)."""
         layers = self._layer_graphs.capture_seconds if self._layer_graphs is not None else 0.0
-        return self.decoder.capture_seconds + layers
+        beam = self.beam.capture_seconds if self.beam is not None else 0.0
+        return self.decoder.capture_seconds + beam + layers
 
     def release_graphs(self) -> None:
         """Free the encoder's captured layers (their memory pool), e.g. after running out of memory."""
@@ -135,9 +138,8 @@ class LoadedModel:
             raise ValueError("a language model is fused into the beam search: use a beam of 2 or more")
         if self.options.beam_size > 1:
             cfg, module = self.cfg.decoding, self.module
-            self.beam = BeamDecoder(
-                module.decoder, module.joint, cfg, self.options.beam_size, fusion, self.options.nbest
-            )
+            o = self.options
+            self.beam = BeamDecoder(module.decoder, module.joint, cfg, o.beam_size, fusion, o.nbest, o.graphs)
 
     @property
     def sample_rate(self) -> int:
