@@ -419,32 +419,14 @@ class BeamDecoder:
         A graph is captured on first use, after eager warm-up steps and `restore()`; `warm_up=False` captures again
         in the middle of a decode (the history was regrown), leaving the state as it is."""
 
+        from graphscribe.model.graphs import eager_steps, step_runner
+
         def one() -> None:
             beam_step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
 
         if self._replayed(buf.enc.device):
-            captured = self._captured.get(buf.n)
-            if captured is None:
-                try:
-                    from graphscribe.model.graphs import CapturedSteps, pool_of
-
-                    pool = pool_of(list(self._captured.values()))
-                    captured = CapturedSteps(one, STEPS_PER_CHECK, pool, before_capture=restore, warm_up=warm_up)
-                    self.capture_seconds += captured.capture_seconds
-                    self._captured[buf.n] = captured
-                except RuntimeError as err:  # capture is an optimisation: decode eagerly rather than fail
-                    log.warning("CUDA graph capture failed (%s); beam search runs eagerly", str(err).splitlines()[0])
-                    self.graphs = False
-                    if warm_up:
-                        restore()
-            if captured is not None:
-                return captured.replay
-
-        def eager() -> None:
-            for _ in range(STEPS_PER_CHECK):
-                one()
-
-        return eager
+            return step_runner(self, buf.n, one, STEPS_PER_CHECK, restore, warm_up, "the beam search runs")
+        return eager_steps(one, STEPS_PER_CHECK)
 
     @torch.inference_mode()
     def decode(

@@ -407,32 +407,14 @@ class GreedyDecoder:
         A graph is captured on first use, after eager warm-up calls and `restore()`; `warm_up=False` captures a
         graph again in the middle of a decode (the buffers were regrown), leaving the state as it is."""
 
+        from graphscribe.model.graphs import eager_steps, step_runner
+
         def one() -> None:
             step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
 
         if self.graphs and buf.enc.is_cuda:
-            captured = self._captured.get(buf.n)
-            if captured is None:
-                try:
-                    from graphscribe.model.graphs import CapturedSteps, pool_of
-
-                    pool = pool_of(list(self._captured.values()))
-                    captured = CapturedSteps(one, STEPS_PER_CHECK, pool, before_capture=restore, warm_up=warm_up)
-                    self.capture_seconds += captured.capture_seconds
-                    self._captured[buf.n] = captured
-                except RuntimeError as err:  # capture is an optimisation: decode eagerly rather than fail
-                    log.warning("CUDA graph capture failed (%s); decoding eagerly", str(err).splitlines()[0])
-                    self.graphs = False
-                    if warm_up:
-                        restore()
-            if captured is not None:
-                return captured.replay
-
-        def eager() -> None:
-            for _ in range(STEPS_PER_CHECK):
-                one()
-
-        return eager
+            return step_runner(self, buf.n, one, STEPS_PER_CHECK, restore, warm_up, "decoding")
+        return eager_steps(one, STEPS_PER_CHECK)
 
     def start_state(self, n: int, device: torch.device, dtype: torch.dtype):
         """Prediction state and projected output after the start symbol (blank), as NeMo starts, for n rows.

@@ -54,6 +54,35 @@ def pool_of(live: list["CapturedSteps"]):
     return live[0].graph.pool() if live else torch.cuda.graph_pool_handle()
 
 
+def step_runner(owner, key, one: Callable[[], None], steps: int, restore: Callable[[], None], warm_up: bool, what: str):
+    """`steps` calls of `one` as one callable, for a decoder's loop (the greedy one and the beam search): the replay
+    of a graph captured on first use, after eager warm-up calls and `restore()` (`warm_up=False` captures again in
+    the middle of a decode, its buffers regrown, leaving the state as it is); should capturing fail, eager calls,
+    one warning, and `owner.graphs` off. `owner` keeps the graphs by `key` (`_captured`) and `capture_seconds`."""
+    captured = owner._captured.get(key)
+    if captured is None:
+        try:
+            pool = pool_of(list(owner._captured.values()))
+            captured = CapturedSteps(one, steps, pool, before_capture=restore, warm_up=warm_up)
+        except RuntimeError as err:  # capture is an optimisation: decode eagerly rather than fail
+            log.warning("CUDA graph capture failed (%s); %s eagerly", str(err).splitlines()[0], what)
+            owner.graphs = False
+            if warm_up:
+                restore()
+            return eager_steps(one, steps)
+        owner.capture_seconds += captured.capture_seconds
+        owner._captured[key] = captured
+    return captured.replay
+
+
+def eager_steps(one: Callable[[], None], steps: int) -> Callable[[], None]:
+    def eager() -> None:
+        for _ in range(steps):
+            one()
+
+    return eager
+
+
 class CapturedSteps:
     """`steps` calls of `step()` captured once; `replay()` runs them again on the current stream."""
 
