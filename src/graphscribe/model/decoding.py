@@ -450,12 +450,13 @@ class GreedyDecoder:
 
     @torch.inference_mode()
     def decode(
-        self, encoded: torch.Tensor, lengths: torch.Tensor, queued: Callable[[], None] | None = None
+        self, encoded: torch.Tensor, lengths: torch.Tensor, queued: Callable[[], None] | None = None, trees=None
     ) -> list[Hypothesis]:
         """encoded (B, T, D) encoder output, lengths (B,) valid frames -> one hypothesis per row. queued: called once,
         when the first round of steps is queued and before the host first waits for the device (the pipeline
-        launches its next batch there, beside this one's steps)."""
-        return self._decode(encoded, lengths, queued, None)[0]
+        launches its next batch there, beside this one's steps). trees: each row's boosting tree (`ngram.Tables`,
+        None: no phrases), with a `RowTrees` among the fusion models."""
+        return self._decode(encoded, lengths, queued, None, trees)[0]
 
     @torch.inference_mode()
     def decode_chunk(
@@ -482,12 +483,17 @@ class GreedyDecoder:
         lengths: torch.Tensor,
         queued: Callable[[], None] | None,
         carried: DecodeState | None,
+        trees=None,
     ) -> tuple[list[Hypothesis], DecodeState | None]:
         b, frames = encoded.shape[:2]
         device = encoded.device
         enc_projected = self.joint.project_encoder(encoded)  # (B, T, J), once for all frames
         step = self._step_fn(device, enc_projected.dtype)
         n = b if step is decode_step and device.type != "cuda" else size_class(b)  # graphs are kept per class
+        row_trees = next((m for m, _ in self.fusion if hasattr(m, "load")), None)  # `row_boosting.RowTrees`
+        if row_trees is not None and row_trees.load(trees or [], n):  # the tables grew: capture on the new ones
+            self._captured.clear()
+            self._restarts.clear()
         buf = self._buffers_for(n, frames, device, enc_projected.dtype)
         start = self.start_state(n, device, enc_projected.dtype)
         buf.load(enc_projected, lengths.to(device))

@@ -27,7 +27,7 @@ class Fusion:
 
     def reset(self) -> None:
         for state, (model, _) in zip(self.states, self.models):
-            state.fill_(model.start_state)
+            model.fill_start(state)
 
     def choose(self, logits: torch.Tensor, at: torch.Tensor, token: torch.Tensor, blank_id: int):
         """logits (N, W, V + 1 + D), at (N, 1) the landing position, token (N,) the joint's choice there -> the
