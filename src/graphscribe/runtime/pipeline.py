@@ -241,7 +241,8 @@ def _decode(
 
     try:
         with streams.decoding(job), clock.gpu("decode"):
-            job.hyps = model.decode(job.encoded, job.frames, meanwhile if then and streams.decode else None)
+            queued = meanwhile if then and streams.decode else None
+            job.hyps = model.decode(job.encoded, job.frames, queued, job.batch.trees)
     except (torch.OutOfMemoryError, RuntimeError) as err:
         _out_of_memory_or_raise(model, err)
         job.out_of_memory = True

@@ -87,7 +87,7 @@ def engine_main(
     anywhere yet, or sent here and still in the pipe), as one device's server does.
 
     Messages (pickled tuples; raw float32 samples follow SUBMIT and TURNS as in ipc.py):
-        server -> engine  (SUBMIT, n, bytes, word_times, name)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
+        server -> engine  (SUBMIT, n, bytes, word_times, name, hotwords)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
                           bytes)  (STOP,)
         engine -> server  (READY, facts)  (FAILED, reason)  (DONE, n, transcript, queue seconds)
                           (BATCH, rows, padded seconds, capture seconds)  (SAID, [(turn, Said), ...])
@@ -154,10 +154,10 @@ def _intake(conn: Connection, service, outbox: queue.SimpleQueue) -> None:
         try:
             message = pickle.loads(conn.recv_bytes())
             if message[0] == SUBMIT:
-                _, n, nbytes, word_times, name = message
+                _, n, nbytes, word_times, name, hotwords = message
                 samples = service.samples_buffer(nbytes // 4)
                 receive_samples(conn, nbytes, samples.numpy())
-                service.submit(samples, word_times, _answer(outbox, n), name)
+                service.submit(samples, word_times, _answer(outbox, n), name, hotwords)
             elif message[0] == TURNS:
                 _, ops, nbytes = message
                 samples = receive_samples(conn, nbytes) if nbytes else None
@@ -334,7 +334,9 @@ class DeviceEngines:
         warm = [e for e in self.engines if e.facts is not None and not e.gone]
         return min(warm, key=lambda e: (e.queued, len(e.requests) + len(e.turns)), default=None)
 
-    def submit(self, audio: torch.Tensor, word_times: bool, done: Callable[[Transcript, float], None], name: str):
+    def submit(
+        self, audio: torch.Tensor, word_times: bool, done: Callable[[Transcript, float], None], name: str, hotwords=()
+    ):
         """Send (L,) samples to the engine with the least audio queued; `done(transcript, queue_seconds)` is called
         on its reader thread (with `transcript.error` if no engine could transcribe it). RuntimeError once closed."""
         with self._lock:
@@ -349,7 +351,7 @@ class DeviceEngines:
         if engine is None:  # every engine is starting again
             done(Transcript(source=name, error="no engine is running (they are restarting): try again"), 0.0)
             return
-        engine.outbox.put(((SUBMIT, n, audio.numel() * 4, word_times, name), audio.numpy()))
+        engine.outbox.put(((SUBMIT, n, audio.numel() * 4, word_times, name, hotwords), audio.numpy()))
 
     @property
     def in_flight(self) -> int:

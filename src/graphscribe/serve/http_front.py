@@ -60,6 +60,7 @@ from graphscribe.serve.ipc import (
     SUBMIT,
     UP,
     Admission,
+    BadRequest,
     EngineLost,
     FrontSettings,
 )
@@ -119,10 +120,11 @@ class Link:
         except OSError:
             raise EngineLost from None
 
-    def submit(self, n: int, samples: np.ndarray, word_times: bool, name: str) -> None:
-        """(SUBMIT, n, bytes, word_times, name), then the float32 samples themselves, raw (`receive_samples`)."""
+    def submit(self, n: int, samples: np.ndarray, word_times: bool, name: str, hotwords: tuple = ()) -> None:
+        """(SUBMIT, n, bytes, word_times, name, hotwords), then the float32 samples themselves, raw
+        (`receive_samples`)."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
-        self.send((SUBMIT, n, samples.nbytes, word_times, name), samples)
+        self.send((SUBMIT, n, samples.nbytes, word_times, name, hotwords), samples)
 
     def expect(self) -> tuple[int, asyncio.Future]:
         """A new id and the future its answer will settle (on the event loop)."""
@@ -258,14 +260,14 @@ class Front:
         form = await read_form(upload, self.settings.max_upload)
         if form.file is None:
             raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
-        options = parse_options(form)
+        options = parse_options(form, self.settings.prompt_as_hotwords)
         if options.stream:
             return await self._stream(request, form)
         n, future = self.link.expect()
         try:
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    self.uploads, self._submit, n, form.file, form.filename, options.word_times
+                    self.uploads, self._submit, n, form.file, form.filename, options.word_times, options.hotwords
                 )
             except AudioError as err:
                 raise ApiError(400, str(err), "file") from None
@@ -276,6 +278,8 @@ class Front:
             transcript, queue_seconds = await future
         finally:
             self.link.forget(n)
+        if isinstance(transcript, BadRequest):  # refused by the engine for a field (a phrase it cannot boost)
+            raise ApiError(400, transcript.error, transcript.param)
         request.scope["graphscribe"] = (transcript.audio_seconds, queue_seconds)
         if transcript.error is not None:
             raise ApiError(500, transcript.error)
@@ -304,10 +308,10 @@ class Front:
         stream.start(audio)
         return audio.size
 
-    def _submit(self, n: int, data: memoryview, name: str, word_times: bool) -> None:
+    def _submit(self, n: int, data: memoryview, name: str, word_times: bool, hotwords: tuple) -> None:
         """On an upload thread: decode, resample, send to the engine."""
         audio = read_bytes(data, self.link.sample_rate, name, self.settings.max_audio_seconds)
-        self.link.submit(n, audio.numpy(), word_times, name)
+        self.link.submit(n, audio.numpy(), word_times, name, hotwords)
 
     async def _refuse(self, upload: Upload, err: ApiError) -> Response:
         if await drain(upload):

@@ -18,6 +18,7 @@ from urllib.parse import unquote
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from graphscribe.model.boosting import HotwordError, parse_request_hotwords
 from graphscribe.output.transcript import Transcript
 from graphscribe.output.writers import write_srt, write_txt, write_vtt
 
@@ -226,6 +227,7 @@ class Options:
     stream: bool = False
     granularities: tuple[str, ...] = ()
     language: str | None = None
+    hotwords: tuple[tuple[str, float | None], ...] = ()  # phrases boosted in this request (`parse_request_hotwords`)
 
     @property
     def word_times(self) -> bool:
@@ -233,9 +235,10 @@ class Options:
         return self.response_format in ("srt", "vtt", "verbose_json")
 
 
-def parse_options(form: Form) -> Options:
-    """Options from the form; ApiError 400 naming the field and what it takes. language, prompt and temperature are
-    accepted and unused (a temperature must still be a number)."""
+def parse_options(form: Form, prompt_as_hotwords: bool = False) -> Options:
+    """Options from the form; ApiError 400 naming the field and what it takes. language and temperature are
+    accepted and unused (a temperature must still be a number), and so is prompt unless `prompt_as_hotwords`: then
+    its phrases are boosted after the `hotwords` field's."""
     fmt = (form.one("response_format") or "json").strip()
     if fmt not in FORMATS:
         raise ApiError(400, f"response_format {fmt!r}: use {', '.join(FORMATS)}", "response_format")
@@ -252,7 +255,17 @@ def parse_options(form: Form) -> Options:
             float(temperature)
         except ValueError:
             raise ApiError(400, f"temperature {temperature!r}: use a number", "temperature") from None
-    return Options(fmt, stream == "true", tuple(dict.fromkeys(granularities)), form.one("language"))
+    hotwords = _hotwords(form, "hotwords")
+    if prompt_as_hotwords:
+        hotwords += _hotwords(form, "prompt")
+    return Options(fmt, stream == "true", tuple(dict.fromkeys(granularities)), form.one("language"), hotwords)
+
+
+def _hotwords(form: Form, name: str) -> tuple[tuple[str, float | None], ...]:
+    try:
+        return parse_request_hotwords(form.one(name) or "", name)
+    except HotwordError as err:
+        raise ApiError(400, str(err), name) from None
 
 
 # ------------------------------------------------------------------ answers in OpenAI's shapes

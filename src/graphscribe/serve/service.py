@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Callable, Hashable, Iterator
 import torch
 
 from graphscribe.io.audio import read_input
+from graphscribe.model.boosting import HotwordError
 from graphscribe.model.decoding import size_class
+from graphscribe.model.ngram import Tables
 from graphscribe.model.packing import Packing
 from graphscribe.output.transcript import Transcript
 from graphscribe.runtime.defaults import default_batching, pad_samples
@@ -41,6 +43,7 @@ from graphscribe.runtime.loaded import FULL_ATTENTION_MAX_SECONDS
 from graphscribe.runtime.pipeline import WARM_UP_CLIP, transcribe_stream, warm_up_encoder
 from graphscribe.runtime.reading import READ_AHEAD, Batch, HostBuffers, collate, gather
 from graphscribe.runtime.scheduler import Scheduler
+from graphscribe.serve.ipc import BadRequest
 from graphscribe.serve.sessions import LiveSessions, Said
 
 if TYPE_CHECKING:
@@ -87,6 +90,7 @@ class Request:
     done: Callable[[Transcript, float], None]  # called once, on the batching thread: (transcript, queue seconds)
     name: str = "<upload>"  # names the input in error messages
     put_at: float = 0.0  # time.monotonic()
+    tree: Tables | None = None  # its own phrases' boosting tree (`LoadedModel.row_tree`)
     taken_at: float = 0.0  # when its batch was formed; 0 while it waits
 
     @property
@@ -136,6 +140,7 @@ class Service:
         # by the batching thread (dict operations are atomic under the GIL)
         self.requests: dict[int, Request] = {}
         self._numbers = itertools.count()
+        self._trees_lock = threading.Lock()
         self._on_batch = on_batch
         self.coming = coming
         self._settled = threading.Event()  # warm-up over, or failed
@@ -167,12 +172,24 @@ class Service:
         return torch.empty(n, dtype=torch.float32, pin_memory=pin)
 
     def submit(
-        self, audio: torch.Tensor, word_times: bool, done: Callable[[Transcript, float], None], name: str = "<upload>"
-    ) -> Request:
+        self,
+        audio: torch.Tensor,
+        word_times: bool,
+        done: Callable[[Transcript, float], None],
+        name: str = "<upload>",
+        hotwords: tuple[tuple[str, float | None], ...] = (),
+    ) -> Request | None:
         """Queue (L,) samples at the model's rate; `done(transcript, queue_seconds)` is called on the batching thread
         when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
-        closed."""
+        closed. hotwords: the request's own phrases (`boosting.parse_request_hotwords`), boosted in its row only; a
+        phrase that cannot be boosted is answered at once, on the caller's thread, with a `BadRequest`."""
+        try:
+            tree = self._tree(hotwords) if hotwords else None
+        except HotwordError as err:
+            done(BadRequest(source=name, error=str(err), param="hotwords"), 0.0)
+            return None
         request = Request(audio, audio.numel() / self.model.sample_rate, word_times, done, name, time.monotonic())
+        request.tree = tree
         n = next(self._numbers)
         self.requests[n] = request
         try:
@@ -181,6 +198,12 @@ class Service:
             del self.requests[n]
             raise
         return request
+
+    def _tree(self, hotwords: tuple[tuple[str, float | None], ...]) -> Tables | None:
+        if self.model.beam is not None:
+            raise HotwordError("hotwords: a request's own phrases are boosted in greedy decoding, not with --beam")
+        with self._trees_lock:  # the model's cache of trees, from every intake thread
+            return self.model.row_tree(hotwords)
 
     @property
     def in_flight(self) -> int:
@@ -286,6 +309,7 @@ class Service:
         else:
             batch = collate(rows, self.buffers, self.pad_to)
         batch.word_times = any(r.word_times for r in requests)
+        batch.trees = [r.tree for r in requests] if any(r.tree is not None for r in requests) else None
         for r in requests:
             r.audio, r.taken_at = None, now
         if counted and self._on_batch is not None:
