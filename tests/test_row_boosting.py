@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import NEMO_PATH
 from test_fusion import ARRAYS, REFERENCE, ROOT, V, _one, _scored
+from test_streaming import SMALL, _whole
 
 from graphscribe.api import load_model
 from graphscribe.model.boosting import (
@@ -20,6 +22,7 @@ from graphscribe.model.boosting import (
 )
 from graphscribe.model.decoding import GreedyDecoder
 from graphscribe.model.row_boosting import NO_TREE, RowTrees
+from graphscribe.runtime.cache_aware_streams import engine_for
 
 PLAIN, SCORED = ", ".join(REFERENCE["phrases"]), ", ".join(_scored())
 RUN = {None: "nofusion", PLAIN: f"boost{REFERENCE['boost']}", SCORED: f"scored-boost{REFERENCE['boost']}"}
@@ -122,3 +125,58 @@ def test_a_requests_phrases_are_bounded(text, problem):
         parse_request_hotwords(text)
     assert problem in str(err.value) and str(err.value).startswith("hotwords: ") and "\n" not in str(err.value)
     assert parse_request_hotwords(" ") == () and parse_request_hotwords("a, b:2") == (("a", None), ("b", 2.0))
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+def _done(events) -> list[int]:
+    return next(e for e in events if e.type == "done").token_ids
+
+
+@pytest.fixture(scope="module")
+def streamed():
+    """The stream test's model, and its audios: 5 s of the long clips each."""
+    model = load_model(NEMO_PATH, device="cpu")
+    longs = [model.read(ROOT / REFERENCE["clips"][c]) for c in ("long_mix", "long_libri_libri_fox")]
+    return model, [longs[i % 2][16000 * i : 16000 * (i + 5)] for i in range(6)]
+
+
+def test_a_stream_with_its_own_phrases_is_a_stream_of_a_model_loaded_with_them(streamed):
+    """model.stream(hotwords=...): the tree's state carried from chunk to chunk as with --hotwords."""
+    model, audios = streamed
+    loaded_with = load_model(NEMO_PATH, device="cpu", hotwords=tuple(REFERENCE["phrases"]))
+    for audio in audios[:2]:
+        boosted = _done(_whole(model.stream(*SMALL, hotwords=PLAIN), audio))
+        assert boosted == _done(_whole(loaded_with.stream(*SMALL), audio))
+        assert boosted != _done(_whole(model.stream(*SMALL), audio))
+
+
+def test_streams_with_their_own_phrases_stepped_together_get_each_theirs(streamed):
+    """Six streams of one boosted engine (plain list, scored list, none), one joining at each step: the tables laid
+    out anew at every step, each stream gets what it gets alone."""
+    model, audios = streamed
+    texts = [PLAIN, SCORED, ""] * 2
+    alone = [_done(_whole(model.stream(*SMALL, hotwords=t), a)) for t, a in zip(texts, audios)]
+    engine = engine_for(model, *SMALL, boosted=True)
+    trees = [model.row_tree(parse_request_hotwords(t)) if t else None for t in texts]
+    streams, fed, events = [], [], []
+    while len(streams) < len(audios) or not all(s.closed for s in streams):
+        if len(streams) < len(audios):
+            streams.append(engine.open(trees[len(streams)]))
+            fed.append(0)
+            events.append([])
+        for i, s in enumerate(streams):
+            if not s.finished:
+                end = min(audios[i].numel(), fed[i] + 4800)  # 0.3 s a step
+                s.feed(audios[i][fed[i] : end])
+                fed[i] = end
+                if end == audios[i].numel():
+                    s.finish()
+        engine.step()
+        for i, s in enumerate(streams):
+            events[i] += s.take_events()
+    assert [_done(e) for e in events] == alone
+    assert alone[0] != alone[2]  # the phrases count
+    with pytest.raises(ValueError, match="boosted engine"):
+        engine_for(model, *SMALL).open(trees[0])

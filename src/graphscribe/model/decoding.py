@@ -460,14 +460,15 @@ class GreedyDecoder:
 
     @torch.inference_mode()
     def decode_chunk(
-        self, encoded: torch.Tensor, lengths: torch.Tensor, state: DecodeState | None
+        self, encoded: torch.Tensor, lengths: torch.Tensor, state: DecodeState | None, trees=None
     ) -> tuple[list[Hypothesis], DecodeState]:
         """A chunk of each row's stream: (B, T, D) encoder output and (B,) valid frames, decoded from where `state`
         left each row (None: every row at its start) -> hypotheses (frames local to the chunk) and the state at
-        the chunk's end. The same steps as `decode`; only the start differs."""
+        the chunk's end. The same steps as `decode`; only the start differs. trees: as `decode`'s, the same
+        for a row from chunk to chunk."""
         if state is None:
             state = self.fresh_state(encoded.shape[0], encoded.device, encoded.dtype)
-        return self._decode(encoded, lengths, None, state)
+        return self._decode(encoded, lengths, None, state, trees)
 
     def fresh_state(self, b: int, device: torch.device, dtype: torch.dtype) -> DecodeState:
         """The state of b rows before their first chunk: after the start symbol, nothing to skip."""
@@ -532,7 +533,7 @@ class GreedyDecoder:
             return hyps, None
         # an even number of steps leaves the LSTM state in buf.h, buf.c (the fused step alternates two copies)
         skip = (buf.t[:b] - buf.lengths[:b]).clamp(min=0)
-        fusion = buf.fusion.states[:, :b].T.clone() if buf.fusion is not None else None
+        fusion = buf.fusion.carry_out(b) if buf.fusion is not None else None
         return hyps, DecodeState(buf.h[:, :b].clone(), buf.c[:, :b].clone(), buf.g[:b].clone(), skip, fusion)
 
 
@@ -547,7 +548,7 @@ def _restart_carried(buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...], 
     """`_restart_eagerly`, then the fusion models' states carried from the last chunk into their rows."""
     _restart_eagerly(buf, step, start)
     if fusion is not None and buf.fusion is not None:
-        buf.fusion.states[:, : fusion.shape[0]].copy_(fusion.T)
+        buf.fusion.carry_in(fusion)
 
 
 def _rows(start: tuple[torch.Tensor, ...], state: DecodeState, b: int) -> tuple[torch.Tensor, ...]:

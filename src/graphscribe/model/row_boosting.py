@@ -48,6 +48,7 @@ class RowTrees:
         self.backoff_to = torch.zeros(states, dtype=torch.long, device=device)  # (S,)
         self.backoff_weight = torch.zeros(states, dtype=torch.float32, device=device)  # (S,)
         self.roots = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's root, NO_TREE without
+        self.bases = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's tree's first state
         self.order = order  # lookups a step makes: the deepest tree loaded so far, plus one
 
     @property
@@ -62,7 +63,7 @@ class RowTrees:
     def load(self, trees: Sequence[Tables | None], rows: int) -> bool:
         """The first len(trees) of `rows` rows boosted by their trees (None: no phrases), the other rows by none.
         True when the tables had to grow: graphs captured on the old ones must be captured again."""
-        key, target, weight, backoff_to, backoff_weight, roots, order = _layout(trees, self.vocab_size)
+        key, target, weight, backoff_to, backoff_weight, roots, bases, order = _layout(trees, self.vocab_size)
         need = (len(key), len(backoff_to), rows, order)
         have = (self.key.numel(), self.backoff_to.numel(), self.roots.numel(), self.order)
         grown = any(n > h for n, h in zip(need, have))
@@ -75,7 +76,16 @@ class RowTrees:
         self.backoff_to.copy_(torch.from_numpy(_padded(backoff_to, self.backoff_to.numel(), NO_TREE)))
         self.backoff_weight.copy_(torch.from_numpy(_padded(backoff_weight, self.backoff_weight.numel(), 0)))
         self.roots.copy_(torch.from_numpy(_padded(roots, self.roots.numel(), NO_TREE)))
+        self.bases.copy_(torch.from_numpy(_padded(bases, self.bases.numel(), 0)))
         return grown
+
+    def carried_in(self, local: torch.Tensor) -> torch.Tensor:
+        """(B,) states relative to each row's tree (a stream's, from the chunk before) -> states in these tables."""
+        return local + self.bases[: local.shape[0]]
+
+    def carried_out(self, states: torch.Tensor) -> torch.Tensor:
+        """(B,) states in these tables -> relative to each row's tree: the next chunk's tables lay it elsewhere."""
+        return states - self.bases[: states.shape[0]]
 
     def fill_start(self, states: torch.Tensor) -> None:
         """states (N,) <- each row's root (`Fusion.reset`)."""
@@ -110,14 +120,15 @@ class RowTrees:
 
 def _layout(trees: Sequence[Tables | None], v: int):
     """The trees end to end (NO_TREE first): arcs (key, target, weight), states (back-off state and weight), each
-    row's root, and the lookups the deepest tree needs."""
+    row's root and its tree's first state, and the lookups the deepest tree needs."""
     keys, targets, weights = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
     backoff_to, backoff_weight = [np.array([NO_TREE], np.int64)], [np.zeros(1, np.float32)]
     base_of: dict[int, int] = {}
-    roots, order, states = [], 1, 1
+    roots, bases, order, states = [], [], 1, 1
     for tree in trees:
         if tree is None:
             roots.append(NO_TREE)
+            bases.append(0)
             continue
         if id(tree) not in base_of:
             base_of[id(tree)] = base = states
@@ -131,6 +142,7 @@ def _layout(trees: Sequence[Tables | None], v: int):
             states += len(tree.backoff_to)
             order = max(order, tree.order)
         roots.append(base_of[id(tree)] + tree.start)
+        bases.append(base_of[id(tree)])
     return (
         np.concatenate(keys),
         np.concatenate(targets),
@@ -138,6 +150,7 @@ def _layout(trees: Sequence[Tables | None], v: int):
         np.concatenate(backoff_to),
         np.concatenate(backoff_weight).astype(np.float32),
         np.array(roots, dtype=np.int64),
+        np.array(bases, dtype=np.int64),
         order,
     )
 

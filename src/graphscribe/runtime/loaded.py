@@ -144,7 +144,7 @@ class LoadedModel:
             self._trees[key] = tree
         return self._trees[key]
 
-    def _boosted_decoder(self) -> GreedyDecoder:
+    def boosted_decoder(self) -> GreedyDecoder:
         """Greedy decoding with each row's own tree (`row_boosting.RowTrees`) after the options' LM, if any."""
         if self._boosted is None:
             lm = self.fusion[:1] if self.options.lm is not None else []
@@ -334,7 +334,7 @@ class LoadedModel:
                 return self.beam.decode(encoded, lengths, queued)
             if trees is not None and any(tree is not None for tree in trees):
                 rows = [self.row_tree(()) if tree is None else tree for tree in trees]
-                return self._boosted_decoder().decode(encoded, lengths, queued, rows)
+                return self.boosted_decoder().decode(encoded, lengths, queued, rows)
             return self.decoder.decode(encoded, lengths, queued)
 
     def _float32_math(self):
