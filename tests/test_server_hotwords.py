@@ -10,6 +10,7 @@ import threading
 
 import openai
 import pytest
+from conftest import NEMO_PATH
 from test_fusion import REFERENCE, ROOT, _scored
 from test_server import KEY, REQUEST_SECONDS, _connect, _metric_samples, _read_answer, start_server
 
@@ -119,3 +120,77 @@ def test_a_bad_phrase_is_a_400_naming_it(server, client, field, text, problem):
     assert error["message"].startswith(f"{field}: ") and "\n" not in error["message"]
     with open(CLIP, "rb") as f:  # the server goes on, the next request unharmed
         assert client.audio.transcriptions.create(file=f, model="tdt-tiny").text
+
+
+# ============================================================================ realtime sessions and streamed uploads
+
+
+def _boosted_stream_text(pcm, hotwords: str) -> str:
+    """What `model.stream(hotwords=...)` says of 24 kHz PCM resampled as it arrives (test_realtime's path)."""
+    from test_realtime import PIECE
+
+    from graphscribe.api import load_model
+    from graphscribe.io.resample import StreamResampler
+
+    model = load_model(NEMO_PATH, device="cpu")
+    resampler = StreamResampler(24000, model.sample_rate)
+    stream = model.stream(0.8, 9.6, 1.6, hotwords=hotwords)
+    samples = pcm.astype("float32") / 32768.0
+    for i in range(0, len(samples), PIECE):
+        stream.feed(resampler.push(samples[i : i + PIECE]))
+    stream.feed(resampler.flush())
+    return stream.finish()[-1].text
+
+
+def _session_turn(server, transcription: dict, pcm) -> list[dict]:
+    from test_realtime import MANUAL, appends, raw_session, receive
+
+    session = json.loads(json.dumps(MANUAL))
+    session["audio"]["input"]["transcription"] = transcription
+    with raw_session(server) as ws:
+        receive(ws, "session.created")
+        ws.send(json.dumps({"type": "session.update", "session": session}))
+        events = receive(ws, "session.updated")
+        for piece in appends(pcm):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = (
+            "conversation.item.input_audio_transcription.completed",
+            "conversation.item.input_audio_transcription.failed",
+        )
+        while events[-1]["type"] not in done:
+            events.append(json.loads(ws.recv(timeout=REQUEST_SECONDS)))
+    return events
+
+
+def test_a_realtime_sessions_prompt_and_hotwords_are_boosted_in_its_turns(server):
+    """A session's transcription prompt (--prompt-as-hotwords) or `hotwords`: its turns say what a stream with
+    those phrases says (model.stream(hotwords=), itself a stream of a model loaded with them: test_row_boosting);
+    a session without them, what a plain stream says."""
+    from test_realtime import pcm24, streamed_text
+
+    pcm = pcm24(CLIP)
+    boosted = _boosted_stream_text(pcm, PLAIN)
+    from graphscribe.api import load_model
+
+    assert boosted != streamed_text(load_model(NEMO_PATH, device="cpu"), pcm)  # the phrases count on this clip
+    for transcription in ({"prompt": PLAIN}, {"hotwords": PLAIN}):
+        events = _session_turn(server, transcription, pcm)
+        assert events[-1]["transcript"] == boosted, (transcription, events[-1])
+    assert _session_turn(server, {}, pcm)[-1]["transcript"] == streamed_text(load_model(NEMO_PATH, device="cpu"), pcm)
+
+
+def test_a_sessions_bad_phrase_is_an_error_event_or_its_turn_fails(server):
+    from test_realtime import MANUAL, pcm24, raw_session, receive
+
+    session = json.loads(json.dumps(MANUAL))
+    session["audio"]["input"]["transcription"] = {"hotwords": "you:-1"}
+    with raw_session(server) as ws:
+        receive(ws, "session.created")
+        ws.send(json.dumps({"type": "session.update", "session": session}))
+        error = receive(ws, "error")[-1]["error"]
+    assert error["param"] == "hotwords" and "must be above 0" in error["message"]
+    # a phrase the worker cannot judge (its tokens): the engine fails the turn, naming it
+    failed = _session_turn(server, {"hotwords": "you, 漢字"}, pcm24(CLIP, 1.0))[-1]
+    assert failed["type"] == "conversation.item.input_audio_transcription.failed", failed
+    assert "does not know" in json.dumps(failed)

@@ -162,8 +162,8 @@ def _intake(conn: Connection, service, outbox: queue.SimpleQueue) -> None:
                 _, ops, nbytes = message
                 samples = receive_samples(conn, nbytes) if nbytes else None
                 applied, at = [], 0
-                for kind, turn, size in ops:
-                    part = None
+                for kind, turn, size, *opened in ops:
+                    part = opened[0] if opened else None  # an OPEN's turn's own phrases, if any
                     if kind == AUDIO:
                         part, at = samples[at // 4 : (at + size) // 4], at + size
                     applied.append((kind, turn, part))

@@ -262,7 +262,7 @@ class Front:
             raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
         options = parse_options(form, self.settings.prompt_as_hotwords)
         if options.stream:
-            return await self._stream(request, form)
+            return await self._stream(request, form, options.hotwords)
         n, future = self.link.expect()
         try:
             try:
@@ -285,9 +285,9 @@ class Front:
             raise ApiError(500, transcript.error)
         return answer(transcript, options)
 
-    async def _stream(self, request: Request, form) -> Response:
+    async def _stream(self, request: Request, form, hotwords: tuple) -> Response:
         """stream=true: the upload decoded, then transcribed by the live engine, its deltas sent as they come."""
-        stream = UploadStream(self.realtime)
+        stream = UploadStream(self.realtime, hotwords)
         rate = self.link.sample_rate
         try:
             samples = await asyncio.get_running_loop().run_in_executor(

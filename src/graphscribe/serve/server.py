@@ -270,8 +270,8 @@ class Engine:
             worker.process.kill()
             return False
         applied, at = [], 0
-        for kind, n, size in ops:
-            part = None
+        for kind, n, size, *opened in ops:
+            part = opened[0] if opened else None  # an OPEN's turn's own phrases, if any
             if kind == AUDIO:
                 part, at = samples[at // 4 : (at + size) // 4], at + size
             applied.append((kind, (worker, n), part))
