@@ -194,3 +194,19 @@ def test_a_sessions_bad_phrase_is_an_error_event_or_its_turn_fails(server):
     failed = _session_turn(server, {"hotwords": "you, 漢字"}, pcm24(CLIP, 1.0))[-1]
     assert failed["type"] == "conversation.item.input_audio_transcription.failed", failed
     assert "does not know" in json.dumps(failed)
+
+
+def test_a_streamed_upload_is_boosted_by_its_own_phrases(client):
+    """stream=true with hotwords: the live engine's turn boosted as model.stream(hotwords=...) is."""
+    from graphscribe.api import load_model
+
+    model = load_model(NEMO_PATH, device="cpu")
+    stream = model.stream(0.8, 9.6, 1.6, hotwords=PLAIN)
+    expected = (stream.feed(model.read(CLIP)) + stream.finish())[-1].text
+    plain = model.stream(0.8, 9.6, 1.6)
+    assert expected != (plain.feed(model.read(CLIP)) + plain.finish())[-1].text
+    with open(CLIP, "rb") as f:
+        events = list(
+            client.audio.transcriptions.create(file=f, model="tdt-tiny", stream=True, extra_body={"hotwords": PLAIN})
+        )
+    assert events[-1].type == "transcript.text.done" and events[-1].text == expected
