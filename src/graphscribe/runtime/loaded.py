@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from dataclasses import replace
 from typing import Callable, Union
 
@@ -86,6 +87,7 @@ class LoadedModel:
         self.decoder = self._new_decoder()
         self._boosted: GreedyDecoder | None = None  # rows with their own phrases: made at the first such batch
         self._trees: dict[tuple, Tables | None] = {}  # phrase lists -> their trees (the server's recent requests')
+        self._trees_lock = threading.Lock()  # `row_tree` is called from the server's intake threads too
         self.beam: BeamDecoder | None = None  # beam_size > 1: decodes files (streams stay greedy, `decoder`)
         self.fuse(Fusion(self.fusion) if self.fusion and options.beam_size > 1 else None)
         self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
@@ -136,13 +138,15 @@ class LoadedModel:
         does not tokenise; None for no phrases at all. Recent lists are kept (a client sends the same ones again)."""
         own = self.options.hotwords  # a str is a comma-separated list, as `fusion_models` takes it
         key = (*(parse_hotwords(own) if isinstance(own, str) else map(parse_phrase, own)), *phrases)
-        if key not in self._trees:
-            vocab = self.cfg.prediction.vocab_size
-            tree = boosting_tables(list(key), self.tokenizer, vocab, source) if key else None
+        with self._trees_lock:
+            if key in self._trees:
+                return self._trees[key]
+        # built outside the lock: a request's thousand phrases must not hold up the batching thread's lookups
+        tree = boosting_tables(list(key), self.tokenizer, self.cfg.prediction.vocab_size, source) if key else None
+        with self._trees_lock:
             if len(self._trees) >= TREES_KEPT:
                 self._trees.pop(next(iter(self._trees)))
-            self._trees[key] = tree
-        return self._trees[key]
+            return self._trees.setdefault(key, tree)
 
     def boosted_decoder(self) -> GreedyDecoder:
         """Greedy decoding with each row's own tree (`row_boosting.RowTrees`) after the options' LM, if any."""

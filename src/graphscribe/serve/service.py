@@ -140,7 +140,6 @@ class Service:
         # by the batching thread (dict operations are atomic under the GIL)
         self.requests: dict[int, Request] = {}
         self._numbers = itertools.count()
-        self._trees_lock = threading.Lock()
         self._on_batch = on_batch
         self.coming = coming
         self._settled = threading.Event()  # warm-up over, or failed
@@ -202,8 +201,7 @@ class Service:
     def _tree(self, hotwords: tuple[tuple[str, float | None], ...]) -> Tables | None:
         if self.model.beam is not None:
             raise HotwordError("hotwords: a request's own phrases are boosted in greedy decoding, not with --beam")
-        with self._trees_lock:  # the model's cache of trees, from every intake thread
-            return self.model.row_tree(hotwords)
+        return self.model.row_tree(hotwords)
 
     @property
     def in_flight(self) -> int:

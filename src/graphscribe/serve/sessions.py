@@ -75,8 +75,7 @@ class LiveSessions:
         for i, (op, key, value) in enumerate(ops):
             if op == OPEN and value:
                 try:
-                    with self._lock:  # the model's cache of trees is every intake thread's
-                        ops[i] = (op, key, self.model.row_tree(value))
+                    ops[i] = (op, key, self.model.row_tree(value))
                 except HotwordError as err:
                     ops[i] = (DROP, key, None)
                     failed.append((key, Said("", 0, error=str(err))))
