@@ -40,6 +40,7 @@ from graphscribe.io.config import DecodingConfig
 from graphscribe.model.fusion import Fusion
 from graphscribe.model.heads import Joint, PredictionNet
 from graphscribe.model.ngram import TokenModel
+from graphscribe.model.row_boosting import RowTrees
 
 log = logging.getLogger(__name__)
 
@@ -491,7 +492,7 @@ class GreedyDecoder:
         enc_projected = self.joint.project_encoder(encoded)  # (B, T, J), once for all frames
         step = self._step_fn(device, enc_projected.dtype)
         n = b if step is decode_step and device.type != "cuda" else size_class(b)  # graphs are kept per class
-        row_trees = next((m for m, _ in self.fusion if hasattr(m, "load")), None)  # `row_boosting.RowTrees`
+        row_trees = next((m for m, _ in self.fusion if isinstance(m, RowTrees)), None)
         if row_trees is not None and row_trees.load(trees or [], n):  # the tables grew: capture on the new ones
             self._captured.clear()
             self._restarts.clear()

@@ -32,15 +32,13 @@ class Fusion:
     def carry_in(self, carried: torch.Tensor) -> None:
         """carried (B, K): each model's state of the first B rows at the end of their chunk before (a stream's)."""
         for k, (model, _) in enumerate(self.models):
-            local = carried[:, k]
-            self.states[k, : local.shape[0]].copy_(model.carried_in(local) if hasattr(model, "carried_in") else local)
+            self.states[k, : carried.shape[0]].copy_(model.carried_in(carried[:, k]))
 
     def carry_out(self, b: int) -> torch.Tensor:
         """(b, K): each model's state of the first b rows, to go on from at the next chunk (`carry_in`)."""
         out = self.states[:, :b].T.clone()
-        for k, (model, _) in enumerate(self.models):
-            if hasattr(model, "carried_out"):  # `row_boosting.RowTrees`: relative to the row's own tree
-                out[:, k] = model.carried_out(out[:, k])
+        for k, (model, _) in enumerate(self.models):  # `row_boosting.RowTrees`: relative to the row's own tree
+            out[:, k] = model.carried_out(out[:, k])
         return out
 
     def choose(self, logits: torch.Tensor, at: torch.Tensor, token: torch.Tensor, blank_id: int):
