@@ -50,6 +50,13 @@ class RowTrees:
         self.roots = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's root, NO_TREE without
         self.bases = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's tree's first state
         self.order = order  # lookups a step makes: the deepest tree loaded so far, plus one
+        # beside a GPU, the tables' host copies in pinned memory: `load` copies them without a host wait (a decode's
+        # last host read finishes its copies before the next `load` writes them again)
+        pin = device.type == "cuda"
+        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in self._tables()]
+
+    def _tables(self) -> list[torch.Tensor]:
+        return [self.key, self.target, self.weight, self.backoff_to, self.backoff_weight, self.roots, self.bases]
 
     @property
     def device(self) -> torch.device:
@@ -70,13 +77,13 @@ class RowTrees:
         if grown:
             sizes = [max(n, 2 * h) if n > h else h for n, h in zip(need[:3], have[:3])]
             self._allocate(*sizes, min(max(order, 2 * self.order), _MAX_ORDER) if order > self.order else self.order)
-        self.key.copy_(torch.from_numpy(_padded(key, self.key.numel(), _PAD_KEY)))
-        self.target.copy_(torch.from_numpy(_padded(target, self.target.numel(), 0)))
-        self.weight.copy_(torch.from_numpy(_padded(weight, self.weight.numel(), 0)))
-        self.backoff_to.copy_(torch.from_numpy(_padded(backoff_to, self.backoff_to.numel(), NO_TREE)))
-        self.backoff_weight.copy_(torch.from_numpy(_padded(backoff_weight, self.backoff_weight.numel(), 0)))
-        self.roots.copy_(torch.from_numpy(_padded(roots, self.roots.numel(), NO_TREE)))
-        self.bases.copy_(torch.from_numpy(_padded(bases, self.bases.numel(), 0)))
+        values = (key, target, weight, backoff_to, backoff_weight, roots, bases)
+        fills = (_PAD_KEY, 0, 0, NO_TREE, 0, NO_TREE, 0)
+        for table, host, value, fill in zip(self._tables(), self._host, values, fills):
+            array = host.numpy()
+            array[: len(value)] = value
+            array[len(value) :] = fill
+            table.copy_(host, non_blocking=True)
         return grown
 
     def carried_in(self, local: torch.Tensor) -> torch.Tensor:
@@ -153,9 +160,3 @@ def _layout(trees: Sequence[Tables | None], v: int):
         np.array(bases, dtype=np.int64),
         order,
     )
-
-
-def _padded(values: np.ndarray, size: int, fill) -> np.ndarray:
-    out = np.full(size, fill, dtype=values.dtype)
-    out[: len(values)] = values
-    return out
