@@ -210,3 +210,21 @@ def test_a_streamed_upload_is_boosted_by_its_own_phrases(client):
             client.audio.transcriptions.create(file=f, model="tdt-tiny", stream=True, extra_body={"hotwords": PLAIN})
         )
     assert events[-1].type == "transcript.text.done" and events[-1].text == expected
+
+
+def test_the_service_refuses_a_requests_phrases_alone():
+    """Service.submit: a phrase that cannot be boosted, or phrases with --beam (greedy only), answered at once with
+    a BadRequest naming `hotwords`; nothing queued."""
+    import torch
+
+    from graphscribe.api import load_model
+    from graphscribe.serve.ipc import BadRequest
+    from graphscribe.serve.service import Service
+
+    for beam, phrases, problem in ((1, (("漢字", None),), "does not know"), (2, (("you", None),), "--beam")):
+        service = Service(load_model(NEMO_PATH, device="cpu", beam_size=beam))
+        answers = []
+        assert service.submit(torch.zeros(1600), False, lambda t, q: answers.append(t), "a.wav", phrases) is None
+        (answer,) = answers
+        assert isinstance(answer, BadRequest) and answer.param == "hotwords" and problem in answer.error
+        assert service.in_flight == 0
