@@ -75,9 +75,14 @@ def test_replayed_hypotheses_give_nemo_s_token_and_word_confidence(models, setti
             assert hyp.token_ids == want["token_ids"] and hyp.frames == want["timestamps"], (name, clip)
             with torch.inference_mode():
                 h, c, g = decoder.start_state(1, encoded.device, encoded.dtype)
-                projected = model.module.joint.project_encoder(encoded[0, : int(lengths[0])])
                 got = replay(
-                    model.module.decoder, model.module.joint, (h, c, g), projected, hyp.token_ids, hyp.frames, method
+                    model.module.decoder,
+                    model.module.joint,
+                    (h, c, g),
+                    encoded[0, : int(lengths[0])],
+                    hyp.token_ids,
+                    hyp.frames,
+                    method,
                 )
             np.testing.assert_allclose(got, want["token_confidence"], rtol=2e-5, atol=1e-12, err_msg=f"{name} {clip}")
             words = word_confidences(vocabulary["pieces"], vocabulary["texts"], hyp.token_ids, got, method.aggregation)

@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import CLIPS, NEMO_PATH, reference_clip
 
-from graphscribe.devices import parse_devices
 from graphscribe.runtime import device_names
+from graphscribe.runtime.device_names import parse_devices
 
 
 def start(*args) -> subprocess.Popen:

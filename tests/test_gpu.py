@@ -379,6 +379,26 @@ def test_cache_aware_streams_match_nemo_on_gpu(name):
         assert {c: got[0][c] for c in robust} == {c: ref["pipeline"][c]["token_ids"] for c in robust}, key
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_confidence_on_gpu_is_nemo_s(graphs):
+    """`confidence=True` on CUDA in float32, graphs on and off, the clips batched: NeMo's token and word
+    confidences (fixtures/nemo-confidence, its default setting) to float32 rounding, for the demo model and the
+    tiny ones; their silent clip alone (a padded batch moves its features, in NeMo too)."""
+    reference = json.loads((FIXTURES / "nemo-confidence" / "reference.json").read_text())
+    root = FIXTURES.parent.parent
+    for name, spec in reference["models"].items():
+        model = gs.load_model(root / spec["checkpoint"], device="cuda", dtype="float32", graphs=graphs, confidence=True)
+        clips = [c for c in spec["clips"] if c != "silence_1s"]
+        got = model.transcribe([root / spec["clips"][c] for c in clips], batch_size=len(clips))
+        for clip, transcript in zip(clips, got):
+            want = spec["settings"]["default"]["clips"][clip]
+            assert transcript.token_ids == want["token_ids"], (name, clip)
+            tokens = [t.confidence for t in transcript.tokens]
+            assert tokens == pytest.approx(want["token_confidence"], rel=1e-4, abs=1e-6), (name, clip)
+            words = [w.confidence for w in transcript.words if w.word.strip()]
+            assert words == pytest.approx(want["word_confidence"], rel=1e-4, abs=1e-6), (name, clip)
+
+
 @pytest.mark.parametrize("folder,checkpoint", ORACLES[:2])
 def test_fusion_in_graphs_gives_nemos_tokens(folder, checkpoint):
     """An n-gram LM and a boosting tree fused into the captured decode steps (the PyTorch step: the fused Triton

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import CLIPS, NEMO_PATH
+from conftest import CLIPS, NEMO_PATH, SPEECH_CLIP
 from test_realtime import MANUAL, WAIT, pcm24, streamed_text, transcribe_manually
 from test_server import ENV, FILES, KEY, STARTUP_SECONDS, Served, _metric_samples, cli, free_port, transcribe
 
@@ -130,6 +130,26 @@ def test_32_clients_get_the_cli_text_from_both_engines(server, client, expected,
     answered = {device: after[device] - before[device] for device in after}
     assert sum(answered.values()) == len(files)
     assert answered["cpu:0"] > 0 and answered["cpu:1"] > 0, answered  # least queued audio: both engines busy
+
+
+def test_confidence_asked_for_crosses_to_the_engines(client):
+    """`include[]=confidence` reaches the engine processes: verbose_json's words carry the CLI's `--confidence`
+    word confidences; without it, none."""
+    import json
+
+    record = json.loads(cli(SPEECH_CLIP, "-f", "json", "--confidence"))
+    want = [w["confidence"] for w in record["words"] if w["word"].strip()]
+    for asked in (True, False):
+        with open(SPEECH_CLIP, "rb") as f:
+            answer = client.audio.transcriptions.create(
+                file=f,
+                model="tdt-tiny",
+                response_format="verbose_json",
+                timestamp_granularities=["word"],
+                **({"include": ["confidence"]} if asked else {}),
+            )
+        got = [w.model_dump().get("confidence") for w in answer.words]
+        assert got == (pytest.approx(want, rel=1e-3) if asked else [None] * len(want))
 
 
 def test_a_killed_engine_is_restarted_and_no_request_hangs(server, client, expected, files):

@@ -224,7 +224,9 @@ def test_the_service_refuses_a_requests_phrases_alone():
     for beam, phrases, problem in ((1, (("漢字", None),), "does not know"), (2, (("you", None),), "--beam")):
         service = Service(load_model(NEMO_PATH, device="cpu", beam_size=beam))
         answers = []
-        assert service.submit(torch.zeros(1600), False, lambda t, q: answers.append(t), "a.wav", phrases) is None
+        assert (
+            service.submit(torch.zeros(1600), False, lambda t, q: answers.append(t), "a.wav", hotwords=phrases) is None
+        )
         (answer,) = answers
         assert isinstance(answer, BadRequest) and answer.param == "hotwords" and problem in answer.error
         assert service.in_flight == 0

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from graphscribe.io.audio import AudioError
     from graphscribe.io.checkpoint import CheckpointError
     from graphscribe.io.config import UnsupportedModelError
-    from graphscribe.io.options import RunOptions
+    from graphscribe.io.options import ConfidenceMethod, RunOptions
     from graphscribe.output.timestamps import Segment, Word
     from graphscribe.output.transcript import Transcript
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "AudioError": "io.audio",
     "CheckpointError": "io.checkpoint",
+    "ConfidenceMethod": "io.options",
     "Model": "api",
     "RunOptions": "io.options",
     "Segment": "output.timestamps",
@@ -30,6 +31,7 @@ _EXPORTS = {
 __all__ = [
     "AudioError",
     "CheckpointError",
+    "ConfidenceMethod",
     "Model",
     "RunOptions",
     "Segment",

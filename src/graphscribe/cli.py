@@ -30,6 +30,7 @@ from graphscribe.console import (
     BATCH_HELP,
     BATCH_SECONDS_DEFAULT,
     BATCH_SECONDS_HELP,
+    CONFIDENCE_HELP,
     DEVICE_HELP,
     DEVICES_HELP,
     DTYPE_HELP,
@@ -39,6 +40,7 @@ from graphscribe.console import (
     MAX_AUDIO_HOURS,
     MODEL_DEFAULT,
     MODEL_HELP,
+    devices_or_exit,
     err_console,
     fail_usage,
     hotwords_or_exit,
@@ -46,7 +48,6 @@ from graphscribe.console import (
     model_source,
     setup_logging,
 )
-from graphscribe.devices import devices_or_exit
 from graphscribe.io.config import ATTENTION_WINDOW, CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
 from graphscribe.io.options import RunOptions
 from graphscribe.output.transcript import Transcript
@@ -209,6 +210,7 @@ def transcribe_command(
         None, "--hotwords-file", metavar="FILE", show_default=False, help="Phrases to boost, one a line (A:2.0 too)."
     ),
     boost: float = typer.Option(1.0, "--boost", metavar="W", help="The hotwords' weight (NeMo's boosting_tree_alpha)."),
+    confidence: bool = typer.Option(False, "--confidence", help=CONFIDENCE_HELP),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles.
 
@@ -228,6 +230,9 @@ def transcribe_command(
     if not files:
         raise typer.Exit(1)
     formats = parse_formats(fmt, output_dir, len(files))
+    if confidence and not {"json", "tsv"} & set(formats):  # nothing to show it in: not computed
+        err_console.print("note: --confidence shows in json and tsv output only; not computed for " + fmt)
+        confidence = False
     several = devices_or_exit(devices, device)
     if len(several) == 1:  # one device: this process, as with --device
         device = several[0]
@@ -268,6 +273,7 @@ def transcribe_command(
             boost=boost,
             beam_size=beam,
             nbest=nbest,
+            confidence=confidence,
         )
         loaded, tally, elapsed = _load_and_transcribe(files, formats, targets, several, model, options, graphs is True)
 

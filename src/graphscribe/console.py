@@ -26,6 +26,7 @@ from graphscribe.io.config import (
 )
 from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import TokenizerError
+from graphscribe.runtime.device_names import parse_devices
 
 MODEL_ENV = "GRAPHSCRIBE_MODEL"  # default for --model
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # "cuda:x" is no emoji
@@ -105,6 +106,11 @@ MAX_AUDIO_HELP = (
     "A file of more audio is refused with one line, from its header where that gives the length, else once "
     "decoding passes it: a file's samples are held in memory (6 h at 48 kHz: 4 GB)."
 )
+CONFIDENCE_HELP = (
+    "Token and word confidence as NeMo computes it (entropy, Tsallis, alpha 0.33, exp norm; a word its tokens' "
+    "minimum), in 0..1: json tokens[].confidence and words[].confidence, a tsv confidence column (a cue's least "
+    "confident word). Computed after decoding; off, nothing is."
+)
 DEVICES_HELP = (
     "Several devices of this host, one worker process and model each, sharing one longest-first plan: "
     "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."
@@ -122,11 +128,13 @@ HOT_HELP = (
 def hotwords_or_exit(hotwords: str | None, path: Path | None) -> tuple[str, ...]:
     """--hotwords (comma-separated) and --hotwords-file (one phrase a line) as one tuple of phrases, or one line and
     exit 2 for a file that cannot be read."""
+    items = [item.strip() for item in hotwords.split(",")] if hotwords and hotwords.strip() else []
+    if path is None:  # no import: boosting.py imports torch, which `--devices` workers import before this process
+        return tuple(items)
     from graphscribe.model.boosting import HotwordError, read_hotwords_file
 
-    items = [item.strip() for item in hotwords.split(",")] if hotwords and hotwords.strip() else []
     try:
-        lines = read_hotwords_file(str(path)) if path is not None else []
+        lines = read_hotwords_file(str(path))
     except HotwordError as err:
         fail_usage(str(err))
     return (*items, *(f"{p}:{s}" if s else p for p, s in lines))
@@ -158,3 +166,15 @@ def find_audio_files(folder: Path) -> list[Path]:
     from graphscribe.io.audio import find_audio_files as find
 
     return find(folder)
+
+
+def devices_or_exit(devices: Optional[str], device: str) -> list[str]:
+    """--devices as device names ([] when not given); a bad value exits 2 with one line, before any loading."""
+    if devices is None:
+        return []
+    if device != "auto":
+        fail_usage(f"--device {device} --devices {devices}: give one of them")
+    try:
+        return parse_devices(devices)
+    except ValueError as err:
+        fail_usage(str(err))

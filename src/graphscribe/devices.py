@@ -29,14 +29,12 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator
 
-from graphscribe.console import fail_usage
 from graphscribe.device_worker import work
 from graphscribe.io.audio import audio_seconds
 from graphscribe.io.options import RunOptions
 from graphscribe.output.transcript import Transcript
-from graphscribe.runtime.device_names import parse_devices
 from graphscribe.runtime.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -486,15 +484,3 @@ def transcribe_on_devices(
 
 
 # ---------------------------------------------------------------------------- the worker process
-
-
-def devices_or_exit(devices: Optional[str], device: str) -> list[str]:
-    """--devices as device names ([] when not given); a bad value exits 2 with one line, before any loading."""
-    if devices is None:
-        return []
-    if device != "auto":
-        fail_usage(f"--device {device} --devices {devices}: give one of them")
-    try:
-        return parse_devices(devices)
-    except ValueError as err:
-        fail_usage(str(err))

@@ -18,6 +18,7 @@ from graphscribe.console import (
     DTYPE_HELP,
     MODEL_DEFAULT,
     MODEL_HELP,
+    devices_or_exit,
     err_console,
     fail_usage,
     find_audio_files,
@@ -25,7 +26,6 @@ from graphscribe.console import (
     model_source,
     setup_logging,
 )
-from graphscribe.devices import devices_or_exit
 from graphscribe.io.config import CHUNK_SECONDS, LEFT_SECONDS, RIGHT_SECONDS
 from graphscribe.io.options import RunOptions
 
@@ -140,6 +140,12 @@ def bench_command(
     left: float = typer.Option(LEFT_SECONDS, "--left", metavar="S", help="--streams: seconds of left context."),
     right: float = typer.Option(RIGHT_SECONDS, "--right", metavar="S", help="--streams: seconds of right context."),
     profile: bool = typer.Option(False, "--profile", help="--streams: once more, seconds per stage of the steps."),
+    output_format: str = typer.Option(
+        "txt", "--format", metavar="txt|json", help="Throughput rows: the files written (json: with word times)."
+    ),
+    confidence: bool = typer.Option(
+        False, "--confidence", help="Throughput rows: token and word confidence on (see transcribe --help); with json."
+    ),
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
     --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
@@ -186,7 +192,10 @@ def bench_command(
             report = _bench_devices(several, model, dtype, graphs, folder, files, batch, reps, batch_seconds)
         _write_report(report, json_path)
         return
-    loaded = load_or_exit(model, RunOptions(device=device, dtype=dtype, graphs=False))  # rows set graphs on and off
+    if output_format not in ("txt", "json") or (confidence and output_format != "json"):
+        fail_usage(f"bench --format {output_format}: use txt or json (--confidence: json, the output it shows in)")
+    options = RunOptions(device=device, dtype=dtype, graphs=False, confidence=confidence)
+    loaded = load_or_exit(model, options)  # rows set graphs on and off
     cuda = loaded.device.type == "cuda"
     want_graphs = graphs is not False
     modes = [False, True] if want_graphs and cuda else [False]
@@ -196,7 +205,7 @@ def bench_command(
     sizes, reps = given_sizes or _batch_sizes(default_sizes), reps or default_reps
     console = Console(width=None if sys.stdout.isatty() else 240)
     if folder_mode:
-        report = _bench_folder(loaded, folder, files, sizes, reps, modes, batch_seconds, console)
+        report = _bench_folder(loaded, folder, files, sizes, reps, modes, batch_seconds, console, output_format)
     else:
         from graphscribe.bench.decode import TIER_SECONDS, print_table, run_bench, tier_clips
 
@@ -272,8 +281,9 @@ def _bench_folder(
     modes: list[bool],
     batch_seconds: Optional[float],
     console: Console,
+    output_format: str = "txt",
 ) -> dict:
-    """Throughput rows over the files under `folder`, or over `files` generated clips."""
+    """Throughput rows over the files under `folder`, or over `files` generated clips, writing `output_format`."""
     from graphscribe.bench.folder import make_folder, print_throughput, run_throughput
     from graphscribe.io.audio import NATIVE_STDERR
 
@@ -288,7 +298,7 @@ def _bench_folder(
             paths = find_audio_files(folder) if folder.is_dir() else []
             if not paths:
                 fail_usage(f"--folder {folder}: no audio files there")
-        report = run_throughput(loaded, paths, sizes, reps, modes, batch_seconds, announce=_announce)
+        report = run_throughput(loaded, paths, sizes, reps, modes, batch_seconds, _announce, output_format)
         report["folder"] = str(folder) if folder is not None else f"generated: {len(paths)} clips (make_folder, seed 0)"
     print_throughput(report, console)
     return report

@@ -17,7 +17,7 @@ from graphscribe import __version__
 from graphscribe.bench.decode import SPEECH, graphs_name, header, peak_mb, reset_peak, timed
 from graphscribe.io.audio import AudioError, load_audio, speech_path
 from graphscribe.io.options import RunOptions
-from graphscribe.output.writers import WRITERS
+from graphscribe.output.writers import render
 from graphscribe.runtime.clock import StageClock
 from graphscribe.runtime.defaults import default_batching, default_workers
 
@@ -40,6 +40,11 @@ GAIN = (0.5, 1.0)  # random gain per file
 
 
 STAGES = ("read", "wait", "features", "encoder", "decode", "text", "write")
+
+
+def _stages(confidence: bool) -> tuple[str, ...]:
+    """The stages of a row: with confidences, their replay after the decode too."""
+    return (*STAGES[:5], "confidence", *STAGES[5:]) if confidence else STAGES
 
 
 def make_folder(out_dir: str | Path, files: int = 256, seed: int = 0, short: bool = False) -> list[Path]:
@@ -76,12 +81,13 @@ def run_throughput(
     modes: list[bool],
     batch_seconds: float | None = None,
     announce=lambda row: None,
+    output_format: str = "txt",
 ) -> dict:
-    """RTFx end to end (files in, text files out, the pipeline `transcribe` uses) for every (batch size, graph
-    mode), with seconds per stage, peak GPU memory and peak host RSS; and from memory (`transcribe` of the
-    same clips already read). Median of `reps` timed passes after a warm-up pass (captures, compiles, and
-    the OS's file cache: files are read from memory, not from the disk). `announce` gets a line naming each row as
-    it starts."""
+    """RTFx end to end (files in, `output_format` files out, txt or json, the pipeline `transcribe` uses) for every
+    (batch size, graph mode), with seconds per stage, peak GPU memory and peak host RSS; and from memory
+    (`transcribe` of the same clips already read). Median of `reps` timed passes after a warm-up pass (captures,
+    compiles, and the OS's file cache: files are read from memory, not from the disk). `announce` gets a line naming
+    each row as it starts. The model's options say whether confidences are computed (json only)."""
     device = model.device
     if batch_seconds is None:
         batch_seconds = model.options.batch_seconds
@@ -100,6 +106,8 @@ def run_throughput(
         "audio_seconds": total,
         "batch_seconds": batch_seconds,
         "readers": default_workers(device),
+        "format": output_format,
+        "confidence": model.options.confidence,
         "throughput": [],
     }
     graphs_before = model.options.graphs
@@ -110,9 +118,9 @@ def run_throughput(
                 announce(f"{len(files)} files: batch {n}, {graphs_name(graphs)}, a warm-up and {reps} passes")
                 model.use_graphs(graphs)  # a fresh decoder: captures happen in the warm-up pass
                 start = time.perf_counter()
-                _pass(model, files, n, batch_seconds, Path(out_dir))
+                _pass(model, files, n, batch_seconds, Path(out_dir), output_format)
                 warmup = time.perf_counter() - start
-                passes = [_pass(model, files, n, batch_seconds, Path(out_dir)) for _ in range(reps)]
+                passes = [_pass(model, files, n, batch_seconds, Path(out_dir), output_format) for _ in range(reps)]
                 median = sorted(passes, key=lambda p: p["seconds"])[(len(passes) - 1) // 2]
                 arrays = list(audios.values())
                 memory_times, from_memory = timed(lambda: model.transcribe(arrays, n, batch_seconds), device, reps)
@@ -148,8 +156,9 @@ def run_throughput(
     return report
 
 
-def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: Path) -> dict:
-    """One timed pass over the files, writing a text file each; stages from a fresh clock."""
+def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: Path, fmt: str = "txt") -> dict:
+    """One timed pass over the files, writing a `fmt` file each (json: rendered by worker processes, as the CLI's);
+    stages from a fresh clock."""
     device = model.device
     clock = StageClock(device)
     reset_peak(device)
@@ -159,15 +168,16 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
+    words = fmt == "json"
     for i, transcript in model.transcribe_iter(
-        files, batch, batch_seconds, clock=clock, word_times=False
-    ):  # txt, as the CLI
+        files, batch, batch_seconds, clock=clock, word_times=words, render=(fmt,) if words else ()
+    ):  # as the CLI
         if transcript.error is not None:
             failed += 1
             continue
         texts[str(files[i])] = transcript.text
         with clock.host("write"):
-            (out_dir / f"{i}.txt").write_text(WRITERS["txt"](transcript), encoding="utf-8")
+            (out_dir / f"{i}.{fmt}").write_text(render(transcript, fmt), encoding="utf-8")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
@@ -176,8 +186,8 @@ def _pass(model, files: list[Path], batch: int, batch_seconds: float, out_dir: P
         "seconds": seconds,
         "texts": texts,
         "failed": failed,
-        "stages": {stage: stages.get(stage, 0.0) for stage in STAGES},
-        "gpu_busy": sum(stages.get(s, 0.0) for s in ("features", "encoder", "decode"))
+        "stages": {stage: stages.get(stage, 0.0) for stage in _stages(model.options.confidence)},
+        "gpu_busy": sum(stages.get(s, 0.0) for s in ("features", "encoder", "decode", "confidence"))
         if device.type == "cuda"
         else None,
         "peak_gpu_mb": peak_mb(device),
@@ -206,14 +216,15 @@ def _peak_rss_mb() -> float | None:
 def print_throughput(report: dict, console: Console) -> None:
     table = Table(
         title=f"graphscribe bench throughput: {report['files']} files, {report['audio_seconds']:.0f} s of "
-        f"audio; {report['device']}, {report['dtype']}, median of {report['reps']}"
+        f"audio; {report['device']}, {report['dtype']}, median of {report['reps']}; "
+        f"{report.get('format', 'txt')} out{', confidence on' if report.get('confidence') else ''}"
     )
     columns = [
         "B",
         "graphs",
         "RTFx (min-max)",
         "from memory",
-        *[f"{s} s" for s in STAGES],
+        *[f"{s} s" for s in _stages(report.get("confidence", False))],
         "GPU busy s",
         "peak GPU MB",
         "peak RSS MB",
@@ -227,7 +238,7 @@ def print_throughput(report: dict, console: Console) -> None:
             "on" if row["graphs"] else "off",
             f"{row['rtfx']:.0f} ({row['rtfx_min']:.0f}-{row['rtfx_max']:.0f})",
             f"{row['in_memory_rtfx']:.0f}",
-            *[f"{row['stages'][s]:.2f}" for s in STAGES],
+            *[f"{row['stages'][s]:.2f}" for s in _stages(report.get("confidence", False))],
             _seconds(row["gpu_busy_seconds"]),
             _mb(row["peak_gpu_mb"]),
             _mb(row["peak_rss_mb"]),
@@ -236,7 +247,8 @@ def print_throughput(report: dict, console: Console) -> None:
     console.print(table)
     console.print(
         "read: summed over the reader threads; wait: the main thread waiting for reads; features, encoder, "
-        "decode: GPU time between CUDA events around each stage (CPU: wall time); text: tokens to words; "
+        "decode, confidence (the replay of --confidence): GPU time between CUDA events around each stage (CPU: wall "
+        "time); text: tokens to words; "
         "write: output files. from memory: RTFx of transcribe() on the clips already read."
     )
 

@@ -5,9 +5,35 @@ server's engines and the Ray actors."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from graphscribe.io.config import ATTENTION_WINDOW, MAX_AUDIO_SECONDS
+
+
+@dataclass(frozen=True)
+class ConfidenceMethod:
+    """NeMo's `ConfidenceMethodConfig` and word aggregation, with its defaults (tests/fixtures/nemo-confidence):
+    how a token's step distribution becomes a confidence (`model.confidence.measure`), and its tokens' a word's."""
+
+    name: str = "entropy"  # or "max_prob"
+    entropy_type: str = "tsallis"  # gibbs, tsallis, renyi
+    alpha: float = 0.33
+    entropy_norm: str = "exp"  # lin, exp
+    aggregation: str = "min"  # min, max, mean, prod
+
+
+def aggregate(values: list[float], how: str = "min") -> float:
+    """NeMo's aggregation of token confidences (a word's, `get_confidence_aggregation_bank`) over python floats."""
+    if how == "min":
+        return min(values)
+    if how == "max":
+        return max(values)
+    if how == "mean":
+        return sum(values) / len(values)
+    if how == "prod":
+        return math.prod(values)
+    raise ValueError(f"confidence aggregation {how!r}: use min, max, mean or prod")
 
 
 @dataclass(frozen=True)
@@ -29,3 +55,7 @@ class RunOptions:
     boost: float = 1.0  # the boosting tree's weight (NeMo's boosting_tree_alpha)
     beam_size: int = 1  # 1: greedy; more: NeMo's malsd_batch beam search (`model/beam.py`), files only (not streams)
     nbest: bool = False  # with a beam: each transcript's n-best list (`Transcript.alternatives`, JSON)
+    # token and word confidence in the outputs that carry tokens and words (json, tsv, verbose_json): replayed after
+    # decoding (`model.confidence.replay_batch`); off, nothing of it is computed
+    confidence: bool = False
+    confidence_method: ConfidenceMethod = ConfidenceMethod()

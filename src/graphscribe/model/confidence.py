@@ -4,29 +4,21 @@ NeMo measures the distribution of the decode step that emitted a token: the soft
 TDT model's duration logits left out), through one of its measures (the default: Tsallis entropy, alpha 0.33,
 exponential norm), and a word takes the minimum of its tokens'. Nothing of it is needed while decoding: a
 hypothesis says which token came at which encoder frame, and each token's step read that frame and the
-prediction net's output after the tokens before it. So `replay` recomputes those steps' logits afterwards, for the
-hypotheses whose confidence is asked for, and greedy decoding stays as it is.
+prediction net's output after the tokens before it. So `replay_batch` recomputes those steps' logits afterwards, for the
+hypotheses whose confidence is asked for, and greedy decoding stays as it is. With an LM or hotwords fused into
+the decoding, NeMo measures the joint's own logits before the fused scores (`unbiased_logits`): the replay's too.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from graphscribe.io.options import ConfidenceMethod, aggregate
 from graphscribe.model.heads import Joint, PredictionNet
 
-
-@dataclass(frozen=True)
-class ConfidenceMethod:
-    """NeMo's `ConfidenceMethodConfig` and the word aggregation (its defaults)."""
-
-    name: str = "entropy"  # or "max_prob"
-    entropy_type: str = "tsallis"  # gibbs, tsallis, renyi
-    alpha: float = 0.33
-    entropy_norm: str = "exp"  # lin, exp
-    aggregation: str = "min"  # min, max, mean, prod
+__all__ = ["ConfidenceMethod", "check_method", "measure", "replay", "replay_batch", "word_confidences"]
 
 
 def measure(logprobs: torch.Tensor, method: ConfidenceMethod = ConfidenceMethod()) -> torch.Tensor:
@@ -65,46 +57,67 @@ def measure(logprobs: torch.Tensor, method: ConfidenceMethod = ConfidenceMethod(
     raise ValueError(f"confidence entropy {kind!r}: use gibbs, tsallis or renyi with lin or exp")
 
 
-def aggregate(values: list[float], how: str = "min") -> float:
-    """NeMo's word aggregation over python floats."""
-    if how == "min":
-        return min(values)
-    if how == "max":
-        return max(values)
-    if how == "mean":
-        return sum(values) / len(values)
-    if how == "prod":
-        return math.prod(values)
-    raise ValueError(f"confidence aggregation {how!r}: use min, max, mean or prod")
+def check_method(method: ConfidenceMethod) -> None:
+    """ValueError naming what is wrong with `method` (its measure and aggregation tried on a uniform distribution)."""
+    measure(torch.zeros(2), method)
+    aggregate([1.0], method.aggregation)
 
 
 @torch.inference_mode()
+def replay_batch(
+    prediction: PredictionNet,
+    joint: Joint,
+    start: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    encoded: torch.Tensor,
+    tokens: list[list[int]],
+    frames: list[list[int]],
+    method: ConfidenceMethod = ConfidenceMethod(),
+) -> list[list[float]]:
+    """A batch's token confidences, one list a row: `encoded` (B, T, D) its encoder output, `start` the prediction
+    state and projected output after the start symbol for B rows (`GreedyDecoder.start_state`), each row's tokens
+    and the encoder frame of each. The prediction net runs once over all rows' tokens (teacher forcing, padded),
+    the encoder projection over the N frames the tokens came at only, the joint once over the N (frame,
+    prediction) pairs: a handful of batched calls, whatever the number of tokens."""
+    counts = [len(t) for t in tokens]
+    if not any(counts):
+        return [[] for _ in tokens]
+    device = encoded.device
+    live = [b for b, n in enumerate(counts) if n]  # rows with tokens
+    rows = torch.tensor([k for k, b in enumerate(live) for _ in range(counts[b])], device=device)  # (N,)
+    steps = torch.tensor([i for b in live for i in range(counts[b])], device=device)  # (N,) token index in its row
+    at = torch.tensor([f for b in live for f in frames[b]], device=device)  # (N,) encoder frames
+    f = joint.project_encoder(encoded[torch.tensor(live, device=device)[rows], at])  # (N, J)
+    h, c, g0 = start
+    g = g0[live][:, None]  # (R, 1, J): before each row's first token
+    longest = max(counts)
+    if longest > 1:
+        ids = torch.zeros(len(live), longest - 1, dtype=torch.long)  # (R, M - 1): each row's tokens but its last
+        for k, b in enumerate(live):
+            ids[k, : counts[b] - 1] = torch.tensor(tokens[b][:-1])
+        embedded = prediction.prediction.embed(ids.to(device).T)  # (M - 1, R, H): time first, as the LSTM takes it
+        out, _ = prediction.prediction.dec_rnn.lstm(embedded, (h[:, live], c[:, live]))
+        g = torch.cat([g, joint.project_prediction(out.to(g0.dtype)).transpose(0, 1)], dim=1)  # (R, M, J)
+    logits = joint.logits(f, g[rows, steps])[:, : joint.num_token_logits].float()  # (N, v)
+    values = measure(torch.log_softmax(logits, dim=-1), method).tolist()
+    result, taken = [], 0
+    for n in counts:
+        result.append(values[taken : taken + n])
+        taken += n
+    return result
+
+
 def replay(
     prediction: PredictionNet,
     joint: Joint,
     start: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    projected: torch.Tensor,
+    encoded: torch.Tensor,
     tokens: list[int],
     frames: list[int],
     method: ConfidenceMethod = ConfidenceMethod(),
 ) -> list[float]:
-    """One hypothesis's token confidences: `projected` (T, J) its encoder output through the joint's encoder
-    projection, `start` the prediction state and projected output after the start symbol (`start_state` for one
-    row), `tokens` and the encoder frame of each. The prediction net runs over the tokens once (teacher forcing),
-    the joint once over the (frame, prediction) pairs the greedy steps met."""
-    if not tokens:
-        return []
-    h, c, g0 = start
-    ids = torch.tensor(tokens[:-1], device=projected.device, dtype=torch.long)
-    outputs = [g0[0]]
-    if len(tokens) > 1:
-        embedded = prediction.prediction.embed(ids)[:, None]  # (N - 1, 1, H): one row, N - 1 steps
-        out, _ = prediction.prediction.dec_rnn.lstm(embedded, (h, c))
-        outputs.append(joint.project_prediction(out[:, 0].to(g0.dtype)))
-    g = torch.cat([o.reshape(-1, g0.shape[-1]) for o in outputs])  # (N, J): the output before each token
-    f = projected[torch.tensor(frames, device=projected.device, dtype=torch.long)]  # (N, J)
-    logits = joint.logits(f, g)[:, : joint.num_token_logits].float()
-    return measure(torch.log_softmax(logits, dim=-1), method).tolist()
+    """One hypothesis's token confidences: `encoded` (T, D) its encoder output, `start` for one row, its tokens and
+    their frames (`replay_batch` of one row)."""
+    return replay_batch(prediction, joint, start, encoded[None], [tokens], [frames], method)[0]
 
 
 def word_confidences(pieces: list[str], texts: list[str], tokens: list[int], confidences: list[float], how: str):

@@ -75,6 +75,7 @@ class Hypothesis:
     frames: list[int]  # encoder frame at which each token was emitted
     durations: list[int]  # predicted duration of each token, in encoder frames (RNN-T: 0)
     steps: int = 0  # decode steps spent on the batch this clip was in (its slowest row's)
+    confidences: list[float] | None = None  # each token's, when asked for (`LoadedModel.add_confidences`)
 
 
 class DecodeBuffers:

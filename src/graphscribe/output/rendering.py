@@ -54,6 +54,7 @@ class PlainHypothesis(NamedTuple):
     frames: list[int]  # encoder frame of each token
     durations: list[int]  # encoder frames (RNN-T: 0)
     alternatives: tuple[PlainAlternative, ...] = ()  # a beam's n-best list (`beam.BeamHypothesis`)
+    confidences: list[float] | None = None  # each token's, when asked for
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class TranscriptMaker:
     window_stride: float  # seconds per feature frame
     subsampling: int  # feature frames per encoder frame
     sample_rate: int  # Hz
+    aggregation: str = "min"  # a word's confidence from its tokens' (`options.aggregate`)
 
     def frame_seconds(self, frame: int) -> float:
         """Seconds at an encoder frame, computed as NeMo does (frame x window stride x subsampling factor)."""
@@ -97,12 +99,20 @@ class TranscriptMaker:
             return Transcript(**common)
         pieces = [tokenizer.piece(i) for i in hyp.token_ids]
         spans = token_spans(hyp.frames, hyp.durations, self.tdt)
+        confidences = hyp.confidences if hyp.confidences is not None else [None] * len(pieces)
         tokens = [
-            Token(i, p, s, self.frame_seconds(s), self.frame_seconds(e), e)
-            for i, p, (s, e) in zip(hyp.token_ids, pieces, spans)
+            Token(i, p, s, self.frame_seconds(s), self.frame_seconds(e), e, q)
+            for i, p, (s, e), q in zip(hyp.token_ids, pieces, spans, confidences)
         ]
         words, segments = words_and_segments(
-            pieces, spans, tokenizer.decode_pieces, self.rules, self.tdt, self.frame_seconds
+            pieces,
+            spans,
+            tokenizer.decode_pieces,
+            self.rules,
+            self.tdt,
+            self.frame_seconds,
+            hyp.confidences,
+            self.aggregation,
         )
         return Transcript(**common, tokens=tokens, words=words, segments=segments)
 
@@ -202,7 +212,7 @@ class RenderPool:
 
 def _plain(hyp: Hypothesis) -> PlainHypothesis:
     alternatives = tuple(PlainAlternative(a.token_ids, a.score) for a in getattr(hyp, "alternatives", ()))
-    return PlainHypothesis(hyp.token_ids, hyp.frames, hyp.durations, alternatives)
+    return PlainHypothesis(hyp.token_ids, hyp.frames, hyp.durations, alternatives, hyp.confidences)
 
 
 def _received(conn: Connection) -> list[Transcript]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from graphscribe.io.options import aggregate
+
 SEGMENT_SEPARATORS = (".", "?", "!")  # NeMo's default segment_seperators
 _STRIPPED_SEPARATORS = (" ", "_", "▁")  # a built word's last piece NeMo drops before punctuation
 
@@ -25,6 +27,7 @@ class Word:
     end: float  # seconds
     start_frame: int  # encoder frame (NeMo's start_offset)
     end_frame: int  # encoder frame (NeMo's end_offset)
+    confidence: float | None = None  # its tokens' confidences aggregated, when asked for (RunOptions.confidence)
 
 
 @dataclass
@@ -67,18 +70,31 @@ def words_and_segments(
     rules: WordRules,
     tdt: bool,
     frame_seconds: Callable[[int], float],
+    confidences: Sequence[float] | None = None,
+    aggregation: str = "min",
 ) -> tuple[list[Word], list[Segment]]:
     """Tokens (vocabulary pieces and their frame spans) -> NeMo's words and segments.
 
     `decode` turns a list of pieces into text (SentencePiece's decode_pieces); `frame_seconds`
-    turns a frame offset into seconds.
+    turns a frame offset into seconds. With the tokens' `confidences`, a word's confidence is the `aggregation`
+    of its tokens' (`_words`' token range): NeMo's word confidence, whose word list is the text's words
+    (`text.split()`). Our words also hold a lone `▁` that NeMo's leave out (a word of no text, followed by a
+    word's start or the end): it gets its own token's confidence. A `▁`-led mark that our words join to the word
+    before it (NeMo's: a word of its own) makes one word of the two: the aggregation over both.
     """
     items = [_Piece(p, decode([p]), s, e) for p, (s, e) in zip(pieces, spans)]
     if tdt:
         _punctuation_to_previous_end(items, rules.punctuation)
-    words = [Word(text, frame_seconds(s), frame_seconds(e), s, e) for text, s, e in _words(items, decode, rules)]
+    words = [
+        Word(text, frame_seconds(s), frame_seconds(e), s, e, _confidence(confidences, first, last, aggregation))
+        for text, s, e, first, last in _words(items, decode, rules)
+    ]
     segments = [Segment(text, frame_seconds(s), frame_seconds(e), s, e) for text, s, e in _segments(words, rules)]
     return words, segments
+
+
+def _confidence(confidences: Sequence[float] | None, first: int, last: int, how: str) -> float | None:
+    return None if confidences is None else aggregate(list(confidences[first : last + 1]), how)
 
 
 def _punctuation_to_previous_end(items: list[_Piece], punctuation: frozenset[str]) -> None:
@@ -105,22 +121,24 @@ def _lone_separator(items: list[_Piece], i: int, rules: WordRules) -> bool:
     return following not in rules.punctuation
 
 
-def _words(items: list[_Piece], decode: Callable[[list[str]], str], rules: WordRules) -> list[tuple[str, int, int]]:
-    """NeMo's get_words_offsets: (text, start frame, end frame) per word."""
-    words: list[list] = []  # [text, start, end]
+def _words(
+    items: list[_Piece], decode: Callable[[list[str]], str], rules: WordRules
+) -> list[tuple[str, int, int, int, int]]:
+    """NeMo's get_words_offsets: (text, start frame, end frame, first token, last token) per word."""
+    words: list[list] = []  # [text, start, end, first token, last token]
     built: list[str] = []  # pieces of the word being built
     first = 0  # index of its first token
     for i, item in enumerate(items):
         is_mark = item.text in rules.punctuation and item.text != rules.word_separator
         if not is_mark and _starts_word(items, i, rules):
             if built:
-                words.append([decode(built), items[first].start, items[i - 1].end])
+                words.append([decode(built), items[first].start, items[i - 1].end, first, i - 1])
             built = []
             if item.text != rules.word_separator:
                 built, first = [item.piece], i
         elif is_mark and not built and words:
             last = words[-1]  # a mark after a finished word ends that word
-            last[2] = item.end
+            last[2], last[4] = item.end, i
             last[0] = (last[0][:-1] if last[0].endswith(" ") else last[0]) + item.text
         elif is_mark and built:
             if built[-1] in _STRIPPED_SEPARATORS:
@@ -132,11 +150,11 @@ def _words(items: list[_Piece], decode: Callable[[list[str]], str], rules: WordR
             built.append(item.piece)
     if not words:
         if built:
-            words.append([decode(built), items[0].start, items[-1].end])
+            words.append([decode(built), items[0].start, items[-1].end, first, len(items) - 1])
         return [tuple(w) for w in words]
     words[0][1] = items[0].start  # NeMo dates the first word from the first token, whatever it is
     if built:
-        words.append([decode(built), items[first].start, items[-1].end])
+        words.append([decode(built), items[first].start, items[-1].end, first, len(items) - 1])
     return [tuple(w) for w in words]
 
 

@@ -15,6 +15,7 @@ class Token:
     start: float  # seconds
     end: float  # seconds
     end_frame: int  # encoder frame: TDT frame + predicted duration, RNN-T frame + 1 (NeMo's end offset)
+    confidence: float | None = None  # NeMo's token confidence, when asked for (RunOptions.confidence)
 
 
 @dataclass
@@ -61,10 +62,22 @@ class Transcript:
             "text": self.text,
             "audio_seconds": round(self.audio_seconds, 4),
             "tokens": [
-                {"id": t.id, "piece": t.piece, "frame": t.frame, "start": round(t.start, 3), "end": round(t.end, 3)}
+                _confident(
+                    {
+                        "id": t.id,
+                        "piece": t.piece,
+                        "frame": t.frame,
+                        "start": round(t.start, 3),
+                        "end": round(t.end, 3),
+                    },
+                    t.confidence,
+                )
                 for t in self.tokens
             ],
-            "words": [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)} for w in self.words],
+            "words": [
+                _confident({"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}, w.confidence)
+                for w in self.words
+            ],
             "segments": [{"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3)} for s in self.segments],
         } | self._alternatives_json()
 
@@ -76,3 +89,10 @@ class Transcript:
                 {"text": a.text, "token_ids": a.token_ids, "score": round(a.score, 4)} for a in self.alternatives
             ]
         }
+
+
+def _confident(record: dict, confidence: float | None) -> dict:
+    """A token's or word's record, with its confidence when there is one (unrounded: NeMo's float32 value)."""
+    if confidence is not None:
+        record["confidence"] = confidence
+    return record

@@ -41,6 +41,7 @@ class Cue:
     start: float  # seconds
     end: float  # seconds
     lines: list[str]
+    confidence: float | None = None  # its least confident word's (with confidences on)
 
     @property
     def text(self) -> str:
@@ -54,7 +55,10 @@ def cues(transcript: Transcript) -> list[Cue]:
         if not groups or _ends_cue(groups[-1], word):
             groups.append([])
         groups[-1].append(word)
-    result = [Cue(g[0].start, g[-1].end, _wrap([w.word.strip() for w in g]) or [g[0].word.strip()]) for g in groups]
+    result = [
+        Cue(g[0].start, g[-1].end, _wrap([w.word.strip() for w in g]) or [g[0].word.strip()], _least_confident(g))
+        for g in groups
+    ]
     limit = transcript.audio_seconds
     for i, cue in enumerate(result):
         following = result[i + 1].start if i + 1 < len(result) else limit
@@ -63,6 +67,11 @@ def cues(transcript: Transcript) -> list[Cue]:
             cue.end = cue.start + EMPTY_CUE_SECONDS
         cue.end = max(min(cue.end, following, limit), cue.start)
     return result
+
+
+def _least_confident(words: list[Word]) -> float | None:
+    values = [w.confidence for w in words if w.confidence is not None]
+    return min(values) if values else None
 
 
 def _ends_cue(group: list[Word], word: Word) -> bool:
@@ -127,9 +136,14 @@ def _vtt_escape(line: str) -> str:
 
 
 def write_tsv(transcript: Transcript) -> str:
-    """whisper's tsv: a header, then start and end in whole milliseconds and the text, one cue a row."""
-    rows = ["start\tend\ttext"]
-    rows += [f"{round(1000 * c.start)}\t{round(1000 * c.end)}\t{c.text.replace(chr(9), ' ')}" for c in cues(transcript)]
+    """whisper's tsv: a header, then start and end in whole milliseconds and the text, one cue a row; with
+    confidences, a fourth column: the cue's least confident word's confidence (6 significant digits)."""
+    made = cues(transcript)
+    confident = any(c.confidence is not None for c in made)
+    rows = ["start\tend\ttext" + ("\tconfidence" if confident else "")]
+    for c in made:
+        row = f"{round(1000 * c.start)}\t{round(1000 * c.end)}\t{c.text.replace(chr(9), ' ')}"
+        rows.append(row + (f"\t{c.confidence:.6g}" if confident else ""))
     return "\n".join(rows) + "\n"
 
 

@@ -19,6 +19,7 @@ from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model import cache_aware
 from graphscribe.model.beam import BeamDecoder, Fusion
 from graphscribe.model.boosting import boosting_tables, parse_hotwords, parse_phrase
+from graphscribe.model.confidence import check_method, replay_batch
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate
 from graphscribe.model.features import PackedClips
@@ -71,6 +72,8 @@ class LoadedModel:
                 f"{source}: trained with local attention {list(self.cfg.encoder.local_context)}; "
                 "--attention full runs it with full attention, which is not what NeMo computes for it"
             )
+        if options.confidence:
+            check_method(options.confidence_method)
         self.source = source
         # a cache-aware model's (left, lookahead) attention context offline: NeMo's default, the first it lists
         self.context = self.cfg.encoder.streaming_contexts[0] if self.cfg.encoder.cache_aware else None
@@ -107,6 +110,7 @@ class LoadedModel:
             window_stride=self.cfg.features.hop_length / self.cfg.features.sample_rate,
             subsampling=self.cfg.encoder.subsampling_factor,
             sample_rate=self.cfg.features.sample_rate,
+            aggregation=options.confidence_method.aggregation,
         )
 
     def use_graphs(self, enabled: bool) -> None:
@@ -340,6 +344,19 @@ class LoadedModel:
                 rows = [self.row_tree(()) if tree is None else tree for tree in trees]
                 return self.boosted_decoder().decode(encoded, lengths, queued, rows)
             return self.decoder.decode(encoded, lengths, queued)
+
+    @torch.inference_mode()
+    def add_confidences(self, encoded: torch.Tensor, hyps: list[Hypothesis]) -> None:
+        """Set each hypothesis's token confidences (`options.confidence_method`) from `encoded` (B, T, D), the
+        encoder output it was decoded from: its emitting steps replayed in a few batched calls
+        (`confidence.replay_batch`), after decoding, which stays as it is."""
+        start = self.decoder.start_state(len(hyps), encoded.device, encoded.dtype)
+        tokens, frames = [h.token_ids for h in hyps], [h.frames for h in hyps]
+        method = self.options.confidence_method
+        with self._float32_math():
+            values = replay_batch(self.module.decoder, self.module.joint, start, encoded, tokens, frames, method)
+        for hyp, confidences in zip(hyps, values):
+            hyp.confidences = confidences
 
     def _float32_math(self):
         """float32 means float32 on CUDA: cuDNN would otherwise run the encoder's convolutions (and the prediction

@@ -82,6 +82,7 @@ def transcribe_stream(
     own = renderer is None and bool(render) and word_times  # what it makes, it closes
     renderer = RenderPool(model.transcript_maker, render) if own else renderer
     background = _TranscriptThread(model, clock, word_times, renderer) if word_times else None
+    confidence = model.options.confidence and word_times  # only outputs with words carry confidences
     source = iter(reads)
 
     def queue_next() -> _Job | None:  # the next batch, queued up to its encoder; None at the end
@@ -99,7 +100,7 @@ def transcribe_stream(
             # the next batch is queued while this one decodes: on CUDA once the decode's first steps are on the GPU
             # (its encoder runs beside them), so this one's answer waits for no launch of the next one's
             upcoming: list[_Job | None] = []
-            _decode(model, job, clock, streams, then=lambda: upcoming.append(queue_next()))
+            _decode(model, job, clock, streams, lambda: upcoming.append(queue_next()), confidence)
             if not upcoming:  # not called: nothing decoded on a GPU (no rows, out of memory, the CPU)
                 upcoming.append(queue_next())
             following = upcoming[0]
@@ -218,11 +219,17 @@ def _start(model: LoadedModel, batch: Batch, clock: StageClock) -> _Job:
 
 
 def _decode(
-    model: LoadedModel, job: _Job, clock: StageClock, streams: _Streams, then: Callable[[], None] | None = None
+    model: LoadedModel,
+    job: _Job,
+    clock: StageClock,
+    streams: _Streams,
+    then: Callable[[], None] | None = None,
+    confidence: bool = False,
 ) -> _Job:
     """Decode a job queued up to its encoder. then: on CUDA, called once the decode's first round of steps is
     queued, before the host waits for it, on the stream the encoder runs on: the caller's next batch is launched
-    while this one decodes."""
+    while this one decodes. confidence (or the batch's own): then the hypotheses' token confidences, from the encoder
+    output before it is let go (`LoadedModel.add_confidences`), for a batch with word times."""
     if job.encoded is None:
         return job
     start = time.perf_counter()
@@ -240,9 +247,13 @@ def _decode(
         aside += time.perf_counter() - began
 
     try:
-        with streams.decoding(job), clock.gpu("decode"):
-            queued = meanwhile if then and streams.decode else None
-            job.hyps = model.decode(job.encoded, job.frames, queued, job.batch.trees)
+        with streams.decoding(job):
+            with clock.gpu("decode"):
+                queued = meanwhile if then and streams.decode else None
+                job.hyps = model.decode(job.encoded, job.frames, queued, job.batch.trees)
+            if (confidence or job.batch.confidence) and job.batch.word_times:
+                with clock.gpu("confidence"):
+                    model.add_confidences(job.encoded, job.hyps)
     except (torch.OutOfMemoryError, RuntimeError) as err:
         _out_of_memory_or_raise(model, err)
         job.out_of_memory = True
@@ -295,7 +306,7 @@ def _alone(
     renderer: RenderPool | None,
 ) -> tuple[int, Transcript]:
     """One input, start to end; an error if it does not fit in memory either."""
-    job = _decode(model, _start(model, batch, clock), clock, streams)
+    job = _decode(model, _start(model, batch, clock), clock, streams, None, model.options.confidence and word_times)
     if not job.out_of_memory:
         [result] = _transcripts(model, job, clock, streams, word_times, renderer)
         return result
@@ -351,7 +362,9 @@ def warm_up(model: LoadedModel, rows: int, batch_seconds: float | None = None) -
     batch = collate([(r, "<warm-up>", clip) for r in range(rows)], HostBuffers(keep=0, pin=pin), pad_to, pin)
     clock = StageClock(model.device, enabled=False)
     streams = _Streams(model.device)
-    for _ in _transcripts(model, _decode(model, _start(model, batch, clock), clock, streams), clock, streams, False):
+    # with confidences on, their replay too: its first uses (cuDNN's LSTM) are paid here as the decode's are
+    job = _decode(model, _start(model, batch, clock), clock, streams, None, model.options.confidence)
+    for _ in _transcripts(model, job, clock, streams, False):
         pass
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)

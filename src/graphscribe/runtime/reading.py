@@ -34,6 +34,7 @@ class Batch:
     failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of unreadable inputs
     storage: torch.Tensor | None = None  # the (pinned) host buffer `audio` is a view of (`ReadAhead.recycle`)
     word_times: bool = True  # False: this batch's transcripts leave out the times even when the stream keeps them
+    confidence: bool = False  # True: its tokens' confidences too, whatever the model's options (a server's request)
     trees: list | None = None  # each row's own boosting tree (`LoadedModel.row_tree`; None: none), or None
 
     def row(self, r: int) -> "Batch":
@@ -44,6 +45,7 @@ class Batch:
             self.audio[r : r + 1, :n],
             self.lengths[r : r + 1],
             word_times=self.word_times,
+            confidence=self.confidence,
             trees=self.trees[r : r + 1] if self.trees is not None else None,
         )
 

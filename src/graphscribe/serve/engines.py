@@ -36,10 +36,8 @@ from typing import Callable, Hashable
 import numpy as np
 import torch
 
-from graphscribe.console import fail_usage
 from graphscribe.io.options import RunOptions
 from graphscribe.output.transcript import Transcript
-from graphscribe.runtime.device_names import parse_devices
 from graphscribe.serve.ipc import (
     AUDIO,
     DONE,
@@ -87,7 +85,7 @@ def engine_main(
     anywhere yet, or sent here and still in the pipe), as one device's server does.
 
     Messages (pickled tuples; raw float32 samples follow SUBMIT and TURNS as in ipc.py):
-        server -> engine  (SUBMIT, n, bytes, word_times, name, hotwords)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
+        server -> engine  (SUBMIT, n, bytes, word_times, name, confidence, hotwords)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
                           bytes)  (STOP,)
         engine -> server  (READY, facts)  (FAILED, reason)  (DONE, n, transcript, queue seconds)
                           (BATCH, rows, padded seconds, capture seconds)  (SAID, [(turn, Said), ...])
@@ -154,10 +152,10 @@ def _intake(conn: Connection, service, outbox: queue.SimpleQueue) -> None:
         try:
             message = pickle.loads(conn.recv_bytes())
             if message[0] == SUBMIT:
-                _, n, nbytes, word_times, name, hotwords = message
+                _, n, nbytes, word_times, name, confidence, hotwords = message
                 samples = service.samples_buffer(nbytes // 4)
                 receive_samples(conn, nbytes, samples.numpy())
-                service.submit(samples, word_times, _answer(outbox, n), name, hotwords)
+                service.submit(samples, word_times, _answer(outbox, n), name, confidence, hotwords)
             elif message[0] == TURNS:
                 _, ops, nbytes = message
                 samples = receive_samples(conn, nbytes) if nbytes else None
@@ -335,7 +333,13 @@ class DeviceEngines:
         return min(warm, key=lambda e: (e.queued, len(e.requests) + len(e.turns)), default=None)
 
     def submit(
-        self, audio: torch.Tensor, word_times: bool, done: Callable[[Transcript, float], None], name: str, hotwords=()
+        self,
+        audio: torch.Tensor,
+        word_times: bool,
+        done: Callable[[Transcript, float], None],
+        name: str,
+        confidence: bool = False,
+        hotwords: tuple = (),
     ):
         """Send (L,) samples to the engine with the least audio queued; `done(transcript, queue_seconds)` is called
         on its reader thread (with `transcript.error` if no engine could transcribe it). RuntimeError once closed."""
@@ -351,7 +355,7 @@ class DeviceEngines:
         if engine is None:  # every engine is starting again
             done(Transcript(source=name, error="no engine is running (they are restarting): try again"), 0.0)
             return
-        engine.outbox.put(((SUBMIT, n, audio.numel() * 4, word_times, name, hotwords), audio.numpy()))
+        engine.outbox.put(((SUBMIT, n, audio.numel() * 4, word_times, name, confidence, hotwords), audio.numpy()))
 
     @property
     def in_flight(self) -> int:
@@ -549,18 +553,6 @@ class _Live:
 
     def drop_all(self, owner: Callable[[Hashable], bool]) -> None:
         self.apply([(DROP, owner, None)])
-
-
-def devices_or_exit(devices: str | None, device: str) -> list[str]:
-    """`serve --devices` as device names ([] when not given); a bad value exits 2 with one line."""
-    if devices is None:
-        return []
-    if device != "auto":
-        fail_usage(f"--device {device} --devices {devices}: give one of them")
-    try:
-        return parse_devices(devices)
-    except ValueError as err:
-        fail_usage(str(err))
 
 
 def device_labels(devices: list[str]) -> list[str]:

@@ -120,11 +120,13 @@ class Link:
         except OSError:
             raise EngineLost from None
 
-    def submit(self, n: int, samples: np.ndarray, word_times: bool, name: str, hotwords: tuple = ()) -> None:
-        """(SUBMIT, n, bytes, word_times, name, hotwords), then the float32 samples themselves, raw
+    def submit(
+        self, n: int, samples: np.ndarray, word_times: bool, name: str, confidence: bool = False, hotwords: tuple = ()
+    ) -> None:
+        """(SUBMIT, n, bytes, word_times, name, confidence, hotwords), then the float32 samples themselves, raw
         (`receive_samples`)."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
-        self.send((SUBMIT, n, samples.nbytes, word_times, name, hotwords), samples)
+        self.send((SUBMIT, n, samples.nbytes, word_times, name, confidence, hotwords), samples)
 
     def expect(self) -> tuple[int, asyncio.Future]:
         """A new id and the future its answer will settle (on the event loop)."""
@@ -267,7 +269,7 @@ class Front:
         try:
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    self.uploads, self._submit, n, form.file, form.filename, options.word_times, options.hotwords
+                    self.uploads, self._submit, n, form.file, form.filename, options
                 )
             except AudioError as err:
                 raise ApiError(400, str(err), "file") from None
@@ -308,10 +310,10 @@ class Front:
         stream.start(audio)
         return audio.size
 
-    def _submit(self, n: int, data: memoryview, name: str, word_times: bool, hotwords: tuple) -> None:
+    def _submit(self, n: int, data: memoryview, name: str, options) -> None:
         """On an upload thread: decode, resample, send to the engine."""
         audio = read_bytes(data, self.link.sample_rate, name, self.settings.max_audio_seconds)
-        self.link.submit(n, audio.numpy(), word_times, name, hotwords)
+        self.link.submit(n, audio.numpy(), options.word_times, name, options.confidence, options.hotwords)
 
     async def _refuse(self, upload: Upload, err: ApiError) -> Response:
         if await drain(upload):

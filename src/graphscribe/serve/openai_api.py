@@ -227,6 +227,7 @@ class Options:
     stream: bool = False
     granularities: tuple[str, ...] = ()
     language: str | None = None
+    confidence: bool = False  # include[]=confidence: verbose_json's words carry their confidence
     hotwords: tuple[tuple[str, float | None], ...] = ()  # phrases boosted in this request (`parse_request_hotwords`)
 
     @property
@@ -237,8 +238,8 @@ class Options:
 
 def parse_options(form: Form, prompt_as_hotwords: bool = False) -> Options:
     """Options from the form; ApiError 400 naming the field and what it takes. language and temperature are
-    accepted and unused (a temperature must still be a number), and so is prompt unless `prompt_as_hotwords`: then
-    its phrases are boosted after the `hotwords` field's."""
+    accepted and unused (a temperature must still be a number), as is `include[]` but for `confidence`, and so is
+    prompt unless `prompt_as_hotwords`: then its phrases are boosted after the `hotwords` field's."""
     fmt = (form.one("response_format") or "json").strip()
     if fmt not in FORMATS:
         raise ApiError(400, f"response_format {fmt!r}: use {', '.join(FORMATS)}", "response_format")
@@ -255,10 +256,12 @@ def parse_options(form: Form, prompt_as_hotwords: bool = False) -> Options:
             float(temperature)
         except ValueError:
             raise ApiError(400, f"temperature {temperature!r}: use a number", "temperature") from None
+    include = [*form.fields.get("include[]", []), *form.fields.get("include", [])]  # OpenAI's logprobs: unused
+    granularities = tuple(dict.fromkeys(granularities))
     hotwords = _hotwords(form, "hotwords")
     if prompt_as_hotwords:
         hotwords += _hotwords(form, "prompt")
-    return Options(fmt, stream == "true", tuple(dict.fromkeys(granularities)), form.one("language"), hotwords)
+    return Options(fmt, stream == "true", granularities, form.one("language"), "confidence" in include, hotwords)
 
 
 def _hotwords(form: Form, name: str) -> tuple[tuple[str, float | None], ...]:
@@ -319,6 +322,7 @@ def verbose_json(transcript: Transcript, options: Options) -> dict:
     if "word" in options.granularities:
         body["words"] = [
             {"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+            | ({} if w.confidence is None else {"confidence": w.confidence})  # include[]=confidence, serve --confidence
             for w in transcript.words
             if w.word.strip()
         ]

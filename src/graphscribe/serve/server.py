@@ -1,7 +1,7 @@
 """`transcribe serve`: OpenAI's transcription API over HTTP, batching concurrent requests through one model.
 
     POST /v1/audio/transcriptions  multipart: file; response_format json | text | srt | vtt | verbose_json;
-                                   stream; timestamp_granularities[]; hotwords (phrases boosted in this request);
+                                   stream; timestamp_granularities[]; include[]; hotwords (this request's phrases);
                                    model, language, prompt (hotwords with --prompt-as-hotwords), temperature: unused
     GET  /v1/realtime              ?intent=transcription: OpenAI's Realtime transcription sessions over a WebSocket
                                    (realtime.py); `--max-sessions` at once, `--session-idle` seconds without an event
@@ -14,13 +14,12 @@ uvicorn, `--http-workers` of them, each accepting on a socket of its own on that
 connections over, reading and decoding uploads), loads the model and warms it up; then one intake thread a worker
 hands that worker's decoded uploads to the `Service` (service.py: batching across every worker's requests), counts
 /metrics and writes the access log, and one writer thread a worker sends it its answers (queued by the batching
-thread, which never waits on a worker's pipe).
-The engine owns the admission counts (ipc.Admission: a slot a worker, the requests it holds).
-SIGTERM or SIGINT: the workers refuse new requests with 503 and answer those they admitted (the engine keeps
-transcribing for them; an upload that sends nothing is cut after a second), then exit; the engine exits 0 after
-them. A worker that dies is replaced, and the places it held in the counts are freed.
-`--devices` with several devices: this process loads no model; an engine process per device runs a `Service` each,
-and `engines.DeviceEngines` stands for the `Service` here, sending each request to the one with the least audio queued.
+thread, which never waits on a worker's pipe). The engine owns the admission counts (ipc.Admission: a slot a worker,
+the requests it holds). SIGTERM or SIGINT: the workers refuse new requests with 503 and answer those they admitted
+(the engine keeps transcribing for them; an upload that sends nothing is cut after a second), then exit; the engine
+exits 0 after them. A worker that dies is replaced, and the places it held in the counts are freed. `--devices` with
+several devices: this process loads no model; an engine process per device runs a `Service` each, and
+`engines.DeviceEngines` stands for the `Service` here, sending each request to the one with the least audio queued.
 """
 
 from __future__ import annotations
@@ -54,13 +53,14 @@ from graphscribe.console import (
     MODEL_ENV,
     MODEL_HELP,
     PROMPT_HOTWORDS_HELP,
+    devices_or_exit,
     err_console,
     load_or_exit,
     setup_logging,
 )
 from graphscribe.io.checkpoint import DEMO_NAME
 from graphscribe.io.options import RunOptions
-from graphscribe.serve.engines import DeviceEngines, devices_or_exit
+from graphscribe.serve.engines import DeviceEngines
 from graphscribe.serve.ipc import (
     AUDIO,
     DONE,
@@ -223,7 +223,7 @@ class Engine:
                 return
             kind = message[0]
             if kind == SUBMIT:
-                _, n, nbytes, word_times, name, hotwords = message
+                _, n, nbytes, word_times, name, confidence, hotwords = message
                 try:
                     if nbytes < 0:  # receive_samples checks the rest against the message itself
                         raise ValueError(f"{nbytes} bytes announced")
@@ -236,7 +236,7 @@ class Engine:
                     worker.process.kill()  # check_workers starts another; its clients' connections close
                     return
                 try:
-                    self.service.submit(samples, word_times, _answer_to(worker, n), name, hotwords)
+                    self.service.submit(samples, word_times, _answer_to(worker, n), name, confidence, hotwords)
                 except RuntimeError:  # closed: the server is stopping
                     worker.send((REFUSED, n))
             elif kind == TURNS:
@@ -516,6 +516,7 @@ def serve_command(
         metavar="S",
         help="Seconds a realtime session may send no event before it is ended (its open turn answered).",
     ),
+    confidence: bool = typer.Option(False, "--confidence", help="verbose_json words[].confidence for every request."),
     prompt_as_hotwords: bool = typer.Option(False, "--prompt-as-hotwords", help=PROMPT_HOTWORDS_HELP),
 ) -> None:
     """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model.
@@ -558,7 +559,7 @@ def serve_command(
             engine.stop_workers()
             err_console.print(f"error: cannot start the HTTP workers on {host}:{port} ({err.strerror or err})")
             raise typer.Exit(1) from None
-        options = RunOptions(device=device, dtype=dtype, batch_size=max_batch, beam_size=beam)
+        options = RunOptions(device=device, dtype=dtype, batch_size=max_batch, beam_size=beam, confidence=confidence)
         if len(names) > 1:
             code = _serve_on_devices(engine, source, names, options, name, max_wait_ms, max_queue, stop)
             raise typer.Exit(code)

@@ -92,6 +92,7 @@ class Request:
     put_at: float = 0.0  # time.monotonic()
     tree: Tables | None = None  # its own phrases' boosting tree (`LoadedModel.row_tree`)
     taken_at: float = 0.0  # when its batch was formed; 0 while it waits
+    confidence: bool = False  # token and word confidences wanted (include[]=confidence)
 
     @property
     def queue_seconds(self) -> float:
@@ -176,6 +177,7 @@ class Service:
         word_times: bool,
         done: Callable[[Transcript, float], None],
         name: str = "<upload>",
+        confidence: bool = False,
         hotwords: tuple[tuple[str, float | None], ...] = (),
     ) -> Request | None:
         """Queue (L,) samples at the model's rate; `done(transcript, queue_seconds)` is called on the batching thread
@@ -187,8 +189,8 @@ class Service:
         except HotwordError as err:
             done(BadRequest(source=name, error=str(err), param="hotwords"), 0.0)
             return None
-        request = Request(audio, audio.numel() / self.model.sample_rate, word_times, done, name, time.monotonic())
-        request.tree = tree
+        seconds = audio.numel() / self.model.sample_rate
+        request = Request(audio, seconds, word_times, done, name, time.monotonic(), confidence=confidence, tree=tree)
         n = next(self._numbers)
         self.requests[n] = request
         try:
@@ -235,6 +237,9 @@ class Service:
     def _answer(self, n: int, transcript: Transcript) -> None:
         request = self.requests.pop(n, None)
         if request is not None:
+            if not (request.confidence or self.model.options.confidence):  # its batch's, asked for by another
+                for item in (*transcript.tokens, *transcript.words):
+                    item.confidence = None
             request.done(transcript, request.queue_seconds)
 
     def _fail_taken(self, message: str) -> None:
@@ -307,6 +312,7 @@ class Service:
         else:
             batch = collate(rows, self.buffers, self.pad_to)
         batch.word_times = any(r.word_times for r in requests)
+        batch.confidence = any(r.confidence for r in requests)
         batch.trees = [r.tree for r in requests] if any(r.tree is not None for r in requests) else None
         for r in requests:
             r.audio, r.taken_at = None, now
