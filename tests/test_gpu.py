@@ -491,3 +491,44 @@ def test_beam_history_regrown_under_graphs_on_gpu():
     assert got == models[False].decode(*encoded)
     assert beam._buffers[1].capacity >= beam.steps > 8 and beam._captured
     assert got[0].token_ids == spec["runs"]["malsd_batch/beam4/nolm"]["single"]["long_mix"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("folder,checkpoint", ORACLES[:2])
+def test_phrases_per_row_in_graphs_give_nemos_tokens(folder, checkpoint):
+    """Rows boosted by their own trees in the captured decode steps (`row_boosting.RowTrees`), float32: the nine
+    clips in one batch, rows with the plain list, the scored list or none, moved along between decodes: each row
+    NeMo's tokens for its own phrases, the graphs replayed on the refilled tables (no capture again); a tree past
+    the tables' capacity grows them and the graphs are captured again, with the eager step's tokens."""
+    from graphscribe.model.boosting import parse_request_hotwords
+
+    fusion = _reference("nemo-fusion")
+    name = checkpoint.removesuffix(".nemo")
+    runs = fusion["models"][name]["runs"]
+    root = FIXTURES.parent.parent
+    model = gs.load_model(FIXTURES / folder / checkpoint, device="cuda", dtype="float32")
+    clips = list(fusion["clips"])
+    outs = [model.encode([model.read(root / fusion["clips"][c])]) for c in clips]
+    encoded = torch.nn.utils.rnn.pad_sequence([e[0, : int(n[0])] for e, n in outs], batch_first=True)
+    lengths = torch.tensor([int(n[0]) for _, n in outs], device="cuda")
+    plain = ", ".join(fusion["phrases"])
+    scored = ", ".join(f"{p}:{s}" if s else p for p, s in fusion["scored_phrases"])
+    run = {plain: "boost1.0", scored: "scored-boost1.0", None: "nofusion"}
+    trees = {text: model.row_tree(parse_request_hotwords(text)) for text in (plain, scored)} | {None: None}
+    lists = [plain, scored, None] * 3
+    captured = None
+    for shift in range(3):
+        rows = lists[shift:] + lists[:shift]
+        hyps = model.decode(encoded, lengths, trees=[trees[t] for t in rows])
+        assert [h.token_ids for h in hyps] == [runs[run[t]][c]["token_ids"] for c, t in zip(clips, rows)], shift
+        decoder = model.boosted_decoder()
+        assert decoder.graphs and decoder._captured
+        captured = captured or dict(decoder._captured)
+        assert decoder._captured == captured  # replayed, not captured again
+    pieces = [model.tokenizer.piece(i).lstrip("\u2581") for i in range(8, 120)]
+    big = model.row_tree(parse_request_hotwords(", ".join(f"{a}{b}" for a in pieces[:30] for b in pieces[:30])))
+    hyps = model.decode(encoded, lengths, trees=[big, None] * 4 + [big])
+    assert decoder._captured != captured  # the tables grew: captured on the new ones
+    eager = gs.load_model(FIXTURES / folder / checkpoint, device="cuda", dtype="float32", graphs=False)
+    expected = eager.decode(encoded, lengths, trees=[eager.row_tree(parse_request_hotwords(", ".join(
+        f"{a}{b}" for a in pieces[:30] for b in pieces[:30])))] * 9)  # fmt: skip
+    assert [h.token_ids for h in hyps[::2]] == [h.token_ids for h in expected[::2]]

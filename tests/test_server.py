@@ -852,8 +852,8 @@ def test_samples_cross_the_pipe_raw_and_in_order(duplex):
     writer = threading.Thread(target=lambda: [link.submit(k, a, k % 2 == 0, f"f{k}") for k, a in enumerate(sent)])
     writer.start()
     for k, a in enumerate(sent):
-        kind, n, nbytes, word_times, name, confidence = pickle.loads(ours.recv_bytes())
-        assert (kind, n, word_times, name, confidence) == (SUBMIT, k, k % 2 == 0, f"f{k}", False)
+        kind, n, nbytes, word_times, name, confidence, hotwords = pickle.loads(ours.recv_bytes())
+        assert (kind, n, word_times, name, confidence, hotwords) == (SUBMIT, k, k % 2 == 0, f"f{k}", False, ())
         into = np.full(nbytes // 4, np.nan, dtype=np.float32) if k % 2 else None  # the engine's own buffer, or new
         got = receive_samples(ours, nbytes, into)
         assert got.dtype == np.float32 and np.array_equal(got, a.astype(np.float32))

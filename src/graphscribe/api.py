@@ -25,6 +25,7 @@ from graphscribe.io.config import (
 )
 from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
+from graphscribe.model.boosting import parse_request_hotwords
 from graphscribe.model.transducer import DTYPE_NAMES, empty_transducer, load_state, resolve_device, resolve_dtype
 from graphscribe.output.transcript import Transcript
 from graphscribe.runtime.cache_aware_streams import engine_for
@@ -80,13 +81,18 @@ class Model(LoadedModel):
         chunk_seconds: float = CHUNK_SECONDS,
         left_seconds: float = LEFT_SECONDS,
         right_seconds: float = RIGHT_SECONDS,
+        hotwords: str = "",
     ) -> Stream:
         """A live stream of audio at the model's rate, transcribed as NeMo's buffered streaming does (defaults:
         NVIDIA's streaming config for parakeet-tdt-0.6b-v3). `stream.feed(samples)` returns the events that audio
         made ready (`partial`, `final`), `stream.finish()` the rest and `done`. Many streams batched together:
-        `runtime.streaming.StreamEngine`."""
-        engine = engine_for(self, chunk_seconds, left_seconds, right_seconds, max_rows=1, steps_on_feed=True)
-        return engine.open()
+        `runtime.streaming.StreamEngine`. `hotwords`: phrases boosted in this stream ("A, B:2.0", as --hotwords
+        takes them), with the model's own; HotwordError for one that cannot be boosted."""
+        tree = self.row_tree(parse_request_hotwords(hotwords)) if hotwords.strip() else None
+        engine = engine_for(
+            self, chunk_seconds, left_seconds, right_seconds, max_rows=1, steps_on_feed=True, boosted=tree is not None
+        )
+        return engine.open(tree)
 
     def transcribe(
         self,

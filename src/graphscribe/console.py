@@ -140,6 +140,10 @@ def hotwords_or_exit(hotwords: str | None, path: Path | None) -> tuple[str, ...]
     return (*items, *(f"{p}:{s}" if s else p for p, s in lines))
 
 
+PROMPT_HOTWORDS_HELP = (
+    "Boost a request's `prompt` (a realtime session's transcription prompt) as hotwords: comma-separated phrases, "
+    "A:2.0 with a score, as the `hotwords` field takes them."
+)
 ATTENTION_HELP = (
     "Encoder attention. auto: full attention (NeMo's default) unless an input is over 24 min or full "
     "attention would not fit in free memory, then local (one note on stderr). full: always full. "

@@ -23,6 +23,10 @@ UNK_SCORE = 0.0  # tokens that start no phrase
 FINAL_EOS_SCORE = 1.0  # a phrase end's final weight (AED models' eos; transducers never use it)
 MAX_PHRASES = 10_000
 MAX_PHRASE_TOKENS = 64
+# a request's or a session's own phrases (untrusted input): at most this many, each at most this many characters
+# (and MAX_PHRASE_TOKENS tokens)
+MAX_REQUEST_PHRASES = 1000
+MAX_REQUEST_PHRASE_CHARS = 512
 
 
 class HotwordError(ValueError):
@@ -101,8 +105,32 @@ def build_boosting_tree(
 
 def boosting_model(phrases, tokenizer, vocab_size: int, device, source: str = "--hotwords") -> TokenModel:
     """`build_boosting_tree` with the model's tokenizer, on `device`."""
+    return TokenModel(boosting_tables(phrases, tokenizer, vocab_size, source), device)
+
+
+def boosting_tables(phrases, tokenizer, vocab_size: int, source: str = "--hotwords") -> Tables:
+    """`build_boosting_tree` with the model's tokenizer: the host tables of one tree (a row's, `row_boosting.py`)."""
     unknown = frozenset(i for i in range(vocab_size) if i == tokenizer.unk_id or tokenizer.piece(i) == "\u2581")
-    return TokenModel(build_boosting_tree(phrases, tokenizer.encode, vocab_size, unknown, source), device)
+    return build_boosting_tree(phrases, tokenizer.encode, vocab_size, unknown, source)
+
+
+def parse_request_hotwords(text: str, source: str = "hotwords") -> tuple[tuple[str, float | None], ...]:
+    """A request's or a session's phrases ('A, B:2.0', as --hotwords takes them), bounded for untrusted input:
+    HotwordError past MAX_REQUEST_PHRASES phrases or MAX_REQUEST_PHRASE_CHARS characters in one, or for an empty
+    one. Their tokens are checked when their tree is built (`boosting_tables`)."""
+    items = text.split(",") if text.strip() else []
+    if len(items) > MAX_REQUEST_PHRASES:
+        raise HotwordError(f"{source}: {len(items)} phrases, more than the {MAX_REQUEST_PHRASES} a request may boost")
+    phrases = []
+    for item in items:
+        if len(item) > MAX_REQUEST_PHRASE_CHARS:
+            raise HotwordError(
+                f"{source}: phrase {item.strip()[:40]!r}... is over {MAX_REQUEST_PHRASE_CHARS} characters"
+            )
+        if not item.strip():
+            raise HotwordError(f"{source}: an empty phrase (two commas in a row, or one at an end)")
+        phrases.append(parse_phrase(item, source))
+    return tuple(phrases)
 
 
 def _context_graph(token_ids: list[list[int]], scores: list[float | None]) -> _Node:

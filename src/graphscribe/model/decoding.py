@@ -40,6 +40,7 @@ from graphscribe.io.config import DecodingConfig
 from graphscribe.model.fusion import Fusion
 from graphscribe.model.heads import Joint, PredictionNet
 from graphscribe.model.ngram import TokenModel
+from graphscribe.model.row_boosting import RowTrees
 
 log = logging.getLogger(__name__)
 
@@ -433,23 +434,25 @@ class GreedyDecoder:
 
     @torch.inference_mode()
     def decode(
-        self, encoded: torch.Tensor, lengths: torch.Tensor, queued: Callable[[], None] | None = None
+        self, encoded: torch.Tensor, lengths: torch.Tensor, queued: Callable[[], None] | None = None, trees=None
     ) -> list[Hypothesis]:
         """encoded (B, T, D) encoder output, lengths (B,) valid frames -> one hypothesis per row. queued: called once,
         when the first round of steps is queued and before the host first waits for the device (the pipeline
-        launches its next batch there, beside this one's steps)."""
-        return self._decode(encoded, lengths, queued, None)[0]
+        launches its next batch there, beside this one's steps). trees: each row's boosting tree (`ngram.Tables`,
+        None: no phrases), with a `RowTrees` among the fusion models."""
+        return self._decode(encoded, lengths, queued, None, trees)[0]
 
     @torch.inference_mode()
     def decode_chunk(
-        self, encoded: torch.Tensor, lengths: torch.Tensor, state: DecodeState | None
+        self, encoded: torch.Tensor, lengths: torch.Tensor, state: DecodeState | None, trees=None
     ) -> tuple[list[Hypothesis], DecodeState]:
         """A chunk of each row's stream: (B, T, D) encoder output and (B,) valid frames, decoded from where `state`
         left each row (None: every row at its start) -> hypotheses (frames local to the chunk) and the state at
-        the chunk's end. The same steps as `decode`; only the start differs."""
+        the chunk's end. The same steps as `decode`; only the start differs. trees: as `decode`'s, the same
+        for a row from chunk to chunk."""
         if state is None:
             state = self.fresh_state(encoded.shape[0], encoded.device, encoded.dtype)
-        return self._decode(encoded, lengths, None, state)
+        return self._decode(encoded, lengths, None, state, trees)
 
     def fresh_state(self, b: int, device: torch.device, dtype: torch.dtype) -> DecodeState:
         """The state of b rows before their first chunk: after the start symbol, nothing to skip."""
@@ -465,12 +468,17 @@ class GreedyDecoder:
         lengths: torch.Tensor,
         queued: Callable[[], None] | None,
         carried: DecodeState | None,
+        trees=None,
     ) -> tuple[list[Hypothesis], DecodeState | None]:
         b, frames = encoded.shape[:2]
         device = encoded.device
         enc_projected = self.joint.project_encoder(encoded)  # (B, T, J), once for all frames
         step = self._step_fn(device, enc_projected.dtype)
         n = b if step is decode_step and device.type != "cuda" else size_class(b)  # graphs are kept per class
+        row_trees = next((m for m, _ in self.fusion if isinstance(m, RowTrees)), None)
+        if row_trees is not None and row_trees.load(trees or [], n):  # the tables grew: capture on the new ones
+            self._captured.clear()
+            self._restarts.clear()
         buf = self._buffers_for(n, frames, device, enc_projected.dtype)
         start = self.start_state(n, device, enc_projected.dtype)
         buf.load(enc_projected, lengths.to(device))
@@ -509,7 +517,7 @@ class GreedyDecoder:
             return hyps, None
         # an even number of steps leaves the LSTM state in buf.h, buf.c (the fused step alternates two copies)
         skip = (buf.t[:b] - buf.lengths[:b]).clamp(min=0)
-        fusion = buf.fusion.states[:, :b].T.clone() if buf.fusion is not None else None
+        fusion = buf.fusion.carry_out(b) if buf.fusion is not None else None
         return hyps, DecodeState(buf.h[:, :b].clone(), buf.c[:, :b].clone(), buf.g[:b].clone(), skip, fusion)
 
 
@@ -524,7 +532,7 @@ def _restart_carried(buf: DecodeBuffers, step, start: tuple[torch.Tensor, ...], 
     """`_restart_eagerly`, then the fusion models' states carried from the last chunk into their rows."""
     _restart_eagerly(buf, step, start)
     if fusion is not None and buf.fusion is not None:
-        buf.fusion.states[:, : fusion.shape[0]].copy_(fusion.T)
+        buf.fusion.carry_in(fusion)
 
 
 def _rows(start: tuple[torch.Tensor, ...], state: DecodeState, b: int) -> tuple[torch.Tensor, ...]:

@@ -27,7 +27,19 @@ class Fusion:
 
     def reset(self) -> None:
         for state, (model, _) in zip(self.states, self.models):
-            state.fill_(model.start_state)
+            model.fill_start(state)
+
+    def carry_in(self, carried: torch.Tensor) -> None:
+        """carried (B, K): each model's state of the first B rows at the end of their chunk before (a stream's)."""
+        for k, (model, _) in enumerate(self.models):
+            self.states[k, : carried.shape[0]].copy_(model.carried_in(carried[:, k]))
+
+    def carry_out(self, b: int) -> torch.Tensor:
+        """(b, K): each model's state of the first b rows, to go on from at the next chunk (`carry_in`)."""
+        out = self.states[:, :b].T.clone()
+        for k, (model, _) in enumerate(self.models):  # `row_boosting.RowTrees`: relative to the row's own tree
+            out[:, k] = model.carried_out(out[:, k])
+        return out
 
     def choose(self, logits: torch.Tensor, at: torch.Tensor, token: torch.Tensor, blank_id: int):
         """logits (N, W, V + 1 + D), at (N, 1) the landing position, token (N,) the joint's choice there -> the

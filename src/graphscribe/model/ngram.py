@@ -88,6 +88,18 @@ class TokenModel:
         """(B,) int64: every row in the start state (an LM's <s>, a tree's root)."""
         return torch.full((batch_size,), self.start_state, dtype=torch.long, device=device or self.device)
 
+    def carried_in(self, states: torch.Tensor) -> torch.Tensor:
+        """(B,) states carried from a chunk before -> states in these tables: the same (`row_boosting` shifts)."""
+        return states
+
+    def carried_out(self, states: torch.Tensor) -> torch.Tensor:
+        """(B,) states -> what a chunk after takes (`carried_in`): the same."""
+        return states
+
+    def fill_start(self, states: torch.Tensor) -> None:
+        """states (B,) <- the start state, in place (`fusion.Fusion.reset`)."""
+        states.fill_(self.start_state)
+
     def advance(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """states (B,) int64 -> scores (B, V) float32 natural log, next states (B, V) int64, for every non-blank
         token. No host read: `order` lookups, each resolving the tokens the ones before did not."""

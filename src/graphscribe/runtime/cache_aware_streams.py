@@ -172,7 +172,7 @@ class CacheAwareEngine(StreamEngine):
         index = slots.to(self.device)
         state = DecodeState(*(p.index_select(-2 if p.dim() == 3 else 0, index) for p in self._pools()))
         with model._float32_math():
-            hyps, after = model.decoder.decode_chunk(encoded, enc_lengths, state)
+            hyps, after = self.decoder().decode_chunk(encoded, enc_lengths, state, self.trees(streams))
         for pool, value in zip(self._pools(), after.parts()):
             pool.index_copy_(-2 if pool.dim() == 3 else 0, index, value)
         frames = enc_lengths.tolist()
@@ -261,14 +261,19 @@ def engine_for(
     right_seconds: float = RIGHT_SECONDS,
     max_rows: int | None = None,
     steps_on_feed: bool = False,
+    boosted: bool = False,
 ) -> StreamEngine:
     """The engine the model streams with: cache-aware for a cache-aware model (`chunk_seconds` picks its context;
     the buffered default, `CHUNK_SECONDS`, stands for the model's own default; the left and right seconds are the
-    model's own), NeMo's buffered streaming for any other. `max_rows`: None for the kind's own."""
+    model's own), NeMo's buffered streaming for any other. `max_rows`: None for the kind's own. `boosted`: its
+    streams boosted by their own phrases (`StreamEngine.open(tree=)`)."""
     if model.cfg.encoder.cache_aware:
         chunk = None if chunk_seconds == CHUNK_SECONDS else chunk_seconds
-        return CacheAwareEngine(model, chunk, max_rows or CACHE_AWARE_MAX_ROWS, steps_on_feed)
-    return StreamEngine(model, chunk_seconds, left_seconds, right_seconds, max_rows or MAX_ROWS, steps_on_feed)
+        engine = CacheAwareEngine(model, chunk, max_rows or CACHE_AWARE_MAX_ROWS, steps_on_feed)
+    else:
+        engine = StreamEngine(model, chunk_seconds, left_seconds, right_seconds, max_rows or MAX_ROWS, steps_on_feed)
+    engine.boosted = boosted
+    return engine
 
 
 def _joined(finals: list[Final]) -> Final | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from dataclasses import replace
 from typing import Callable, Union
 
@@ -17,13 +18,16 @@ from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model import cache_aware
 from graphscribe.model.beam import BeamDecoder, Fusion
+from graphscribe.model.boosting import boosting_tables, parse_hotwords, parse_phrase
 from graphscribe.model.confidence import check_method, replay_batch
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate
 from graphscribe.model.features import PackedClips
 from graphscribe.model.fusion import fusion_models
 from graphscribe.model.graphs import LayerGraphs
+from graphscribe.model.ngram import Tables
 from graphscribe.model.packing import PackedFront, Packing
+from graphscribe.model.row_boosting import RowTrees
 from graphscribe.model.subsampling import subsampled_lengths
 from graphscribe.model.transducer import Transducer, available_memory, cudnn_without_tf32, resolve_device, resolve_dtype
 from graphscribe.output.rendering import TranscriptMaker
@@ -46,6 +50,7 @@ FULL_ATTENTION_MAX_SECONDS = 24 * 60
 # long as it, in one pass of the subsampling (whose first output, 256 channels at half the frame rate, then holds
 # about 130 kB an encoder frame in 16 bits: 200 MB a row of 2 minutes).
 PACKED_FRONT_MAX_SECONDS = 120
+TREES_KEPT = 64  # boosting trees of recent phrase lists kept (`LoadedModel.row_tree`)
 _MEMORY_HEADROOM = 0.8  # auto: full attention only while its estimate is below this share of the free memory
 
 
@@ -83,6 +88,9 @@ class LoadedModel:
         o = options
         self.fusion = fusion_models(o.lm, o.lm_weight, o.hotwords, o.boost, tokenizer, vocab, self.device)
         self.decoder = self._new_decoder()
+        self._boosted: GreedyDecoder | None = None  # rows with their own phrases: made at the first such batch
+        self._trees: dict[tuple, Tables | None] = {}  # phrase lists -> their trees (the server's recent requests')
+        self._trees_lock = threading.Lock()  # `row_tree` is called from the server's intake threads too
         self.beam: BeamDecoder | None = None  # beam_size > 1: decodes files (streams stay greedy, `decoder`)
         self.fuse(Fusion(self.fusion) if self.fusion and options.beam_size > 1 else None)
         self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
@@ -112,6 +120,7 @@ class LoadedModel:
         self.decoder = self._new_decoder()
         if self.beam is not None:
             self.fuse(self.beam.fusion)
+        self._boosted = None
 
     @property
     def capture_seconds(self) -> float:
@@ -129,6 +138,36 @@ class LoadedModel:
         return GreedyDecoder(
             self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs, fusion=self.fusion
         )
+
+    def row_tree(self, phrases: tuple[tuple[str, float | None], ...], source: str = "hotwords") -> Tables | None:
+        """The boosting tree of a request's or a stream's own phrases (`boosting.parse_request_hotwords`) with the
+        options' hotwords: a request's phrases add to the process's, in one tree. HotwordError for a phrase that
+        does not tokenise; None for no phrases at all. Recent lists are kept (a client sends the same ones again)."""
+        own = self.options.hotwords  # a str is a comma-separated list, as `fusion_models` takes it
+        key = (*(parse_hotwords(own) if isinstance(own, str) else map(parse_phrase, own)), *phrases)
+        with self._trees_lock:
+            if key in self._trees:
+                return self._trees[key]
+        # built outside the lock: a request's thousand phrases must not hold up the batching thread's lookups
+        tree = boosting_tables(list(key), self.tokenizer, self.cfg.prediction.vocab_size, source) if key else None
+        with self._trees_lock:
+            if len(self._trees) >= TREES_KEPT:
+                self._trees.pop(next(iter(self._trees)))
+            return self._trees.setdefault(key, tree)
+
+    def boosted_decoder(self) -> GreedyDecoder:
+        """Greedy decoding with each row's own tree (`row_boosting.RowTrees`) after the options' LM, if any."""
+        if self._boosted is None:
+            lm = self.fusion[:1] if self.options.lm is not None else []
+            trees = RowTrees(self.cfg.prediction.vocab_size, self.device)
+            self._boosted = GreedyDecoder(
+                self.module.decoder,
+                self.module.joint,
+                self.cfg.decoding,
+                self.options.graphs,
+                fusion=[*lm, (trees, self.options.boost)],
+            )
+        return self._boosted
 
     def fuse(self, fusion: Fusion | None) -> None:
         """Fuse token-level models (an n-gram LM, a boosting tree) into the beam search from now on; None: none.
@@ -290,13 +329,22 @@ class LoadedModel:
         return window
 
     def decode(
-        self, encoded: torch.Tensor, lengths: torch.Tensor, queued: Callable[[], None] | None = None
+        self,
+        encoded: torch.Tensor,
+        lengths: torch.Tensor,
+        queued: Callable[[], None] | None = None,
+        trees: list[Tables | None] | None = None,
     ) -> list[Hypothesis]:
         """queued: called once the first round of steps is queued on the device (`Decoder.decode`). Greedy, or the
-        beam search with `options.beam_size` > 1."""
+        beam search with `options.beam_size` > 1. trees: each row's own boosting tree (`row_tree`; None: the
+        options' phrases only): a batch with any runs greedy decoding with each row's tree, one without any today's
+        decoder (the fused step where it runs)."""
         with self._float32_math():
             if self.beam is not None:
                 return self.beam.decode(encoded, lengths, queued)
+            if trees is not None and any(tree is not None for tree in trees):
+                rows = [self.row_tree(()) if tree is None else tree for tree in trees]
+                return self.boosted_decoder().decode(encoded, lengths, queued, rows)
             return self.decoder.decode(encoded, lengths, queued)
 
     @torch.inference_mode()

@@ -249,7 +249,8 @@ def _decode(
     try:
         with streams.decoding(job):
             with clock.gpu("decode"):
-                job.hyps = model.decode(job.encoded, job.frames, meanwhile if then and streams.decode else None)
+                queued = meanwhile if then and streams.decode else None
+                job.hyps = model.decode(job.encoded, job.frames, queued, job.batch.trees)
             if (confidence or job.batch.confidence) and job.batch.word_times:
                 with clock.gpu("confidence"):
                     model.add_confidences(job.encoded, job.hyps)

@@ -35,6 +35,7 @@ class Batch:
     storage: torch.Tensor | None = None  # the (pinned) host buffer `audio` is a view of (`ReadAhead.recycle`)
     word_times: bool = True  # False: this batch's transcripts leave out the times even when the stream keeps them
     confidence: bool = False  # True: its tokens' confidences too, whatever the model's options (a server's request)
+    trees: list | None = None  # each row's own boosting tree (`LoadedModel.row_tree`; None: none), or None
 
     def row(self, r: int) -> "Batch":
         n = int(self.lengths[r])
@@ -45,6 +46,7 @@ class Batch:
             self.lengths[r : r + 1],
             word_times=self.word_times,
             confidence=self.confidence,
+            trees=self.trees[r : r + 1] if self.trees is not None else None,
         )
 
 

@@ -72,6 +72,7 @@ class Stream:
         self.final_text = ""
         self.token_ids: list[int] = []
         self.partial = ""  # the open utterance's text after the last step
+        self.tree = None  # its own phrases' boosting tree (`LoadedModel.row_tree`), in a boosted engine
 
     def feed(self, samples) -> list[StreamEvent]:
         """Samples at the model's rate, (L,) float in [-1, 1] or int16, any length -> the events that audio made
@@ -146,7 +147,10 @@ class _Staging:
 
 
 class StreamEngine:
-    """Every open stream of one model and one streaming config, stepped together (module docstring)."""
+    """Every open stream of one model and one streaming config, stepped together (module docstring). A `boosted`
+    engine's streams are boosted by their own phrases (`open(tree=)`; `LoadedModel.boosted_decoder`)."""
+
+    boosted = False  # set by `engine_for`
 
     def __init__(
         self,
@@ -195,14 +199,18 @@ class StreamEngine:
         tokenizer = self.model.tokenizer
         return StreamText(self.geometry, self.vocab, tokenizer.sp_decode, STOP_HISTORY_MS, RESIDUE_TOKENS)
 
-    def open(self) -> Stream:
-        """A new stream, in a free slot (the slots grow as needed)."""
+    def open(self, tree=None) -> Stream:
+        """A new stream, in a free slot (the slots grow as needed); `tree`: its own phrases' boosting tree
+        (`LoadedModel.row_tree`), in a boosted engine."""
+        if tree is not None and not self.boosted:
+            raise ValueError("a stream's own phrases need a boosted engine (engine_for(boosted=True))")
         if not self._free:
             self._grow(max(8, 2 * self._capacity))
         slot = self._free.pop()
         self._write[slot] = 0
         self._fresh_slots.append(slot)  # its ring and decoder state reset at the next step, with the others opened
         stream = Stream(self, slot)
+        stream.tree = tree
         self.streams[slot] = stream
         return stream
 
@@ -251,7 +259,7 @@ class StreamEngine:
         ring[:old].copy_(self._ring)
         self._ring = ring
         self._write = torch.cat([self._write, torch.zeros(capacity - old, dtype=torch.long)])
-        fresh = self.model.decoder.fresh_state(capacity, self.device, self.model.dtype)
+        fresh = self.decoder().fresh_state(capacity, self.device, self.model.dtype)
         if self._state is not None:
             fresh.h[:, :old], fresh.c[:, :old] = self._state.h, self._state.c
             fresh.g[:old], fresh.skip[:old] = self._state.g, self._state.skip
@@ -260,6 +268,16 @@ class StreamEngine:
         self._state = fresh
         self._free.extend(range(capacity - 1, old - 1, -1))
         self._capacity = capacity
+
+    def decoder(self):
+        """The model's greedy decoder; a boosted engine's boosts each row by its stream's own tree."""
+        return self.model.boosted_decoder() if self.boosted else self.model.decoder
+
+    def trees(self, streams: list[Stream]) -> list | None:
+        """A boosted engine's rows' trees (a stream without phrases of its own: the options' hotwords, if any)."""
+        if not self.boosted:
+            return None
+        return [self.model.row_tree(()) if s.tree is None else s.tree for s in streams]
 
     def _pools(self) -> tuple[torch.Tensor, ...]:
         return self._state.parts()
@@ -291,7 +309,7 @@ class StreamEngine:
         slots, self._fresh_slots = self._fresh_slots, []
         index = torch.tensor(slots).to(self.device, non_blocking=True)
         self._ring.index_fill_(0, index, 0.0)
-        fresh = self.model.decoder.fresh_state(1, self.device, self.model.dtype)
+        fresh = self.decoder().fresh_state(1, self.device, self.model.dtype)
         for pool, value in zip(self._pools(), fresh.parts()):
             dim = -2 if pool.dim() == 3 else 0
             shape = list(value.shape)
@@ -348,10 +366,10 @@ class StreamEngine:
         chunk = torch.where(is_last, decodable, decodable.clamp(max=g.chunk)).clamp(max=window.shape[1])
         index = slots.to(self.device)
         state = DecodeState(*(p.index_select(-2 if p.dim() == 3 else 0, index) for p in self._pools()))
-        decoder = model.decoder
+        decoder, trees = self.decoder(), self.trees(streams)
         with model._float32_math():
-            chunk_hyps, after = decoder.decode_chunk(window, chunk, state)
-            right_hyps, _ = decoder.decode_chunk(_shifted(window, chunk), decodable - chunk, after)
+            chunk_hyps, after = decoder.decode_chunk(window, chunk, state, trees)
+            right_hyps, _ = decoder.decode_chunk(_shifted(window, chunk), decodable - chunk, after, trees)
         for pool, value in zip(self._pools(), after.parts()):
             pool.index_copy_(-2 if pool.dim() == 3 else 0, index, value)
         chunk_frames = chunk.tolist()

@@ -85,7 +85,7 @@ def engine_main(
     anywhere yet, or sent here and still in the pipe), as one device's server does.
 
     Messages (pickled tuples; raw float32 samples follow SUBMIT and TURNS as in ipc.py):
-        server -> engine  (SUBMIT, n, bytes, word_times, name, confidence)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
+        server -> engine  (SUBMIT, n, bytes, word_times, name, confidence, hotwords)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
                           bytes)  (STOP,)
         engine -> server  (READY, facts)  (FAILED, reason)  (DONE, n, transcript, queue seconds)
                           (BATCH, rows, padded seconds, capture seconds)  (SAID, [(turn, Said), ...])
@@ -152,16 +152,16 @@ def _intake(conn: Connection, service, outbox: queue.SimpleQueue) -> None:
         try:
             message = pickle.loads(conn.recv_bytes())
             if message[0] == SUBMIT:
-                _, n, nbytes, word_times, name, confidence = message
+                _, n, nbytes, word_times, name, confidence, hotwords = message
                 samples = service.samples_buffer(nbytes // 4)
                 receive_samples(conn, nbytes, samples.numpy())
-                service.submit(samples, word_times, _answer(outbox, n), name, confidence)
+                service.submit(samples, word_times, _answer(outbox, n), name, confidence, hotwords)
             elif message[0] == TURNS:
                 _, ops, nbytes = message
                 samples = receive_samples(conn, nbytes) if nbytes else None
                 applied, at = [], 0
-                for kind, turn, size in ops:
-                    part = None
+                for kind, turn, size, *opened in ops:
+                    part = opened[0] if opened else None  # an OPEN's turn's own phrases, if any
                     if kind == AUDIO:
                         part, at = samples[at // 4 : (at + size) // 4], at + size
                     applied.append((kind, turn, part))
@@ -339,6 +339,7 @@ class DeviceEngines:
         done: Callable[[Transcript, float], None],
         name: str,
         confidence: bool = False,
+        hotwords: tuple = (),
     ):
         """Send (L,) samples to the engine with the least audio queued; `done(transcript, queue_seconds)` is called
         on its reader thread (with `transcript.error` if no engine could transcribe it). RuntimeError once closed."""
@@ -354,7 +355,7 @@ class DeviceEngines:
         if engine is None:  # every engine is starting again
             done(Transcript(source=name, error="no engine is running (they are restarting): try again"), 0.0)
             return
-        engine.outbox.put(((SUBMIT, n, audio.numel() * 4, word_times, name, confidence), audio.numpy()))
+        engine.outbox.put(((SUBMIT, n, audio.numel() * 4, word_times, name, confidence, hotwords), audio.numpy()))
 
     @property
     def in_flight(self) -> int:

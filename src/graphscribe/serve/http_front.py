@@ -60,6 +60,7 @@ from graphscribe.serve.ipc import (
     SUBMIT,
     UP,
     Admission,
+    BadRequest,
     EngineLost,
     FrontSettings,
 )
@@ -119,11 +120,13 @@ class Link:
         except OSError:
             raise EngineLost from None
 
-    def submit(self, n: int, samples: np.ndarray, word_times: bool, name: str, confidence: bool = False) -> None:
-        """(SUBMIT, n, bytes, word_times, name, confidence), then the float32 samples themselves, raw
+    def submit(
+        self, n: int, samples: np.ndarray, word_times: bool, name: str, confidence: bool = False, hotwords: tuple = ()
+    ) -> None:
+        """(SUBMIT, n, bytes, word_times, name, confidence, hotwords), then the float32 samples themselves, raw
         (`receive_samples`)."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
-        self.send((SUBMIT, n, samples.nbytes, word_times, name, confidence), samples)
+        self.send((SUBMIT, n, samples.nbytes, word_times, name, confidence, hotwords), samples)
 
     def expect(self) -> tuple[int, asyncio.Future]:
         """A new id and the future its answer will settle (on the event loop)."""
@@ -259,14 +262,14 @@ class Front:
         form = await read_form(upload, self.settings.max_upload)
         if form.file is None:
             raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
-        options = parse_options(form)
+        options = parse_options(form, self.settings.prompt_as_hotwords)
         if options.stream:
-            return await self._stream(request, form)
+            return await self._stream(request, form, options.hotwords)
         n, future = self.link.expect()
         try:
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    self.uploads, self._submit, n, form.file, form.filename, options.word_times, options.confidence
+                    self.uploads, self._submit, n, form.file, form.filename, options
                 )
             except AudioError as err:
                 raise ApiError(400, str(err), "file") from None
@@ -277,14 +280,16 @@ class Front:
             transcript, queue_seconds = await future
         finally:
             self.link.forget(n)
+        if isinstance(transcript, BadRequest):  # refused by the engine for a field (a phrase it cannot boost)
+            raise ApiError(400, transcript.error, transcript.param)
         request.scope["graphscribe"] = (transcript.audio_seconds, queue_seconds)
         if transcript.error is not None:
             raise ApiError(500, transcript.error)
         return answer(transcript, options)
 
-    async def _stream(self, request: Request, form) -> Response:
+    async def _stream(self, request: Request, form, hotwords: tuple) -> Response:
         """stream=true: the upload decoded, then transcribed by the live engine, its deltas sent as they come."""
-        stream = UploadStream(self.realtime)
+        stream = UploadStream(self.realtime, hotwords)
         rate = self.link.sample_rate
         try:
             samples = await asyncio.get_running_loop().run_in_executor(
@@ -305,10 +310,10 @@ class Front:
         stream.start(audio)
         return audio.size
 
-    def _submit(self, n: int, data: memoryview, name: str, word_times: bool, confidence: bool) -> None:
+    def _submit(self, n: int, data: memoryview, name: str, options) -> None:
         """On an upload thread: decode, resample, send to the engine."""
         audio = read_bytes(data, self.link.sample_rate, name, self.settings.max_audio_seconds)
-        self.link.submit(n, audio.numpy(), word_times, name, confidence)
+        self.link.submit(n, audio.numpy(), options.word_times, name, options.confidence, options.hotwords)
 
     async def _refuse(self, upload: Upload, err: ApiError) -> Response:
         if await drain(upload):

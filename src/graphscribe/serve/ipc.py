@@ -3,7 +3,8 @@ settings a worker starts with, and the admission counts. No Starlette or uvicorn
 `transcribe serve --help` prints without the serve extra.
 
 Messages on a worker's pipe are pickled tuples:
-    worker -> engine   (UP,)   (SUBMIT, id, bytes, word_times, name, confidence) + the samples, raw   (METRICS, id)
+    worker -> engine   (UP,)   (SUBMIT, id, bytes, word_times, name, confidence, hotwords) + the samples, raw
+                       (METRICS, id)
                        (LOG, path, status, seconds, audio seconds, access-log line)
                        (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes), ...], bytes in all) + the AUDIO
                        operations' samples end to end, raw: the realtime turns' operations of one burst of the
@@ -32,6 +33,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from graphscribe.io.config import MAX_AUDIO_SECONDS
+from graphscribe.output.transcript import Transcript
 
 SUBMIT, LOG, METRICS, UP, READY, DONE, REFUSED = "submit", "log", "metrics", "up", "ready", "done", "refused"
 OPEN, AUDIO, FINISH, DROP, SAID, TURNS = "open", "audio", "finish", "drop", "said", "turns"
@@ -40,6 +42,14 @@ UPLOAD_STALL_SECONDS = 30.0  # an upload with no byte for this long is refused (
 
 class EngineLost(Exception):
     """The engine's end of the pipe closed: nothing more will be transcribed."""
+
+
+@dataclass
+class BadRequest(Transcript):
+    """The engine's answer to a request refused for one of its fields (its `hotwords`): a 400 naming `param`, with
+    `error` saying why; it goes back wherever a transcript goes."""
+
+    param: str | None = None
 
 
 @dataclass
@@ -55,6 +65,7 @@ class FrontSettings:
     max_sessions: int = 0  # realtime sessions open at once over every worker (0: none)
     session_idle: float = 0.0  # seconds a realtime session may send nothing before it is closed
     vad: bool = True  # server_vad available (Silero's model through onnxruntime)
+    prompt_as_hotwords: bool = False  # a request's `prompt` (a session's transcription prompt) boosted as hotwords
 
 
 class Admission:

@@ -18,6 +18,7 @@ from urllib.parse import unquote
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from graphscribe.model.boosting import HotwordError, parse_request_hotwords
 from graphscribe.output.transcript import Transcript
 from graphscribe.output.writers import write_srt, write_txt, write_vtt
 
@@ -227,6 +228,7 @@ class Options:
     granularities: tuple[str, ...] = ()
     language: str | None = None
     confidence: bool = False  # include[]=confidence: verbose_json's words carry their confidence
+    hotwords: tuple[tuple[str, float | None], ...] = ()  # phrases boosted in this request (`parse_request_hotwords`)
 
     @property
     def word_times(self) -> bool:
@@ -234,9 +236,10 @@ class Options:
         return self.response_format in ("srt", "vtt", "verbose_json")
 
 
-def parse_options(form: Form) -> Options:
-    """Options from the form; ApiError 400 naming the field and what it takes. language, prompt and temperature are
-    accepted and unused (a temperature must still be a number), as is `include[]` but for `confidence`."""
+def parse_options(form: Form, prompt_as_hotwords: bool = False) -> Options:
+    """Options from the form; ApiError 400 naming the field and what it takes. language and temperature are
+    accepted and unused (a temperature must still be a number), as is `include[]` but for `confidence`, and so is
+    prompt unless `prompt_as_hotwords`: then its phrases are boosted after the `hotwords` field's."""
     fmt = (form.one("response_format") or "json").strip()
     if fmt not in FORMATS:
         raise ApiError(400, f"response_format {fmt!r}: use {', '.join(FORMATS)}", "response_format")
@@ -255,7 +258,17 @@ def parse_options(form: Form) -> Options:
             raise ApiError(400, f"temperature {temperature!r}: use a number", "temperature") from None
     include = [*form.fields.get("include[]", []), *form.fields.get("include", [])]  # OpenAI's logprobs: unused
     granularities = tuple(dict.fromkeys(granularities))
-    return Options(fmt, stream == "true", granularities, form.one("language"), "confidence" in include)
+    hotwords = _hotwords(form, "hotwords")
+    if prompt_as_hotwords:
+        hotwords += _hotwords(form, "prompt")
+    return Options(fmt, stream == "true", granularities, form.one("language"), "confidence" in include, hotwords)
+
+
+def _hotwords(form: Form, name: str) -> tuple[tuple[str, float | None], ...]:
+    try:
+        return parse_request_hotwords(form.one(name) or "", name)
+    except HotwordError as err:
+        raise ApiError(400, str(err), name) from None
 
 
 # ------------------------------------------------------------------ answers in OpenAI's shapes

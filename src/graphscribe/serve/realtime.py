@@ -107,7 +107,7 @@ class Session:
             raise EventError("an event is a JSON object with a 'type'", code="invalid_event")
         kind, client = event["type"], event.get("event_id")
         if kind in ("session.update", "transcription_session.update"):
-            shape, self.settings = parse_update(event, self.settings, self.hub.vad_available)
+            shape, self.settings = parse_update(event, self.settings, self.hub.vad_available, self.hub.prompt_hotwords)
             self.hub.audio.put(self, "settings", self.settings)
             self.send(
                 {
@@ -354,7 +354,7 @@ class AudioThread:
         turn = Turn(next(self.hub.numbers), item_id(), start)
         session.turn = turn
         self.hub.remember(session, turn)
-        self.hub.turn_op(OPEN, turn.number)
+        self.hub.turn_op(OPEN, turn.number, session.settings.hotwords or None)
 
     def _send(self, session: Session, audio: np.ndarray) -> None:
         """A turn's audio, held until it passes the next multiple of a step's chunk: the engine can step the
@@ -403,6 +403,7 @@ class Realtime:
         self.front, self.link = front, front.link
         self.model_name = front.settings.model_name
         self.vad_available = vad_available
+        self.prompt_hotwords = front.settings.prompt_as_hotwords  # a session's prompt boosted as hotwords
         self.loop: asyncio.AbstractEventLoop | None = None
         self.audio: AudioThread | None = None
         self.sessions: set[Session] = set()
@@ -428,9 +429,12 @@ class Realtime:
             ops, self._ops = self._ops, []
             if not ops:
                 return
-            parts = [np.ascontiguousarray(s, dtype=np.float32) for _, _, s in ops if s is not None]
+            parts = [np.ascontiguousarray(s, dtype=np.float32) for kind, _, s in ops if kind == AUDIO]
             samples = np.concatenate(parts) if parts else None
-            header = [(kind, n, 0 if s is None else s.size * 4) for kind, n, s in ops]
+            # an OPEN carries its turn's own phrases, if any, after its size
+            header = [
+                (kind, n, s.size * 4) if kind == AUDIO else (kind, n, 0, *([s] if s else [])) for kind, n, s in ops
+            ]
             self.link.send((TURNS, header, 0 if samples is None else samples.nbytes), samples)
 
     def remember(self, session: Session, turn: Turn) -> None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from graphscribe.model.boosting import HotwordError, parse_request_hotwords
+
 RATE = 16000  # the rate turns reach the engine at (the VAD's too)
 RATES = (24000, 16000)  # audio/pcm rates accepted (OpenAI's is 24 kHz)
 VAD_DEFAULTS = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
@@ -34,6 +36,7 @@ class Settings:
     rate: int = 24000
     vad: dict | None = field(default_factory=lambda: dict(VAD_DEFAULTS))
     transcription: dict = field(default_factory=lambda: {"model": "", "language": None, "prompt": ""})
+    hotwords: tuple = ()  # phrases boosted in the session's turns: its `hotwords` (and prompt, if the server says so)
 
 
 def session_object(shape: str, sid: str, settings: Settings, model: str) -> dict:
@@ -57,13 +60,17 @@ def session_object(shape: str, sid: str, settings: Settings, model: str) -> dict
     }
 
 
-def parse_update(event: dict, settings: Settings, vad_available: bool) -> tuple[str, Settings]:
-    """A `session.update` or `transcription_session.update` -> (shape, the new settings); EventError if invalid."""
+def parse_update(
+    event: dict, settings: Settings, vad_available: bool, prompt_as_hotwords: bool = False
+) -> tuple[str, Settings]:
+    """A `session.update` or `transcription_session.update` -> (shape, the new settings); EventError if invalid.
+    The transcription's `hotwords` (an extension: 'A, B:2.0') and, with `prompt_as_hotwords`, its prompt are the
+    phrases boosted in the session's turns."""
     shape = "transcription_session" if event["type"].startswith("transcription_session") else "session"
     body = event.get("session")
     if not isinstance(body, dict):
         raise EventError("session.update needs a 'session' object", param="session")
-    new = Settings(settings.rate, settings.vad, dict(settings.transcription))
+    new = Settings(settings.rate, settings.vad, dict(settings.transcription), settings.hotwords)
     if shape == "session":
         kind = body.get("type", "transcription")
         if kind != "transcription":
@@ -83,10 +90,25 @@ def parse_update(event: dict, settings: Settings, vad_available: bool) -> tuple[
         if fmt is not None and fmt != "pcm16":
             raise EventError(f"input_audio_format {fmt!r}: only pcm16", param="input_audio_format")
     if isinstance(transcription, dict):
-        new.transcription.update({k: transcription[k] for k in ("model", "language", "prompt") if k in transcription})
+        keys = ("model", "language", "prompt", "hotwords")
+        new.transcription.update({k: transcription[k] for k in keys if k in transcription})
+        new.hotwords = _hotwords(new.transcription, prompt_as_hotwords)
     if turn is not ...:
         new.vad = _turn_detection(turn, settings.vad, vad_available)
     return shape, new
+
+
+def _hotwords(transcription: dict, prompt_as_hotwords: bool) -> tuple:
+    phrases = []
+    for name in ("hotwords", "prompt") if prompt_as_hotwords else ("hotwords",):
+        text = transcription.get(name) or ""
+        if not isinstance(text, str):
+            raise EventError(f"transcription.{name}: give a string ('A, B:2.0')", param=name)
+        try:
+            phrases += parse_request_hotwords(text, name)
+        except HotwordError as err:
+            raise EventError(str(err), param=name) from None
+    return tuple(phrases)
 
 
 def _turn_detection(turn, before: dict | None, vad_available: bool) -> dict | None:

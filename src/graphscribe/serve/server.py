@@ -1,7 +1,8 @@
 """`transcribe serve`: OpenAI's transcription API over HTTP, batching concurrent requests through one model.
 
     POST /v1/audio/transcriptions  multipart: file; response_format json | text | srt | vtt | verbose_json;
-                                   stream; timestamp_granularities[]; include[]; model, language, prompt, temperature
+                                   stream; timestamp_granularities[]; include[]; hotwords (this request's phrases);
+                                   model, language, prompt (hotwords with --prompt-as-hotwords), temperature: unused
     GET  /v1/realtime              ?intent=transcription: OpenAI's Realtime transcription sessions over a WebSocket
                                    (realtime.py); `--max-sessions` at once, `--session-idle` seconds without an event
     GET  /v1/models                the loaded model
@@ -51,6 +52,7 @@ from graphscribe.console import (
     MODEL_DEFAULT,
     MODEL_ENV,
     MODEL_HELP,
+    PROMPT_HOTWORDS_HELP,
     devices_or_exit,
     err_console,
     load_or_exit,
@@ -221,7 +223,7 @@ class Engine:
                 return
             kind = message[0]
             if kind == SUBMIT:
-                _, n, nbytes, word_times, name, confidence = message
+                _, n, nbytes, word_times, name, confidence, hotwords = message
                 try:
                     if nbytes < 0:  # receive_samples checks the rest against the message itself
                         raise ValueError(f"{nbytes} bytes announced")
@@ -234,7 +236,7 @@ class Engine:
                     worker.process.kill()  # check_workers starts another; its clients' connections close
                     return
                 try:
-                    self.service.submit(samples, word_times, _answer_to(worker, n), name, confidence)
+                    self.service.submit(samples, word_times, _answer_to(worker, n), name, confidence, hotwords)
                 except RuntimeError:  # closed: the server is stopping
                     worker.send((REFUSED, n))
             elif kind == TURNS:
@@ -268,8 +270,8 @@ class Engine:
             worker.process.kill()
             return False
         applied, at = [], 0
-        for kind, n, size in ops:
-            part = None
+        for kind, n, size, *opened in ops:
+            part = opened[0] if opened else None  # an OPEN's turn's own phrases, if any
             if kind == AUDIO:
                 part, at = samples[at // 4 : (at + size) // 4], at + size
             applied.append((kind, (worker, n), part))
@@ -445,12 +447,7 @@ def serve_command(
         None, "--api-key", envvar=API_KEY_ENV, metavar="KEY", help="Requests must send Authorization: Bearer KEY."
     ),
     max_batch: Optional[int] = typer.Option(
-        None,
-        "--max-batch",
-        min=1,
-        metavar="N",
-        show_default=BATCH_DEFAULT,
-        help="Requests per batch at most.",
+        None, "--max-batch", min=1, metavar="N", show_default=BATCH_DEFAULT, help="Requests per batch at most."
     ),
     max_wait_ms: float = typer.Option(
         5.0,
@@ -520,6 +517,7 @@ def serve_command(
         help="Seconds a realtime session may send no event before it is ended (its open turn answered).",
     ),
     confidence: bool = typer.Option(False, "--confidence", help="verbose_json words[].confidence for every request."),
+    prompt_as_hotwords: bool = typer.Option(False, "--prompt-as-hotwords", help=PROMPT_HOTWORDS_HELP),
 ) -> None:
     """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model.
     Needs the serve extra: pip install 'graphscribe\\[serve]'."""
@@ -551,6 +549,7 @@ def serve_command(
         max_sessions,
         session_idle,
         vad_available(),
+        prompt_as_hotwords,
     )
     engine = Engine(listening, settings, http_workers or default_http_workers(device))
     with _Stop() as stop:

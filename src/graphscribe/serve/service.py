@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Callable, Hashable, Iterator
 import torch
 
 from graphscribe.io.audio import read_input
+from graphscribe.model.boosting import HotwordError
 from graphscribe.model.decoding import size_class
+from graphscribe.model.ngram import Tables
 from graphscribe.model.packing import Packing
 from graphscribe.output.transcript import Transcript
 from graphscribe.runtime.defaults import default_batching, pad_samples
@@ -41,6 +43,7 @@ from graphscribe.runtime.loaded import FULL_ATTENTION_MAX_SECONDS
 from graphscribe.runtime.pipeline import WARM_UP_CLIP, transcribe_stream, warm_up_encoder
 from graphscribe.runtime.reading import READ_AHEAD, Batch, HostBuffers, collate, gather
 from graphscribe.runtime.scheduler import Scheduler
+from graphscribe.serve.ipc import BadRequest
 from graphscribe.serve.sessions import LiveSessions, Said
 
 if TYPE_CHECKING:
@@ -87,6 +90,7 @@ class Request:
     done: Callable[[Transcript, float], None]  # called once, on the batching thread: (transcript, queue seconds)
     name: str = "<upload>"  # names the input in error messages
     put_at: float = 0.0  # time.monotonic()
+    tree: Tables | None = None  # its own phrases' boosting tree (`LoadedModel.row_tree`)
     taken_at: float = 0.0  # when its batch was formed; 0 while it waits
     confidence: bool = False  # token and word confidences wanted (include[]=confidence)
 
@@ -174,12 +178,19 @@ class Service:
         done: Callable[[Transcript, float], None],
         name: str = "<upload>",
         confidence: bool = False,
-    ) -> Request:
+        hotwords: tuple[tuple[str, float | None], ...] = (),
+    ) -> Request | None:
         """Queue (L,) samples at the model's rate; `done(transcript, queue_seconds)` is called on the batching thread
         when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
-        closed."""
+        closed. hotwords: the request's own phrases (`boosting.parse_request_hotwords`), boosted in its row only; a
+        phrase that cannot be boosted is answered at once, on the caller's thread, with a `BadRequest`."""
+        try:
+            tree = self._tree(hotwords) if hotwords else None
+        except HotwordError as err:
+            done(BadRequest(source=name, error=str(err), param="hotwords"), 0.0)
+            return None
         seconds = audio.numel() / self.model.sample_rate
-        request = Request(audio, seconds, word_times, done, name, time.monotonic(), confidence=confidence)
+        request = Request(audio, seconds, word_times, done, name, time.monotonic(), confidence=confidence, tree=tree)
         n = next(self._numbers)
         self.requests[n] = request
         try:
@@ -188,6 +199,11 @@ class Service:
             del self.requests[n]
             raise
         return request
+
+    def _tree(self, hotwords: tuple[tuple[str, float | None], ...]) -> Tables | None:
+        if self.model.beam is not None:
+            raise HotwordError("hotwords: a request's own phrases are boosted in greedy decoding, not with --beam")
+        return self.model.row_tree(hotwords)
 
     @property
     def in_flight(self) -> int:
@@ -297,6 +313,7 @@ class Service:
             batch = collate(rows, self.buffers, self.pad_to)
         batch.word_times = any(r.word_times for r in requests)
         batch.confidence = any(r.confidence for r in requests)
+        batch.trees = [r.tree for r in requests] if any(r.tree is not None for r in requests) else None
         for r in requests:
             r.audio, r.taken_at = None, now
         if counted and self._on_batch is not None:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable
 
+from graphscribe.model.boosting import HotwordError
 from graphscribe.runtime.cache_aware_streams import engine_for
 from graphscribe.runtime.streaming import Stream, StreamEngine, StreamEvent
 from graphscribe.serve.ipc import AUDIO, DROP, OPEN
@@ -57,6 +58,7 @@ class LiveSessions:
     ):
         self.model, self.emit, self.nudge, self.on_step = model, emit, nudge, on_step
         self.engine: StreamEngine | None = None  # made on the batching thread (its first use warms it up)
+        self.boosted: StreamEngine | None = None  # the turns with phrases of their own: made at the first
         self._ops: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._streams: dict[Hashable, Stream] = {}  # batching thread only
@@ -65,10 +67,22 @@ class LiveSessions:
 
     # ------------------------------------------------------------------ any thread (the intake threads)
     def apply(self, ops: list[tuple]) -> None:
-        """Operations (OPEN | AUDIO | FINISH | DROP, key, samples or None), queued in order; the batching thread
-        applies them at its next step."""
+        """Operations (OPEN | AUDIO | FINISH | DROP, key, samples or None; an OPEN's: its turn's own phrases or
+        None), queued in order; the batching thread applies them at its next step. An OPEN's phrases become their
+        tree here, on the caller's thread; a phrase that cannot be boosted fails its turn (`Said.error`), whose
+        other operations then find no stream and are dropped."""
+        failed = []
+        for i, (op, key, value) in enumerate(ops):
+            if op == OPEN and value:
+                try:
+                    ops[i] = (op, key, self.model.row_tree(value))
+                except HotwordError as err:
+                    ops[i] = (DROP, key, None)
+                    failed.append((key, Said("", 0, error=str(err))))
         with self._lock:
             self._ops.extend(ops)
+        if failed:
+            self.emit(failed)
         self.nudge()
 
     def drop_all(self, owner: Callable[[Hashable], bool]) -> None:
@@ -105,7 +119,7 @@ class LiveSessions:
             if op == OPEN:
                 if key in self._streams:  # a worker's bug: the old turn is dropped
                     self._forget(key)
-                self._streams[key] = engine.open()
+                self._streams[key] = engine.open() if samples is None else self._boosted().open(samples)
             elif op == DROP:
                 for k in [k for k in self._streams if key(k)] if callable(key) else [key]:
                     self._forget(k)
@@ -132,8 +146,9 @@ class LiveSessions:
         start = time.perf_counter()
         stepped, self._ready, self._ready_since = self._ready, {}, None
         streams = [s for s in stepped.values() if s.ready]
-        if streams:
-            self.engine.step(streams)
+        for engine in (self.engine, self.boosted):
+            if engine is not None and (mine := [s for s in streams if s.engine is engine]):
+                engine.step(mine)
         said = []
         for key, stream in stepped.items():
             if stream.events:
@@ -156,7 +171,7 @@ class LiveSessions:
         if not self._ready:
             self._ready_since = None
         if stream is not None and not stream.closed:
-            self.engine.close(stream)
+            stream.engine.close(stream)
 
     @property
     def chunk_samples(self) -> int:
@@ -168,6 +183,13 @@ class LiveSessions:
         if self.engine is None:
             self.engine = engine_for(self.model)
         return self.engine
+
+    def _boosted(self) -> StreamEngine:
+        """The engine of the turns boosted by their own phrases: greedy with each row's tree, stepped apart from
+        the others (whose steps keep the model's own decoder)."""
+        if self.boosted is None:
+            self.boosted = engine_for(self.model, boosted=True)
+        return self.boosted
 
     def _said(self, stream: Stream, events: list[StreamEvent]) -> Said:
         done = next((e for e in events if e.type == "done"), None)

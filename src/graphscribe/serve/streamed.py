@@ -23,8 +23,8 @@ class UploadStream:
     text's growth sent as `transcript.text.delta` server-sent events while it is transcribed (a step's chunk at a
     time), then `transcript.text.done`. An upload that goes away mid-stream has its turn dropped."""
 
-    def __init__(self, hub: Realtime):
-        self.hub = hub
+    def __init__(self, hub: Realtime, hotwords: tuple = ()):
+        self.hub, self.hotwords = hub, hotwords  # the request's own phrases
         self.turns: dict[int, Turn] = {}
         self.answers: asyncio.Queue = asyncio.Queue()
         self.turn = Turn(next(hub.numbers), "", 0)
@@ -35,7 +35,7 @@ class UploadStream:
         samples = np.ascontiguousarray(samples, dtype=np.float32)
         number = self.turn.number
         self.hub.remember(self, self.turn)
-        self.hub.turn_op(OPEN, number)
+        self.hub.turn_op(OPEN, number, self.hotwords or None)
         self.hub.turn_op(AUDIO, number, samples)
         self.hub.turn_op(FINISH, number)
         self.hub.send_turn_ops()
