@@ -93,3 +93,15 @@ def model():
 def speech_ids() -> list[int]:
     """NeMo's token ids for SPEECH_CLIP."""
     return reference_clip(SPEECH_CLIP.name)["token_ids"]
+
+
+def chunked_tokens(decoder, encoded, lengths, size: int) -> list[list[int]]:
+    """Each row's tokens from `decoder.decode_chunk` over `size` frames at a time, each chunk from the state the
+    chunk before left (what a whole `decode` must equal)."""
+    state, tokens = None, [[] for _ in range(encoded.shape[0])]
+    for start in range(0, encoded.shape[1], size):
+        part = (lengths - start).clamp(min=0, max=size)
+        hyps, state = decoder.decode_chunk(encoded[:, start : start + size], part, state)
+        for i, hyp in enumerate(hyps):
+            tokens[i] += hyp.token_ids
+    return tokens

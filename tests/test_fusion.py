@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import NEMO_PATH
+from conftest import NEMO_PATH, chunked_tokens
 from test_cli import _error_lines, in_process
 
 from graphscribe.api import load_model
@@ -260,13 +260,7 @@ def test_a_chunked_decode_with_fusion_gives_the_whole_decodes_tokens(fused_model
     whole = model.decoder.decode(encoded, lengths)
     assert [h.token_ids for h in whole] != [h.token_ids for h in _decoder(model).decode(encoded, lengths)]
     for size in (1, 3, 10):
-        state, tokens = None, [[], []]
-        for start in range(0, encoded.shape[1], size):
-            part = (lengths - start).clamp(min=0, max=size)
-            hyps, state = model.decoder.decode_chunk(encoded[:, start : start + size], part, state)
-            for i, hyp in enumerate(hyps):
-                tokens[i] += hyp.token_ids
-        assert tokens == [h.token_ids for h in whole], size
+        assert chunked_tokens(model.decoder, encoded, lengths, size) == [h.token_ids for h in whole], size
 
 
 def test_streams_with_fusion_batched_equal_each_alone():

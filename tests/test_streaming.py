@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torchaudio.functional as AF
-from conftest import CLIPS, FIXTURES, NEMO_PATH, SPEECH_CLIP
+from conftest import CLIPS, FIXTURES, NEMO_PATH, SPEECH_CLIP, chunked_tokens
 from test_cli import in_process
 
 import graphscribe as gs
@@ -43,13 +43,7 @@ def test_a_chunked_decode_carries_the_state_across_chunks(model):
     encoded, lengths = model.encode(audios)
     whole = model.decoder.decode(encoded, lengths)
     for size in (1, 3, 10):
-        state, tokens = None, [[], []]
-        for start in range(0, encoded.shape[1], size):
-            part = (lengths - start).clamp(min=0, max=size)
-            hyps, state = model.decoder.decode_chunk(encoded[:, start : start + size], part, state)
-            for i, hyp in enumerate(hyps):
-                tokens[i] += hyp.token_ids
-        assert tokens == [h.token_ids for h in whole], size
+        assert chunked_tokens(model.decoder, encoded, lengths, size) == [h.token_ids for h in whole], size
 
 
 def test_a_stream_fed_a_sample_at_a_time_equals_one_fed_whole(model):
