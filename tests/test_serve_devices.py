@@ -172,7 +172,9 @@ def test_a_killed_engine_is_restarted_and_no_request_hangs(server, client, expec
     assert device_metric(server, "restarts_total") == {"cpu:0": 1, "cpu:1": 0}
     assert engine_pids(server)["cpu:0"] != victim
     before = device_metric(server, "requests_total")["cpu:0"]
-    assert at_once(client, files[:8]) == [expected[original(p)] for p in files[:8]]
+    # a new client: the old one's idle keep-alive connections may be closed by the server as they are reused
+    fresh = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=CLIENT_SECONDS)
+    assert at_once(fresh, files[:8]) == [expected[original(p)] for p in files[:8]]
     assert device_metric(server, "requests_total")["cpu:0"] > before
     assert "error: the engine on cpu:0 was killed by signal 9" in server.log.read_text()
 
