@@ -366,3 +366,19 @@ def test_load_model_with_a_beam_and_the_ngram_lm(case):
     got = model.transcribe([ROOT / REFERENCE["clips"][c]["file"] for c in BATCH], batch_size=len(BATCH))
     run = spec["runs"]["malsd_batch/beam4/lm0.5-late-lm_weighted_full"]["single"]
     assert [t.token_ids for t in got] == [run[c][0]["token_ids"] for c in BATCH]
+
+
+def test_rows_of_a_batch_each_decoded_with_their_own_beam(case):
+    """`LoadedModel.decode(beams=...)` (a server's batch of requests with their own beam sizes): the batch of 8 is
+    encoded once, each row decoded greedily or by the beam search of its size, in the batch's order: NeMo's best
+    hypothesis of that row with that beam (its greedy tokens for 1). A size's search is made once and kept."""
+    name, spec, model, _, batch = case
+    beams = [4, 1, 2, 8, 1, 4, 2, 1]
+    hyps = model.decode(*batch, beams=beams)
+    for clip, beam, hyp in zip(BATCH, beams, hyps):
+        if beam == 1:
+            assert hyp.token_ids == spec["greedy"]["single"][clip]["token_ids"], clip
+        else:
+            run = spec["runs"][f"malsd_batch/beam{beam}/nolm"]
+            assert hyp.token_ids == run.get("batch", {}).get(clip, run["single"][clip])[0]["token_ids"], (clip, beam)
+    assert model.beam_decoder(4) is model.beam_decoder(4) and model.beam is None

@@ -459,7 +459,7 @@ def test_every_command_shows_the_batch_defaults_the_runtime_uses():
     from graphscribe.console import BATCH_DEFAULT
     from graphscribe.io.config import BATCH_FILES, default_batch_files
     from graphscribe.ray_data import ray_command
-    from graphscribe.serve.server import serve_command
+    from graphscribe.serve.command import serve_command
 
     shown = [
         inspect.signature(transcribe_command).parameters["batch"].default.show_default,

@@ -774,6 +774,7 @@ def test_a_worker_socket_that_cannot_be_made_stops_the_start_with_one_line(monke
     import multiprocessing
 
     import graphscribe.serve.server as server_module
+    from graphscribe.serve.command import serve_app
 
     made = []
 
@@ -786,7 +787,7 @@ def test_a_worker_socket_that_cannot_be_made_stops_the_start_with_one_line(monke
     real = server_module.worker_socket
     monkeypatch.setattr(server_module, "worker_socket", worker_socket)
     with pytest.raises(SystemExit) as exit_info:
-        server_module.serve_app(["--port", "0", "--http-workers", "2"], prog_name="transcribe serve")
+        serve_app(["--port", "0", "--http-workers", "2"], prog_name="transcribe serve")
     assert exit_info.value.code == 1
     err = capfd.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: cannot start the HTTP workers on 127.0.0.1:0 (Too many open files)"), err
@@ -852,8 +853,16 @@ def test_samples_cross_the_pipe_raw_and_in_order(duplex):
     writer = threading.Thread(target=lambda: [link.submit(k, a, k % 2 == 0, f"f{k}") for k, a in enumerate(sent)])
     writer.start()
     for k, a in enumerate(sent):
-        kind, n, nbytes, word_times, name, confidence, hotwords = pickle.loads(ours.recv_bytes())
-        assert (kind, n, word_times, name, confidence, hotwords) == (SUBMIT, k, k % 2 == 0, f"f{k}", False, ())
+        kind, n, nbytes, word_times, name, confidence, hotwords, beam = pickle.loads(ours.recv_bytes())
+        assert (kind, n, word_times, name, confidence, hotwords, beam) == (
+            SUBMIT,
+            k,
+            k % 2 == 0,
+            f"f{k}",
+            False,
+            (),
+            None,
+        )
         into = np.full(nbytes // 4, np.nan, dtype=np.float32) if k % 2 else None  # the engine's own buffer, or new
         got = receive_samples(ours, nbytes, into)
         assert got.dtype == np.float32 and np.array_equal(got, a.astype(np.float32))

@@ -1,6 +1,8 @@
-"""Hotwords per request in `transcribe serve`, from outside: the real server process, the official `openai` client
-and a raw connection. Two requests with different phrases in one batch each get NeMo's tokens for their own
+"""Hotwords and beams per request in `transcribe serve`, from outside: the real server process, the official `openai`
+client and a raw connection. Two requests with different phrases in one batch each get NeMo's tokens for their own
 phrases (tests/fixtures/nemo-fusion); a bad phrase is a 400 naming it; `prompt` is boosted with --prompt-as-hotwords.
+A request's `beam` gets NeMo's best hypothesis of that beam (tests/fixtures/nemo-beam), beside a greedy one in its
+batch; a bad one is a 400 naming `beam`.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import threading
 import openai
 import pytest
 from conftest import NEMO_PATH
+from test_beam import REFERENCE as BEAM_REFERENCE
 from test_fusion import REFERENCE, ROOT, _scored
 from test_server import KEY, REQUEST_SECONDS, _connect, _metric_samples, _read_answer, start_server
 
 CLIP = ROOT / REFERENCE["clips"]["espeak_fox"]
 RUNS = REFERENCE["models"]["tdt-tiny"]["runs"]  # the server's checkpoint is conftest's NEMO_PATH, tdt-tiny
 PLAIN, SCORED = ", ".join(REFERENCE["phrases"]), ", ".join(_scored())
+BEAM4 = BEAM_REFERENCE["models"]["tdt-tiny"]["runs"]["malsd_batch/beam4/nolm"]["single"]["espeak_fox"][0]["token_ids"]
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +55,13 @@ def _wait_depth(url: str, depth: int) -> None:
         pass
 
 
-def test_two_requests_in_one_batch_each_get_their_own_phrases(server, client):
-    """A raw request with the plain list is admitted and half sent; one with the scored list comes through the
-    official client; the raw one is finished: one batch of two rows, each NeMo's tokens for its own phrases."""
-    assert RUNS["boost1.0"]["espeak_fox"]["token_ids"] != RUNS["scored-boost1.0"]["espeak_fox"]["token_ids"]
+def in_one_batch(server, client, fields: dict[str, str], extra_body: dict[str, str]) -> tuple[dict, dict]:
+    """Two verbose_json answers of CLIP from one batch: a raw request with the form `fields` is admitted and half
+    sent; one with `extra_body` comes through the official client; the raw one is finished. Asserts they shared a
+    batch (the batch sizes counted by /metrics)."""
     boundary = "graphscribe-hot"
-    body = _body({"hotwords": PLAIN, "response_format": "verbose_json"}, boundary)
+    body = _body({**fields, "response_format": "verbose_json"}, boundary)
+    before = _metric_samples(server.url, "graphscribe_batch_rows_bucket")
     with _connect(server.url, REQUEST_SECONDS) as raw:
         raw.sendall(
             b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
@@ -67,23 +72,31 @@ def test_two_requests_in_one_batch_each_get_their_own_phrases(server, client):
         _wait_depth(server.url, 1)
         answers = {}
 
-        def scored() -> None:
+        def other() -> None:
             with open(CLIP, "rb") as f:
-                answers["scored"] = client.audio.transcriptions.create(
-                    file=f, model="tdt-tiny", response_format="verbose_json", extra_body={"hotwords": SCORED}
+                answers["client"] = client.audio.transcriptions.create(
+                    file=f, model="tdt-tiny", response_format="verbose_json", extra_body=extra_body
                 )
 
-        thread = threading.Thread(target=scored)
+        thread = threading.Thread(target=other)
         thread.start()
         _wait_depth(server.url, 2)
         raw.sendall(body[len(body) // 2 :])
-        status, _, plain = _read_answer(raw)
+        status, _, first = _read_answer(raw)
         thread.join()
-    assert status == 200, plain
-    assert _tokens(plain) == RUNS["boost1.0"]["espeak_fox"]["token_ids"]
-    assert _tokens(answers["scored"].model_dump()) == RUNS["scored-boost1.0"]["espeak_fox"]["token_ids"]
+    assert status == 200, first
     rows = _metric_samples(server.url, "graphscribe_batch_rows_bucket")
-    assert (rows['{le="1"}'], rows['{le="2"}']) == (0, 1)  # one batch, both requests in it
+    batches = {le: rows[le] - before[le] for le in ('{le="1"}', '{le="2"}')}
+    assert batches == {'{le="1"}': 0, '{le="2"}': 1}  # one batch, both requests in it
+    return first, answers["client"].model_dump()
+
+
+def test_two_requests_in_one_batch_each_get_their_own_phrases(server, client):
+    """Each of two requests in one batch gets NeMo's tokens for its own phrases."""
+    assert RUNS["boost1.0"]["espeak_fox"]["token_ids"] != RUNS["scored-boost1.0"]["espeak_fox"]["token_ids"]
+    plain, scored = in_one_batch(server, client, {"hotwords": PLAIN}, {"hotwords": SCORED})
+    assert _tokens(plain) == RUNS["boost1.0"]["espeak_fox"]["token_ids"]
+    assert _tokens(scored) == RUNS["scored-boost1.0"]["espeak_fox"]["token_ids"]
 
 
 def test_a_request_without_phrases_is_todays(server, client):
@@ -120,6 +133,43 @@ def test_a_bad_phrase_is_a_400_naming_it(server, client, field, text, problem):
     assert error["message"].startswith(f"{field}: ") and "\n" not in error["message"]
     with open(CLIP, "rb") as f:  # the server goes on, the next request unharmed
         assert client.audio.transcriptions.create(file=f, model="tdt-tiny").text
+
+
+# ============================================================================ a request's own beam
+
+
+@pytest.mark.parametrize(
+    "fields,extra_body,first,second",
+    [
+        ({"beam": "4"}, {}, BEAM4, RUNS["nofusion"]["espeak_fox"]["token_ids"]),
+        ({"hotwords": PLAIN}, {"beam": "4"}, RUNS["boost1.0"]["espeak_fox"]["token_ids"], BEAM4),
+    ],
+    ids=["beam-and-greedy", "phrases-and-beam"],
+)
+def test_two_requests_in_one_batch_each_decoded_with_their_own_beam(server, client, fields, extra_body, first, second):
+    """A greedy server (no --beam): a request with beam=4 gets NeMo's beam-4 best hypothesis, one without NeMo's
+    greedy tokens (with its own phrases: boosted), both from one batch, encoded once."""
+    assert BEAM4 != RUNS["nofusion"]["espeak_fox"]["token_ids"]
+    answers = in_one_batch(server, client, fields, extra_body)
+    assert [_tokens(a) for a in answers] == [first, second]
+
+
+@pytest.mark.parametrize(
+    "fields,problem",
+    [
+        ({"beam": "0"}, "'0': use a whole number from 1"),
+        ({"beam": "99"}, "'99': use a whole number from 1"),
+        ({"beam": "x"}, "'x': use a whole number from 1"),
+        ({"beam": "4", "hotwords": "you"}, "own phrases are boosted in greedy decoding"),
+        ({"beam": "2", "stream": "true"}, "stream=true transcribes greedily"),
+    ],
+)
+def test_a_bad_beam_is_a_400_naming_it(client, fields, problem):
+    with open(CLIP, "rb") as f, pytest.raises(openai.BadRequestError) as err:
+        client.audio.transcriptions.create(file=f, model="tdt-tiny", extra_body=fields)
+    error = err.value.body
+    assert error["param"] == "beam" and problem in error["message"], json.dumps(error)
+    assert error["message"].startswith("beam ") and "\n" not in error["message"]
 
 
 # ============================================================================ realtime sessions and streamed uploads

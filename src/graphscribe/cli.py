@@ -30,12 +30,15 @@ from graphscribe.console import (
     BATCH_HELP,
     BATCH_SECONDS_DEFAULT,
     BATCH_SECONDS_HELP,
+    BOOST_OPTION,
     CONFIDENCE_HELP,
     DEVICE_HELP,
     DEVICES_HELP,
     DTYPE_HELP,
-    HOT_HELP,
-    LM_HELP,
+    HOTWORDS_FILE_OPTION,
+    HOTWORDS_OPTION,
+    LM_OPTION,
+    LM_WEIGHT_OPTION,
     MAX_AUDIO_HELP,
     MAX_AUDIO_HOURS,
     MODEL_DEFAULT,
@@ -43,7 +46,7 @@ from graphscribe.console import (
     devices_or_exit,
     err_console,
     fail_usage,
-    hotwords_or_exit,
+    fusion_options,
     load_or_exit,
     model_source,
     setup_logging,
@@ -203,13 +206,11 @@ def transcribe_command(
     max_audio_hours: float = typer.Option(
         MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP
     ),
-    lm: Optional[Path] = typer.Option(None, "--lm", metavar="FILE.arpa", show_default=False, help=LM_HELP),
-    lm_weight: float = typer.Option(0.5, "--lm-weight", metavar="W", help="The --lm's weight (NeMo's ngram_lm_alpha)."),
-    hotwords: Optional[str] = typer.Option(None, "--hotwords", metavar='"A, B:2.0"', show_default=False, help=HOT_HELP),
-    hotwords_file: Optional[Path] = typer.Option(
-        None, "--hotwords-file", metavar="FILE", show_default=False, help="Phrases to boost, one a line (A:2.0 too)."
-    ),
-    boost: float = typer.Option(1.0, "--boost", metavar="W", help="The hotwords' weight (NeMo's boosting_tree_alpha)."),
+    lm: Optional[Path] = LM_OPTION,
+    lm_weight: float = LM_WEIGHT_OPTION,
+    hotwords: Optional[str] = HOTWORDS_OPTION,
+    hotwords_file: Optional[Path] = HOTWORDS_FILE_OPTION,
+    boost: float = BOOST_OPTION,
     confidence: bool = typer.Option(False, "--confidence", help=CONFIDENCE_HELP),
 ) -> None:
     """Transcribe audio files with a Parakeet TDT or RNN-T checkpoint: text, JSON with word times, or subtitles.
@@ -267,10 +268,7 @@ def transcribe_command(
             attention=attention,
             attention_window=attention_window,
             max_audio_seconds=max_seconds,
-            lm=str(lm) if lm is not None else None,
-            lm_weight=lm_weight,
-            hotwords=hotwords_or_exit(hotwords, hotwords_file),
-            boost=boost,
+            **fusion_options(lm, lm_weight, hotwords, hotwords_file, boost),
             beam_size=beam,
             nbest=nbest,
             confidence=confidence,
@@ -481,7 +479,7 @@ def main(argv: list[str] | None = None) -> None:
         listen_app(args[1:], prog_name="transcribe listen")
     elif args and args[0] == "serve":
         try:
-            from graphscribe.serve.server import serve_app  # here: starlette and uvicorn are for the server only
+            from graphscribe.serve.command import serve_app  # here: starlette and uvicorn are for the server only
         except ModuleNotFoundError as err:
             missing_extra("transcribe serve", "serve", err)
         serve_app(args[1:], prog_name="transcribe serve")

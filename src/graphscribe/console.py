@@ -140,6 +140,26 @@ def hotwords_or_exit(hotwords: str | None, path: Path | None) -> tuple[str, ...]
     return (*items, *(f"{p}:{s}" if s else p for p, s in lines))
 
 
+# The token models fused into decoding, as `transcribe` and `transcribe serve` take them (`fusion_options`)
+LM_OPTION = typer.Option(None, "--lm", metavar="FILE.arpa", show_default=False, help=LM_HELP)
+LM_WEIGHT_OPTION = typer.Option(0.5, "--lm-weight", metavar="W", help="The --lm's weight (NeMo's ngram_lm_alpha).")
+HOTWORDS_OPTION = typer.Option(None, "--hotwords", metavar='"A, B:2.0"', show_default=False, help=HOT_HELP)
+HOTWORDS_FILE_OPTION = typer.Option(
+    None, "--hotwords-file", metavar="FILE", show_default=False, help="Phrases to boost, one a line (A:2.0 too)."
+)
+BOOST_OPTION = typer.Option(1.0, "--boost", metavar="W", help="The hotwords' weight (NeMo's boosting_tree_alpha).")
+
+
+def fusion_options(
+    lm: Path | None, lm_weight: float, hotwords: str | None, hotwords_file: Path | None, boost: float
+) -> dict:
+    """--lm, --lm-weight, --hotwords, --hotwords-file and --boost as `RunOptions` fields; one line and exit 2 for
+    a hotwords file that cannot be read (`hotwords_or_exit`). A malformed ARPA file is found as the model loads
+    (`load_or_exit`)."""
+    phrases = hotwords_or_exit(hotwords, hotwords_file)
+    return {"lm": str(lm) if lm is not None else None, "lm_weight": lm_weight, "hotwords": phrases, "boost": boost}
+
+
 PROMPT_HOTWORDS_HELP = (
     "Boost a request's `prompt` (a realtime session's transcription prompt) as hotwords: comma-separated phrases, "
     "A:2.0 with a score, as the `hotwords` field takes them."

@@ -93,7 +93,7 @@ class Transcriber:
         def done(transcript, queue_seconds: float) -> None:  # on the batching thread
             loop.call_soon_threadsafe(answered.set_result, transcript)
 
-        self.service.submit(audio, options.word_times, done, name)
+        self.service.submit(audio, options.word_times, done, name, beam=options.beam)
         transcript = await answered
         if transcript.error is not None:
             raise ApiError(500, transcript.error)

@@ -92,6 +92,7 @@ class LoadedModel:
         self._trees: dict[tuple, Tables | None] = {}  # phrase lists -> their trees (the server's recent requests')
         self._trees_lock = threading.Lock()  # `row_tree` is called from the server's intake threads too
         self.beam: BeamDecoder | None = None  # beam_size > 1: decodes files (streams stay greedy, `decoder`)
+        self._beams: dict[int, BeamDecoder] = {}  # other beam sizes, asked for by rows (a server's requests)
         self.fuse(Fusion(self.fusion) if self.fusion and options.beam_size > 1 else None)
         self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
         self._copy_stream: torch.cuda.Stream | None = None  # host-to-device copies of batches (`_copied`)
@@ -118,6 +119,7 @@ class LoadedModel:
         captures); the encoder's captured layers are kept for whenever graphs are on."""
         self.options = replace(self.options, graphs=enabled and self.device.type == "cuda")
         self.decoder = self._new_decoder()
+        self._beams = {}
         if self.beam is not None:
             self.fuse(self.beam.fusion)
         self._boosted = None
@@ -126,7 +128,7 @@ class LoadedModel:
     def capture_seconds(self) -> float:
         """Seconds spent capturing CUDA graphs so far: the decoder's and the encoder layers' (the server's /metrics)."""
         layers = self._layer_graphs.capture_seconds if self._layer_graphs is not None else 0.0
-        beam = self.beam.capture_seconds if self.beam is not None else 0.0
+        beam = sum(b.capture_seconds for b in (self.beam, *self._beams.values()) if b is not None)
         return self.decoder.capture_seconds + beam + layers
 
     def release_graphs(self) -> None:
@@ -175,10 +177,23 @@ class LoadedModel:
         so a fusion given here with `beam_size` 1 is refused."""
         if fusion is not None and self.options.beam_size < 2:
             raise ValueError("a language model is fused into the beam search: use a beam of 2 or more")
+        self._beams = {}
         if self.options.beam_size > 1:
-            cfg, module = self.cfg.decoding, self.module
-            o = self.options
-            self.beam = BeamDecoder(module.decoder, module.joint, cfg, o.beam_size, fusion, o.nbest, o.graphs)
+            self.beam = self._new_beam(self.options.beam_size, fusion)
+
+    def _new_beam(self, size: int, fusion: Fusion | None) -> BeamDecoder:
+        o, module = self.options, self.module
+        return BeamDecoder(module.decoder, module.joint, self.cfg.decoding, size, fusion, o.nbest, o.graphs)
+
+    def beam_decoder(self, size: int) -> BeamDecoder:
+        """The beam search of `size` hypotheses: the options' (`beam_size`), or one made at its first use and kept,
+        with the same fusion (a server's request that asks for its own beam)."""
+        if size == self.options.beam_size and self.beam is not None:
+            return self.beam
+        if size not in self._beams:
+            fusion = self.beam.fusion if self.beam is not None else Fusion(self.fusion) if self.fusion else None
+            self._beams[size] = self._new_beam(size, fusion)
+        return self._beams[size]
 
     @property
     def sample_rate(self) -> int:
@@ -334,15 +349,42 @@ class LoadedModel:
         lengths: torch.Tensor,
         queued: Callable[[], None] | None = None,
         trees: list[Tables | None] | None = None,
+        beams: list[int] | None = None,
     ) -> list[Hypothesis]:
-        """queued: called once the first round of steps is queued on the device (`Decoder.decode`). Greedy, or the
-        beam search with `options.beam_size` > 1. trees: each row's own boosting tree (`row_tree`; None: the
-        options' phrases only): a batch with any runs greedy decoding with each row's tree, one without any today's
-        decoder (the fused step where it runs)."""
+        """encoded (B, T, D), lengths (B,) -> a hypothesis per row. queued: called once the first round of steps is
+        queued on the device (`Decoder.decode`). Greedy, or the beam search with `options.beam_size` > 1.
+        beams: each row's own beam size (None: the options' for every row): the rows of each size are decoded
+        together, greedy (1) or by that size's beam search (`beam_decoder`), and put back in their order.
+        trees: each row's own boosting tree (`row_tree`; None: the options' phrases only): greedy rows with any
+        run with each row's tree, without any today's decoder (the fused step where it runs); ValueError for a
+        tree in a beam's row."""
+        size = self.options.beam_size
+        if beams is None or all(b == size for b in beams):
+            return self._decode_rows(size, encoded, lengths, queued, trees)
+        rows_of: dict[int, list[int]] = {}
+        for row, b in enumerate(beams):
+            rows_of.setdefault(b, []).append(row)
+        hyps: list[Hypothesis] = [None] * len(beams)  # type: ignore[list-item]
+        for b, rows in rows_of.items():
+            index = torch.tensor(rows, device=encoded.device)
+            own = [trees[r] for r in rows] if trees is not None else None
+            part = self._decode_rows(b, encoded.index_select(0, index), lengths.index_select(0, index), queued, own)
+            queued = None  # once: the first group's steps are queued
+            for r, hyp in zip(rows, part):
+                hyps[r] = hyp
+        return hyps
+
+    def _decode_rows(self, beam: int, encoded, lengths, queued, trees) -> list[Hypothesis]:
+        """Rows decoded alike: greedy (beam 1, with their own trees if any) or by the beam search of `beam`."""
+        boosted = trees is not None and any(tree is not None for tree in trees)
+        if beam < 1:
+            raise ValueError(f"beam {beam}: use 1 (greedy) or more")
+        if beam > 1 and boosted:
+            raise ValueError("a row's own phrases are boosted in greedy decoding, not in a beam search")
         with self._float32_math():
-            if self.beam is not None:
-                return self.beam.decode(encoded, lengths, queued)
-            if trees is not None and any(tree is not None for tree in trees):
+            if beam > 1:
+                return self.beam_decoder(beam).decode(encoded, lengths, queued)
+            if boosted:
                 rows = [self.row_tree(()) if tree is None else tree for tree in trees]
                 return self.boosted_decoder().decode(encoded, lengths, queued, rows)
             return self.decoder.decode(encoded, lengths, queued)

@@ -250,7 +250,7 @@ def _decode(
         with streams.decoding(job):
             with clock.gpu("decode"):
                 queued = meanwhile if then and streams.decode else None
-                job.hyps = model.decode(job.encoded, job.frames, queued, job.batch.trees)
+                job.hyps = model.decode(job.encoded, job.frames, queued, job.batch.trees, job.batch.beams)
             if (confidence or job.batch.confidence) and job.batch.word_times:
                 with clock.gpu("confidence"):
                     model.add_confidences(job.encoded, job.hyps)

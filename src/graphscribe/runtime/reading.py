@@ -36,6 +36,7 @@ class Batch:
     word_times: bool = True  # False: this batch's transcripts leave out the times even when the stream keeps them
     confidence: bool = False  # True: its tokens' confidences too, whatever the model's options (a server's request)
     trees: list | None = None  # each row's own boosting tree (`LoadedModel.row_tree`; None: none), or None
+    beams: list[int] | None = None  # each row's own beam size (a server's requests; `LoadedModel.decode`), or None
 
     def row(self, r: int) -> "Batch":
         n = int(self.lengths[r])
@@ -47,6 +48,7 @@ class Batch:
             word_times=self.word_times,
             confidence=self.confidence,
             trees=self.trees[r : r + 1] if self.trees is not None else None,
+            beams=self.beams[r : r + 1] if self.beams is not None else None,
         )
 
 

@@ -85,7 +85,7 @@ def engine_main(
     anywhere yet, or sent here and still in the pipe), as one device's server does.
 
     Messages (pickled tuples; raw float32 samples follow SUBMIT and TURNS as in ipc.py):
-        server -> engine  (SUBMIT, n, bytes, word_times, name, confidence, hotwords)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
+        server -> engine  (SUBMIT, n, bytes, word_times, name, confidence, hotwords, beam)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
                           bytes)  (STOP,)
         engine -> server  (READY, facts)  (FAILED, reason)  (DONE, n, transcript, queue seconds)
                           (BATCH, rows, padded seconds, capture seconds)  (SAID, [(turn, Said), ...])
@@ -152,10 +152,10 @@ def _intake(conn: Connection, service, outbox: queue.SimpleQueue) -> None:
         try:
             message = pickle.loads(conn.recv_bytes())
             if message[0] == SUBMIT:
-                _, n, nbytes, word_times, name, confidence, hotwords = message
+                _, n, nbytes, word_times, name, confidence, hotwords, beam = message
                 samples = service.samples_buffer(nbytes // 4)
                 receive_samples(conn, nbytes, samples.numpy())
-                service.submit(samples, word_times, _answer(outbox, n), name, confidence, hotwords)
+                service.submit(samples, word_times, _answer(outbox, n), name, confidence, hotwords, beam)
             elif message[0] == TURNS:
                 _, ops, nbytes = message
                 samples = receive_samples(conn, nbytes) if nbytes else None
@@ -340,6 +340,7 @@ class DeviceEngines:
         name: str,
         confidence: bool = False,
         hotwords: tuple = (),
+        beam: int | None = None,
     ):
         """Send (L,) samples to the engine with the least audio queued; `done(transcript, queue_seconds)` is called
         on its reader thread (with `transcript.error` if no engine could transcribe it). RuntimeError once closed."""
@@ -355,7 +356,8 @@ class DeviceEngines:
         if engine is None:  # every engine is starting again
             done(Transcript(source=name, error="no engine is running (they are restarting): try again"), 0.0)
             return
-        engine.outbox.put(((SUBMIT, n, audio.numel() * 4, word_times, name, confidence, hotwords), audio.numpy()))
+        message = (SUBMIT, n, audio.numel() * 4, word_times, name, confidence, hotwords, beam)
+        engine.outbox.put((message, audio.numpy()))
 
     @property
     def in_flight(self) -> int:

@@ -121,12 +121,19 @@ class Link:
             raise EngineLost from None
 
     def submit(
-        self, n: int, samples: np.ndarray, word_times: bool, name: str, confidence: bool = False, hotwords: tuple = ()
+        self,
+        n: int,
+        samples: np.ndarray,
+        word_times: bool,
+        name: str,
+        confidence: bool = False,
+        hotwords: tuple = (),
+        beam: int | None = None,
     ) -> None:
-        """(SUBMIT, n, bytes, word_times, name, confidence, hotwords), then the float32 samples themselves, raw
+        """(SUBMIT, n, bytes, word_times, name, confidence, hotwords, beam), then the float32 samples themselves, raw
         (`receive_samples`)."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
-        self.send((SUBMIT, n, samples.nbytes, word_times, name, confidence, hotwords), samples)
+        self.send((SUBMIT, n, samples.nbytes, word_times, name, confidence, hotwords, beam), samples)
 
     def expect(self) -> tuple[int, asyncio.Future]:
         """A new id and the future its answer will settle (on the event loop)."""
@@ -313,7 +320,8 @@ class Front:
     def _submit(self, n: int, data: memoryview, name: str, options) -> None:
         """On an upload thread: decode, resample, send to the engine."""
         audio = read_bytes(data, self.link.sample_rate, name, self.settings.max_audio_seconds)
-        self.link.submit(n, audio.numpy(), options.word_times, name, options.confidence, options.hotwords)
+        o = options
+        self.link.submit(n, audio.numpy(), o.word_times, name, o.confidence, o.hotwords, o.beam)
 
     async def _refuse(self, upload: Upload, err: ApiError) -> Response:
         if await drain(upload):

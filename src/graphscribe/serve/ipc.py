@@ -3,7 +3,7 @@ settings a worker starts with, and the admission counts. No Starlette or uvicorn
 `transcribe serve --help` prints without the serve extra.
 
 Messages on a worker's pipe are pickled tuples:
-    worker -> engine   (UP,)   (SUBMIT, id, bytes, word_times, name, confidence, hotwords) + the samples, raw
+    worker -> engine   (UP,)   (SUBMIT, id, bytes, word_times, name, confidence, hotwords, beam) + the samples
                        (METRICS, id)
                        (LOG, path, status, seconds, audio seconds, access-log line)
                        (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes), ...], bytes in all) + the AUDIO

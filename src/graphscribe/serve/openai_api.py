@@ -29,6 +29,7 @@ UPLOAD_NAME_CHARS = 100  # of the client's file name, in error messages
 STOP_STALL_SECONDS = 1.0  # once the server is stopping, an upload with no byte for this long is cut (503)
 CHECK_SECONDS = 0.5  # how often a body that sends nothing looks at its clock (a stop shortens it)
 DRAIN_SECONDS = 10.0  # a refused request's body is read and dropped for at most this long before its answer
+MAX_REQUEST_BEAM = 16  # a request's `beam` at most: each size is a beam search of its own, made at its first use
 
 
 class ApiError(Exception):
@@ -229,6 +230,7 @@ class Options:
     language: str | None = None
     confidence: bool = False  # include[]=confidence: verbose_json's words carry their confidence
     hotwords: tuple[tuple[str, float | None], ...] = ()  # phrases boosted in this request (`parse_request_hotwords`)
+    beam: int | None = None  # this request's beam size (1: greedy); None: the server's --beam
 
     @property
     def word_times(self) -> bool:
@@ -239,7 +241,8 @@ class Options:
 def parse_options(form: Form, prompt_as_hotwords: bool = False) -> Options:
     """Options from the form; ApiError 400 naming the field and what it takes. language and temperature are
     accepted and unused (a temperature must still be a number), as is `include[]` but for `confidence`, and so is
-    prompt unless `prompt_as_hotwords`: then its phrases are boosted after the `hotwords` field's."""
+    prompt unless `prompt_as_hotwords`: then its phrases are boosted after the `hotwords` field's. beam: 1 (greedy)
+    to MAX_REQUEST_BEAM, for an upload without its own phrases, not streamed."""
     fmt = (form.one("response_format") or "json").strip()
     if fmt not in FORMATS:
         raise ApiError(400, f"response_format {fmt!r}: use {', '.join(FORMATS)}", "response_format")
@@ -261,7 +264,22 @@ def parse_options(form: Form, prompt_as_hotwords: bool = False) -> Options:
     hotwords = _hotwords(form, "hotwords")
     if prompt_as_hotwords:
         hotwords += _hotwords(form, "prompt")
-    return Options(fmt, stream == "true", granularities, form.one("language"), "confidence" in include, hotwords)
+    beam = _beam(form.one("beam"), stream == "true", bool(hotwords))
+    return Options(fmt, stream == "true", granularities, form.one("language"), "confidence" in include, hotwords, beam)
+
+
+def _beam(value: str | None, stream: bool, hotwords: bool) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_REQUEST_BEAM:
+        raise ApiError(400, f"beam {value!r}: use a whole number from 1 (greedy) to {MAX_REQUEST_BEAM}", "beam")
+    beam = int(text)
+    if beam > 1 and stream:
+        raise ApiError(400, f"beam {beam}: stream=true transcribes greedily (beam 1)", "beam")
+    if beam > 1 and hotwords:
+        raise ApiError(400, f"beam {beam}: a request's own phrases are boosted in greedy decoding (beam 1)", "beam")
+    return beam
 
 
 def _hotwords(form: Form, name: str) -> tuple[tuple[str, float | None], ...]:

@@ -2,6 +2,7 @@
 
     POST /v1/audio/transcriptions  multipart: file; response_format json | text | srt | vtt | verbose_json;
                                    stream; timestamp_granularities[]; include[]; hotwords (this request's phrases);
+                                   beam (this request's beam size; 1: greedy; default --beam);
                                    model, language, prompt (hotwords with --prompt-as-hotwords), temperature: unused
     GET  /v1/realtime              ?intent=transcription: OpenAI's Realtime transcription sessions over a WebSocket
                                    (realtime.py); `--max-sessions` at once, `--session-idle` seconds without an event
@@ -20,11 +21,11 @@ the requests it holds). SIGTERM or SIGINT: the workers refuse new requests with 
 exits 0 after them. A worker that dies is replaced, and the places it held in the counts are freed. `--devices` with
 several devices: this process loads no model; an engine process per device runs a `Service` each, and
 `engines.DeviceEngines` stands for the `Service` here, sending each request to the one with the least audio queued.
+The command line that starts it all: command.py.
 """
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import os
 import pickle
@@ -36,31 +37,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
-import torch
-import typer
-from rich.markup import escape
-
-from graphscribe.console import (
-    BATCH_DEFAULT,
-    DEVICE_HELP,
-    DTYPE_HELP,
-    MAX_AUDIO_HELP,
-    MAX_AUDIO_HOURS,
-    MODEL_DEFAULT,
-    MODEL_ENV,
-    MODEL_HELP,
-    PROMPT_HOTWORDS_HELP,
-    devices_or_exit,
-    err_console,
-    load_or_exit,
-    setup_logging,
-)
-from graphscribe.io.checkpoint import DEMO_NAME
-from graphscribe.io.options import RunOptions
-from graphscribe.serve.engines import DeviceEngines
+from graphscribe.console import err_console
 from graphscribe.serve.ipc import (
     AUDIO,
     DONE,
@@ -72,7 +51,6 @@ from graphscribe.serve.ipc import (
     SUBMIT,
     TURNS,
     UP,
-    UPLOAD_STALL_SECONDS,
     Admission,
     FrontSettings,
     receive_samples,
@@ -80,35 +58,13 @@ from graphscribe.serve.ipc import (
 )
 from graphscribe.serve.metrics import Metrics
 from graphscribe.serve.service import Service, warm_up_plans
-from graphscribe.serve.sockets import host_text, is_loopback, listen, worker_socket
+from graphscribe.serve.sockets import host_text, worker_socket
 
 if TYPE_CHECKING:
     from graphscribe.api import Model
 
-API_KEY_ENV = "GRAPHSCRIBE_API_KEY"
 QUEUE_PER_ROW = 4  # requests admitted at once per batch row: a batch running, one forming, two more uploading
-MAX_UPLOAD_MB = 100  # about 50 minutes of 16 kHz 16-bit WAV
 STARTUP_SECONDS = 10.0  # a worker that exits sooner than this after its start failed to start: the server stops
-_WORKER_CORES = 4  # beside a GPU, one HTTP worker per this many cores (at most MAX_HTTP_WORKERS)
-MAX_HTTP_WORKERS = 4
-GPU_SESSIONS, CPU_SESSIONS = 1024, 16  # realtime sessions at once by default
-SESSION_IDLE_SECONDS = 60.0
-
-
-def vad_available() -> bool:
-    """Whether server_vad can run: Silero's model and onnxruntime installed (the serve extra has them)."""
-    import importlib.util
-
-    return all(importlib.util.find_spec(name) is not None for name in ("silero_vad", "onnxruntime"))
-
-
-def default_http_workers(device: str) -> int:
-    """HTTP worker processes when not given: beside a GPU, one per 4 cores up to 4 (uploads are decoded there);
-    with the model on the CPU, one (the model wants the cores)."""
-    if device == "cpu" or not torch.cuda.is_available():
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_HTTP_WORKERS, cores // _WORKER_CORES))
 
 
 @dataclass(eq=False)
@@ -223,7 +179,7 @@ class Engine:
                 return
             kind = message[0]
             if kind == SUBMIT:
-                _, n, nbytes, word_times, name, confidence, hotwords = message
+                _, n, nbytes, word_times, name, confidence, hotwords, beam = message
                 try:
                     if nbytes < 0:  # receive_samples checks the rest against the message itself
                         raise ValueError(f"{nbytes} bytes announced")
@@ -236,7 +192,8 @@ class Engine:
                     worker.process.kill()  # check_workers starts another; its clients' connections close
                     return
                 try:
-                    self.service.submit(samples, word_times, _answer_to(worker, n), name, confidence, hotwords)
+                    done = _answer_to(worker, n)
+                    self.service.submit(samples, word_times, done, name, confidence, hotwords, beam)
                 except RuntimeError:  # closed: the server is stopping
                     worker.send((REFUSED, n))
             elif kind == TURNS:
@@ -334,7 +291,7 @@ def _answer_to(worker: _Worker, n: int):
     return done
 
 
-class _Stop:
+class Stop:
     """SIGTERM and SIGINT set `requested`, which the main thread polls (`wait`); the handlers before are put back on
     exit. The handler takes no lock: it runs in the main thread between two bytecodes, possibly while that thread
     holds the very lock it would take (a `threading.Event.set` there deadlocks when the signal lands inside
@@ -369,7 +326,7 @@ def run(
     max_batch: int | None,
     max_wait: float,
     max_queue: int | None,
-    stop: _Stop,
+    stop: Stop,
 ) -> int:
     """Warm `model` up and serve it through `engine`'s workers until `stop`; the exit code (0, or 1 if warming up
     failed or a worker could not start). max_wait: seconds; max_queue None: QUEUE_PER_ROW x the batch size."""
@@ -391,7 +348,7 @@ def run(
     return serve_until(engine, service, model_name, max_queue, stop)
 
 
-def serve_until(engine: Engine, service, model_name: str, max_queue: int | None, stop: _Stop) -> int:
+def serve_until(engine: Engine, service, model_name: str, max_queue: int | None, stop: Stop) -> int:
     """Start `service` (a `Service`, or engines.DeviceEngines) and serve it through `engine`'s workers until `stop`;
     the exit code. max_queue None: QUEUE_PER_ROW x the batch size, for each device."""
     service.start()
@@ -431,169 +388,3 @@ def _warm_up_work(service: Service) -> str:
         return "its batch shapes' graphs and kernels"
     (seconds,) = warm_up_plans(service.model, service.max_batch, service.batch_seconds)[0]
     return f"one {seconds:g} s clip through every stage"
-
-
-def serve_command(
-    model: Optional[str] = typer.Option(
-        None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP
-    ),
-    host: str = typer.Option(
-        "127.0.0.1", "--host", metavar="ADDRESS", help="Address to listen on (0.0.0.0: every interface)."
-    ),
-    port: int = typer.Option(
-        8000, "--port", min=0, max=65535, metavar="PORT", help="Port to listen on (0: any free one)."
-    ),
-    api_key: Optional[str] = typer.Option(
-        None, "--api-key", envvar=API_KEY_ENV, metavar="KEY", help="Requests must send Authorization: Bearer KEY."
-    ),
-    max_batch: Optional[int] = typer.Option(
-        None, "--max-batch", min=1, metavar="N", show_default=BATCH_DEFAULT, help="Requests per batch at most."
-    ),
-    max_wait_ms: float = typer.Option(
-        5.0,
-        "--max-wait-ms",
-        min=0,
-        metavar="MS",
-        help="How long a batch formed on an idle GPU waits for more requests (while some are still arriving).",
-    ),
-    max_upload_mb: float = typer.Option(
-        MAX_UPLOAD_MB, "--max-upload-mb", min=0.01, metavar="MB", help="Largest request body accepted (413 past it)."
-    ),
-    max_queue: Optional[int] = typer.Option(
-        None,
-        "--max-queue",
-        min=1,
-        metavar="N",
-        show_default=f"{QUEUE_PER_ROW} x --max-batch",
-        help="Transcription requests admitted at once (uploading, waiting or running); past it 503 with Retry-After.",
-    ),
-    upload_timeout: float = typer.Option(
-        UPLOAD_STALL_SECONDS,
-        "--upload-timeout",
-        min=0.1,
-        metavar="S",
-        help="Seconds an upload may send nothing before it is refused (408): a stuck client frees its place.",
-    ),
-    metrics_public: bool = typer.Option(
-        False,
-        "--metrics-public",
-        help="Answer GET /metrics without the API key (for a scraper that sends none); by default it needs --api-key.",
-    ),
-    http_workers: Optional[int] = typer.Option(
-        None,
-        "--http-workers",
-        min=1,
-        metavar="N",
-        show_default="one per 4 cores up to 4 beside a GPU, 1 on the CPU",
-        help="HTTP worker processes: they take the requests and decode the uploads, apart from the model's process.",
-    ),
-    device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
-    devices: Optional[str] = typer.Option(
-        None,
-        "--devices",
-        metavar="all|cuda:0,cuda:1|cpu,cpu",
-        help="One engine process per device, each request sent to the one with the least audio queued.",
-    ),
-    dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
-    beam: int = typer.Option(
-        1, "--beam", min=1, metavar="N", help="Beam search of N hypotheses for uploads (realtime sessions: greedy)."
-    ),
-    max_audio_hours: float = typer.Option(
-        MAX_AUDIO_HOURS, "--max-audio-hours", min=0.001, metavar="H", help=MAX_AUDIO_HELP + " 400 past it."
-    ),
-    max_sessions: Optional[int] = typer.Option(
-        None,
-        "--max-sessions",
-        min=0,
-        metavar="N",
-        show_default=f"{GPU_SESSIONS} beside a GPU, {CPU_SESSIONS} on the CPU",
-        help="Realtime sessions (WebSocket /v1/realtime) open at once; past it the upgrade is refused (503). 0: off.",
-    ),
-    session_idle: float = typer.Option(
-        SESSION_IDLE_SECONDS,
-        "--session-idle",
-        min=1,
-        metavar="S",
-        help="Seconds a realtime session may send no event before it is ended (its open turn answered).",
-    ),
-    confidence: bool = typer.Option(False, "--confidence", help="verbose_json words[].confidence for every request."),
-    prompt_as_hotwords: bool = typer.Option(False, "--prompt-as-hotwords", help=PROMPT_HOTWORDS_HELP),
-) -> None:
-    """Serve OpenAI's transcription API (POST /v1/audio/transcriptions), batching concurrent requests on one model.
-    Needs the serve extra: pip install 'graphscribe\\[serve]'."""
-    _check_the_extra()
-    setup_logging()
-    names = devices_or_exit(devices, device)
-    device = names[0] if names else device
-    if not is_loopback(host) and api_key is None:
-        err_console.print(
-            f"warning: listening on {host} without --api-key: anyone who can reach this port can use the server"
-        )
-    source = model or os.environ.get(MODEL_ENV) or DEMO_NAME
-    name = Path(source).stem if Path(source).exists() else source  # not the server's paths
-    try:
-        listening = listen(host, port)
-    except OSError as err:
-        err_console.print(f"error: cannot listen on {host}:{port} ({err.strerror or err})")
-        raise typer.Exit(1) from None
-    if max_sessions is None:
-        on_gpu = device != "cpu" and torch.cuda.is_available()
-        max_sessions = GPU_SESSIONS if on_gpu else CPU_SESSIONS
-    settings = FrontSettings(
-        name,
-        api_key,
-        math.floor(max_upload_mb * 2**20),
-        upload_timeout,
-        metrics_public,
-        max_audio_hours * 3600,
-        max_sessions,
-        session_idle,
-        vad_available(),
-        prompt_as_hotwords,
-    )
-    engine = Engine(listening, settings, http_workers or default_http_workers(device))
-    with _Stop() as stop:
-        try:
-            engine.start_workers()  # their imports overlap the model's loading; they answer 503 until it is warm
-        except OSError as err:  # a worker's socket
-            engine.stop_workers()
-            err_console.print(f"error: cannot start the HTTP workers on {host}:{port} ({err.strerror or err})")
-            raise typer.Exit(1) from None
-        options = RunOptions(device=device, dtype=dtype, batch_size=max_batch, beam_size=beam, confidence=confidence)
-        if len(names) > 1:
-            code = _serve_on_devices(engine, source, names, options, name, max_wait_ms, max_queue, stop)
-            raise typer.Exit(code)
-        try:
-            loaded = load_or_exit(model, options)
-        except BaseException:
-            engine.stop_workers()
-            raise
-        code = run(engine, loaded, name, max_batch, max_wait_ms / 1000, max_queue, stop)
-    raise typer.Exit(code)
-
-
-def _serve_on_devices(engine, source, names, options, model_name, max_wait_ms, max_queue, stop) -> int:
-    """--devices with several: an engine process each (engines.py), which the HTTP workers' requests are spread over."""
-    service = DeviceEngines.behind(engine, source, names, options, max_wait_ms / 1000)
-    sys.stderr.write(f"warming up {model_name} on {', '.join(service.labels)}: an engine process each\n")
-    return serve_until(engine, service, model_name, max_queue, stop)
-
-
-SERVE_EXTRA = ("starlette", "uvicorn", "httptools")  # what the HTTP workers import (uvloop: uvicorn's, if present)
-
-
-def _check_the_extra() -> None:
-    """Exit 2 with one line naming the serve extra when its packages are missing: the engine imports none of them
-    (ipc.py), so --help prints without them, and this says why the server cannot run before anything starts."""
-    try:
-        import graphscribe.serve.http_front  # noqa: F401
-    except ModuleNotFoundError as err:
-        missing = (err.name or "").split(".")[0]
-        if missing not in SERVE_EXTRA:
-            raise
-        err_console.print(escape(f"error: transcribe serve needs {missing}: pip install 'graphscribe[serve]'"))
-        raise typer.Exit(2) from None
-
-
-serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-serve_app.command()(serve_command)

@@ -93,6 +93,7 @@ class Request:
     tree: Tables | None = None  # its own phrases' boosting tree (`LoadedModel.row_tree`)
     taken_at: float = 0.0  # when its batch was formed; 0 while it waits
     confidence: bool = False  # token and word confidences wanted (include[]=confidence)
+    beam: int | None = None  # its own beam size (1: greedy); None: the model's `beam_size`
 
     @property
     def queue_seconds(self) -> float:
@@ -179,18 +180,24 @@ class Service:
         name: str = "<upload>",
         confidence: bool = False,
         hotwords: tuple[tuple[str, float | None], ...] = (),
+        beam: int | None = None,
     ) -> Request | None:
         """Queue (L,) samples at the model's rate; `done(transcript, queue_seconds)` is called on the batching thread
         when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
         closed. hotwords: the request's own phrases (`boosting.parse_request_hotwords`), boosted in its row only; a
-        phrase that cannot be boosted is answered at once, on the caller's thread, with a `BadRequest`."""
+        phrase that cannot be boosted, or phrases with a beam, are answered at once, on the caller's thread, with a
+        `BadRequest`. beam: the request's beam size (1: greedy; None: the model's `beam_size`); rows of every size
+        share a batch (`LoadedModel.decode`)."""
+        beam = beam or self.model.options.beam_size
         try:
-            tree = self._tree(hotwords) if hotwords else None
+            tree = self._tree(hotwords, beam) if hotwords else None
         except HotwordError as err:
             done(BadRequest(source=name, error=str(err), param="hotwords"), 0.0)
             return None
         seconds = audio.numel() / self.model.sample_rate
-        request = Request(audio, seconds, word_times, done, name, time.monotonic(), confidence=confidence, tree=tree)
+        request = Request(
+            audio, seconds, word_times, done, name, time.monotonic(), tree=tree, confidence=confidence, beam=beam
+        )
         n = next(self._numbers)
         self.requests[n] = request
         try:
@@ -200,9 +207,12 @@ class Service:
             raise
         return request
 
-    def _tree(self, hotwords: tuple[tuple[str, float | None], ...]) -> Tables | None:
-        if self.model.beam is not None:
-            raise HotwordError("hotwords: a request's own phrases are boosted in greedy decoding, not with --beam")
+    def _tree(self, hotwords: tuple[tuple[str, float | None], ...], beam: int) -> Tables | None:
+        if beam > 1:
+            raise HotwordError(
+                f"hotwords: a request's own phrases are boosted in greedy decoding, not with a beam ({beam}: "
+                "the server's --beam, unless the request sends beam=1)"
+            )
         return self.model.row_tree(hotwords)
 
     @property
@@ -314,6 +324,9 @@ class Service:
         batch.word_times = any(r.word_times for r in requests)
         batch.confidence = any(r.confidence for r in requests)
         batch.trees = [r.tree for r in requests] if any(r.tree is not None for r in requests) else None
+        own = self.model.options.beam_size
+        beams = [r.beam or own for r in requests]
+        batch.beams = beams if any(b != own for b in beams) else None
         for r in requests:
             r.audio, r.taken_at = None, now
         if counted and self._on_batch is not None:
