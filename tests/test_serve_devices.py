@@ -152,6 +152,13 @@ def test_confidence_asked_for_crosses_to_the_engines(client):
         assert got == (pytest.approx(want, rel=1e-3) if asked else [None] * len(want))
 
 
+def test_a_requests_beam_crosses_to_the_engines(client, model):
+    """A request's `beam` reaches the engine processes: NeMo's beam-4 best text from a greedy server."""
+    from test_server_hotwords import BEAM4, CLIP
+
+    assert transcribe(client, CLIP, extra_body={"beam": "4"}).text == model.tokenizer.decode(BEAM4)
+
+
 def test_a_killed_engine_is_restarted_and_no_request_hangs(server, client, expected, files):
     victim = engine_pids(server)["cpu:0"]
     results: list = []

@@ -32,11 +32,13 @@ def _text(client, **extra_body) -> str:
 
 def test_the_servers_lm_and_phrases_are_the_clis(client):
     """The server's --beam 4 answer is `transcribe --lm --hotwords --boost --beam 4`'s text; a request with beam=1
-    gets the same models fused into greedy decoding, the CLI's text without --beam. Each model counts on this clip:
-    the text with both differs from the text of the beam alone, and from the beam with the LM alone."""
-    beam, greedy = _text(client), _text(client, beam="1")
+    gets the same models fused into greedy decoding (the CLI's text without --beam), one with beam=2 into a beam
+    search of its own (--beam 2's). Each model counts on this clip: the text with both differs from the text of
+    the beam alone, and from the beam with the LM alone."""
+    beam, greedy, two = _text(client), _text(client, beam="1"), _text(client, beam="2")
     assert beam == cli(CLIP, *FUSED, "--beam", "4").strip()
     assert greedy == cli(CLIP, *FUSED).strip()
+    assert two == cli(CLIP, *FUSED, "--beam", "2").strip() != cli(CLIP, "--beam", "2").strip()
     assert beam != greedy
     assert beam not in (cli(CLIP, "--beam", "4").strip(), cli(CLIP, *FUSED[:4], "--beam", "4").strip())
 
