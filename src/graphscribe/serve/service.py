@@ -210,8 +210,8 @@ class Service:
     def _tree(self, hotwords: tuple[tuple[str, float | None], ...], beam: int) -> Tables | None:
         if beam > 1:
             raise HotwordError(
-                f"hotwords: a request's own phrases are boosted in greedy decoding, not with a beam ({beam}: "
-                "the server's --beam, unless the request sends beam=1)"
+                f"hotwords: a request's own phrases are boosted in greedy decoding, not with a beam of {beam} "
+                "(the server's --beam, unless the request sends its own beam)"
             )
         return self.model.row_tree(hotwords)
 
