@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
-# Sourced by the bench/*/run.sh scripts on the lent GPU machine: wheels carried in .whl (and NeMo's in
-# .whl-nemo), the calibrated parakeet-tdt-0.6b-v3-shaped checkpoint (random weights, NOT NVIDIA's) and folders of
-# LibriSpeech-like FLAC files, each made once per machine; `step NAME SECONDS COMMAND...` runs and logs a command.
+# Sourced by the bench/*/run.sh scripts on the lent GPU machine: the wheels and NeMo carried in, the calibrated
+# parakeet-tdt-0.6b-v3-shaped checkpoint (random weights, NOT NVIDIA's) and folders of LibriSpeech-like FLAC files,
+# each made once per machine; `step NAME SECONDS COMMAND...` runs and logs a command.
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; log=$OUT/run.log
-# (or the same wheels unpacked into .whl.tar.xz, 2.6 MB against 10, where the tree leaves too little of what a call
-# may carry: DIR holding each wheel unzipped, find DIR -name '*.so' -exec strip --strip-unneeded {} +, then
-# tar c -C DIR . | xz -9e > .whl.tar.xz)
-if [ ! -d /tmp/site ] && [ -f .whl.tar.xz ]; then mkdir -p /tmp/site && tar xJf .whl.tar.xz -C /tmp/site; fi
-[ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-if [ -d .whl-nemo ] && [ ! -f /tmp/nemo-site/.done ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/nemo-site .whl-nemo/*.whl &&
-        touch /tmp/nemo-site/.done
-fi
+# PY, DEVICE, NEMO_SITE: another interpreter, device or NeMo for a CPU dry run (PY=.venv/bin/python DEVICE=cpu
+# NEMO_SITE=/work/nemo-cpu); GS_LAZY=1: make no checkpoint or folder here (a run.sh calling `checkpoint` and `folder`
+# for its own).
+PY=${PY:-python3}; device=${DEVICE:-cuda}; nemo_site=${NEMO_SITE:-/tmp/nemo-site}
+# The wheels: .whl-bench.tar.xz (soundfile, cffi, pycparser, pyyaml: 1.3 MB, where NeMo's 8.8 MB leaves too little
+# of what a call carries for the whole set) or .whl.tar.xz, each wheel unzipped into one DIR,
+# find DIR -name '*.so' -exec strip --strip-unneeded {} +, then tar c -C DIR . | xz -9e > .whl.tar.xz
+for wheels in .whl-bench.tar.xz .whl.tar.xz; do
+    [ -d /tmp/site ] || [ ! -f $wheels ] || { mkdir -p /tmp/site && tar xJf $wheels -C /tmp/site; }
+done
+[ -d /tmp/site ] || [ ! -d .whl ] || $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+# NeMo 3.0 beside (../shared/NEMO_ON_GPU.md): carry .nemo-site.tar.xz; `env PYTHONPATH=$nemo_path` runs with it
+[ -d $nemo_site ] || [ ! -f .nemo-site.tar.xz ] || tar xJf .nemo-site.tar.xz -C /tmp
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+nemo_path=$nemo_site:$PYTHONPATH
 step() { local name=$1 limit=$2; shift 2; echo "=== $name: $*" | tee -a "$log"; local start=$SECONDS
     timeout "$limit" "$@" 2>&1 | tee -a "$log"; echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$log"; }
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; echo "cores: $(nproc)"; git log -1 --format=%h 2>/dev/null; } | tee -a "$log"
-ckpt=/tmp/v3.nemo; speech=src/graphscribe/data
-[ -f $ckpt ] || step checkpoint 120 python3 scripts/make_checkpoint.py parakeet-tdt-0.6b-v3 $ckpt\
-    --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
-[ -d /tmp/f4096 ] || step folders 150 bash -c "python3 scripts/make_folder.py /tmp/f512 --files 512 --seed 0 & python3 scripts/make_folder.py /tmp/f4096 --files 4096 --seed 0; wait"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null; echo "cores: $(nproc)"; git log -1 --format=%h 2>/dev/null; } | tee -a "$log"
+speech=src/graphscribe/data
+# `checkpoint PRESET PATH`: scripts/make_checkpoint.py's PRESET (random weights calibrated on real speech, NOT
+# NVIDIA's) at PATH, once per machine; `folder DIR N`: N LibriSpeech-like files (scripts/make_folder.py, seed 0)
+checkpoint() { [ -f $2 ] || step "checkpoint $1" 240 $PY scripts/make_checkpoint.py $1 $2 \
+    --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac; }
+folder() { [ -d $1 ] || step "folder $1" 150 $PY scripts/make_folder.py $1 --files $2 --seed 0; }
+ckpt=${CKPT:-/tmp/v3.nemo}
+if [ -z "${GS_LAZY:-}" ]; then
+    checkpoint ${PRESET:-parakeet-tdt-0.6b-v3} $ckpt
+    [ -d /tmp/f4096 ] || step folders 150 bash -c "$PY scripts/make_folder.py /tmp/f512 --files 512 --seed 0 & $PY scripts/make_folder.py /tmp/f4096 --files 4096 --seed 0; wait"
+fi
 # A server on port 8000 for the bench/2026-11-server runs: `serve NAME DTYPE [ENV=VALUE ...]` starts one in the
 # background (its stderr in $OUT/serve-NAME.log) and returns when it is warm; `stop NAME` keeps its /metrics, then
 # stops it with SIGTERM.

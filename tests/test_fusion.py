@@ -18,7 +18,8 @@ from test_cli import _error_lines, in_process
 
 from graphscribe.api import load_model
 from graphscribe.io.arpa import write_arpa
-from graphscribe.model.boosting import MAX_PHRASE_TOKENS, HotwordError, boosting_model, parse_hotwords
+from graphscribe.io.hotwords import HotwordError, parse_hotwords
+from graphscribe.model.boosting import MAX_PHRASE_TOKENS, boosting_model
 from graphscribe.model.decoding import GreedyDecoder
 from graphscribe.model.fusion import fusion_models
 from graphscribe.model.ngram import ArpaError, TokenModel, load_arpa, read_arpa

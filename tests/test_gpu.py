@@ -499,7 +499,7 @@ def test_phrases_per_row_in_graphs_give_nemos_tokens(folder, checkpoint):
     clips in one batch, rows with the plain list, the scored list or none, moved along between decodes: each row
     NeMo's tokens for its own phrases, the graphs replayed on the refilled tables (no capture again); a tree past
     the tables' capacity grows them and the graphs are captured again, with the eager step's tokens."""
-    from graphscribe.model.boosting import parse_request_hotwords
+    from graphscribe.io.hotwords import parse_request_hotwords
 
     fusion = _reference("nemo-fusion")
     name = checkpoint.removesuffix(".nemo")

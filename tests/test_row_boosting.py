@@ -13,13 +13,8 @@ from test_fusion import ARRAYS, REFERENCE, ROOT, V, _one, _scored
 from test_streaming import SMALL, _whole
 
 from graphscribe.api import load_model
-from graphscribe.model.boosting import (
-    MAX_REQUEST_PHRASES,
-    HotwordError,
-    boosting_tables,
-    parse_hotwords,
-    parse_request_hotwords,
-)
+from graphscribe.io.hotwords import MAX_REQUEST_PHRASES, HotwordError, parse_hotwords, parse_request_hotwords
+from graphscribe.model.boosting import boosting_tables
 from graphscribe.model.decoding import GreedyDecoder
 from graphscribe.model.row_boosting import NO_TREE, RowTrees
 from graphscribe.runtime.cache_aware_streams import engine_for

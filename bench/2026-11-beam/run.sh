@@ -17,23 +17,11 @@
 #   PY=/work/main/.venv/bin/python NEMO_SITE=/work/nemo-cpu PRESET=tiny-tdt DEVICE=cpu FILES=6 AGREE=4 BATCH=4 \
 #   AGREE_BATCH=4 REPS=1 WORKERS=0 CKPT=/tmp/beam-tiny.nemo OUT=/tmp/beam-out bash THIS
 set -uo pipefail
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; log=$OUT/run.log
-step() { local name=$1 limit=$2; shift 2; echo "=== $name: $*" | tee -a "$log"; local start=$SECONDS
-    timeout "$limit" "$@" 2>&1 | tee -a "$log"; echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$log"; }
-# graphscribe's wheels and NeMo, unpacked once per machine (as scripts/gpu_setup.sh and ../2026-11-cache-aware/run.sh)
-PY=${PY:-python3}; nemo_site=${NEMO_SITE:-/tmp/nemo-site}; device=${DEVICE:-cuda}
-for wheels in .whl-bench.tar.xz .whl.tar.xz; do
-    [ -d /tmp/site ] || [ ! -f $wheels ] || { mkdir -p /tmp/site && tar xJf $wheels -C /tmp/site; }
-done
-[ -d $nemo_site ] || tar xJf .nemo-site.tar.xz -C /tmp
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-nemo_path=$nemo_site:$PYTHONPATH
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null; echo "cores: $(nproc)"; git log -1 --format=%h 2>/dev/null; } | tee -a "$log"
-ckpt=${CKPT:-/tmp/v3.nemo}; speech=src/graphscribe/data; nfiles=${FILES:-4096}; files=/tmp/f$nfiles
+GS_LAZY=1 CKPT=${CKPT:-/tmp/v3.nemo} source scripts/gpu_setup.sh  # wheels, NeMo, step, checkpoint, folder
+nfiles=${FILES:-4096}; files=/tmp/f$nfiles
 beam=${BEAM:-4}; batch=${BATCH:-128}; dtype=${DTYPE:-bfloat16}; agree=${AGREE:-512}; workers=${WORKERS:-8}
-[ -f $ckpt ] || step checkpoint 240 $PY scripts/make_checkpoint.py ${PRESET:-parakeet-tdt-0.6b-v3} $ckpt \
-    --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
-[ -d $files ] || step folder 150 $PY scripts/make_folder.py $files --files $nfiles --seed 0
+checkpoint ${PRESET:-parakeet-tdt-0.6b-v3} $ckpt
+folder $files $nfiles
 # the agreement's files: the first AGREE of the folder (make_folder's files of one seed are a prefix of a larger draw
 # only in name, so they are linked from the folder itself: both sides read the same bytes)
 subset=/tmp/f$nfiles-first$agree

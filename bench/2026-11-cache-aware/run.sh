@@ -18,22 +18,10 @@
 #   PY=.venv/bin/python NEMO_SITE=/work/nemo-cpu PRESET=tiny-cache-aware-rnnt DEVICE=cpu FILES=6 NEMO_LEVELS=2,4 \
 #   RT_LEVELS_0_08=2 RT_LEVELS_1_12=4 MAX_LEVELS=4 SAME_STREAMS=4 CKPT=/tmp/ca-tiny.nemo OUT=/tmp/ca-out bash THIS
 set -uo pipefail
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; log=$OUT/run.log
-step() { local name=$1 limit=$2; shift 2; echo "=== $name: $*" | tee -a "$log"; local start=$SECONDS
-    timeout "$limit" "$@" 2>&1 | tee -a "$log"; echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$log"; }
-# graphscribe's wheels and NeMo, unpacked once per machine (as scripts/gpu_setup.sh and ../shared/NEMO_ON_GPU.md)
-PY=${PY:-python3}; nemo_site=${NEMO_SITE:-/tmp/nemo-site}; device=${DEVICE:-cuda}
-for wheels in .whl-bench.tar.xz .whl.tar.xz; do
-    [ -d /tmp/site ] || [ ! -f $wheels ] || { mkdir -p /tmp/site && tar xJf $wheels -C /tmp/site; }
-done
-[ -d $nemo_site ] || tar xJf .nemo-site.tar.xz -C /tmp
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-nemo_path=$nemo_site:$PYTHONPATH
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null; echo "cores: $(nproc)"; git log -1 --format=%h 2>/dev/null; } | tee -a "$log"
-ckpt=${CKPT:-/tmp/nemotron.nemo}; speech=src/graphscribe/data; files=/tmp/fca${FILES:-256}; dtype=${DTYPE:-float32}
-[ -f $ckpt ] || step checkpoint 240 $PY scripts/make_checkpoint.py ${PRESET:-nemotron-speech-streaming-en-0.6b} $ckpt \
-    --calibrate $speech/librispeech_2086-149220-0033.wav --check $speech/jfk_44k1_stereo_24bit.flac
-[ -d $files ] || step folder 120 $PY scripts/make_folder.py $files --files ${FILES:-256} --seed 0
+GS_LAZY=1 CKPT=${CKPT:-/tmp/nemotron.nemo} source scripts/gpu_setup.sh  # wheels, NeMo, step, checkpoint, folder
+files=/tmp/fca${FILES:-256}; dtype=${DTYPE:-float32}
+checkpoint ${PRESET:-nemotron-speech-streaming-en-0.6b} $ckpt
+folder $files ${FILES:-256}
 levels() { local name=RT_LEVELS_${1/./_}; echo "${!name:-$([ "$1" = 0.08 ] && echo 64,256 || echo 256,1024)}"; }
 parts=${*:-ours nemo same}
 for part in $parts; do for chunk in ${CHUNKS:-0.08 1.12}; do case $part in

@@ -23,9 +23,9 @@ from graphscribe.io.config import (
     ModelConfig,
     model_config_from_nemo,
 )
+from graphscribe.io.hotwords import parse_request_hotwords
 from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
-from graphscribe.model.boosting import parse_request_hotwords
 from graphscribe.model.transducer import DTYPE_NAMES, empty_transducer, load_state, resolve_device, resolve_dtype
 from graphscribe.output.transcript import Transcript
 from graphscribe.runtime.cache_aware_streams import engine_for

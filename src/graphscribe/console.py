@@ -131,7 +131,7 @@ def hotwords_or_exit(hotwords: str | None, path: Path | None) -> tuple[str, ...]
     items = [item.strip() for item in hotwords.split(",")] if hotwords and hotwords.strip() else []
     if path is None:  # no import: boosting.py imports torch, which `--devices` workers import before this process
         return tuple(items)
-    from graphscribe.model.boosting import HotwordError, read_hotwords_file
+    from graphscribe.io.hotwords import HotwordError, read_hotwords_file
 
     try:
         lines = read_hotwords_file(str(path))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 LOWPASS_WIDTH = 6  # torchaudio's default lowpass_filter_width
 ROLLOFF = 0.99  # torchaudio's default rolloff
@@ -58,45 +57,42 @@ class StreamResampler:
 
     def _resample(self, span: int) -> np.ndarray:
         """Output for the `span` input samples after the leading context (with the context after them)."""
-        piece = torch.from_numpy(self._pending[: span + 2 * self.context])
-        out = self._resample_piece(piece)
+        out = self._resample_piece(self._pending[: span + 2 * self.context])
         first = self.context * self.up // self.down
-        result = out[first : first + span * self.up // self.down].numpy()
+        result = out[first : first + span * self.up // self.down]
         self._pending = self._pending[span:]
         self._done += span
         return result
 
-    def _resample_piece(self, piece: torch.Tensor) -> torch.Tensor:
-        """torchaudio's `resample` of `piece` (its windowed-sinc filter, made once per resampler), applied as a
-        polyphase product in NumPy: each output period is one input window times the filter's phases. torchaudio
-        makes the filter on every call and applies it with a strided convolution, 0.26-0.37 ms for a live
-        session's 60 ms append against ~0.04 ms here; the two agree to float rounding (3e-8)."""
-        try:
-            from torchaudio.functional.functional import _get_sinc_resample_kernel
-        except ImportError:  # another torchaudio's layout: the public call
-            import torchaudio.functional as AF
-
-            return AF.resample(piece, self.source, self.target)
+    def _resample_piece(self, x: np.ndarray) -> np.ndarray:
+        """torchaudio's `resample` of `x` (its windowed-sinc filter, made once per resampler), applied as a
+        polyphase product: each output period is one input window times the filter's phases. torchaudio makes the
+        filter on every call and applies it with a strided convolution, 0.26-0.37 ms for a live session's 60 ms
+        append against ~0.04 ms here; the two agree to float rounding (3e-8)."""
         if self._kernel is None:
-            gcd = math.gcd(self.source, self.target)
-            kernel, width = _get_sinc_resample_kernel(
-                self.source,
-                self.target,
-                gcd,
-                LOWPASS_WIDTH,
-                ROLLOFF,
-                "sinc_interp_hann",
-                None,
-                piece.device,
-                piece.dtype,
-            )
-            self._kernel = (np.ascontiguousarray(kernel[:, 0, :].numpy().T), width)  # (taps, up)
+            self._kernel = sinc_kernel(self.down, self.up)
         phases, width = self._kernel
-        x = piece.numpy()
         padded = np.concatenate([np.zeros(width, np.float32), x, np.zeros(width + self.down, np.float32)])
         taps = phases.shape[0]
         periods = (padded.size - taps) // self.down + 1
         step = padded.strides[0]
         windows = np.lib.stride_tricks.as_strided(padded, (periods, taps), (step * self.down, step), writeable=False)
-        out = np.dot(windows, phases).reshape(-1)[: math.ceil(self.up * x.size / self.down)]
-        return torch.from_numpy(out)
+        return np.dot(windows, phases).reshape(-1)[: math.ceil(self.up * x.size / self.down)]
+
+
+def sinc_kernel(down: int, up: int) -> tuple[np.ndarray, int]:
+    """torchaudio's Hann-windowed sinc filter (`_get_sinc_resample_kernel`, float32 as `resample` makes it for
+    float32 audio) from `down` input to `up` output samples a period (the rates over their gcd), in NumPy, so
+    that the HTTP workers that resample live sessions do not import torch: its phases as (taps, up), and its
+    half width in input samples."""
+    base = min(down, up) * ROLLOFF
+    width = math.ceil(LOWPASS_WIDTH * down / base)
+    idx = np.arange(-width, width + down, dtype=np.float32)[None, :] / np.float32(down)
+    t = np.arange(0, -up, -1, dtype=np.float32)[:, None] / np.float32(up) + idx  # (up, taps)
+    t = np.clip(t * np.float32(base), -LOWPASS_WIDTH, LOWPASS_WIDTH).astype(np.float32)
+    window = np.cos(t * np.float32(math.pi / LOWPASS_WIDTH / 2), dtype=np.float32) ** 2
+    t = t * np.float32(math.pi)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kernels = np.where(t == 0, np.float32(1.0), np.sin(t) / t).astype(np.float32)
+    kernels = kernels * (window * np.float32(base / down))
+    return np.ascontiguousarray(kernels.T, dtype=np.float32), width

@@ -72,7 +72,8 @@ def fusion_models(
 ) -> list[tuple[TokenModel, float]]:
     """The models `RunOptions` asks for, in NeMo's order (the LM, then the boosting tree), with their weights:
     `lm` an ARPA file (ArpaError), `hotwords` one phrase each, with an optional ':score' (HotwordError)."""
-    from graphscribe.model.boosting import boosting_model, parse_hotwords, parse_phrase
+    from graphscribe.io.hotwords import parse_hotwords, parse_phrase
+    from graphscribe.model.boosting import boosting_model
     from graphscribe.model.ngram import load_arpa
 
     for name, weight in (("--lm-weight", lm_weight), ("--boost", boost)):

@@ -14,11 +14,12 @@ import numpy as np
 import torch
 
 from graphscribe.io.audio import read_input
+from graphscribe.io.hotwords import parse_hotwords, parse_phrase
 from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model import cache_aware
 from graphscribe.model.beam import BeamDecoder, Fusion
-from graphscribe.model.boosting import boosting_tables, parse_hotwords, parse_phrase
+from graphscribe.model.boosting import boosting_tables
 from graphscribe.model.confidence import check_method, replay_batch
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate

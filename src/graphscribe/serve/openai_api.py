@@ -18,7 +18,7 @@ from urllib.parse import unquote
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from graphscribe.model.boosting import HotwordError, parse_request_hotwords
+from graphscribe.io.hotwords import HotwordError, parse_request_hotwords
 from graphscribe.output.transcript import Transcript
 from graphscribe.output.writers import write_srt, write_txt, write_vtt
 

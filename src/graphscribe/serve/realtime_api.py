@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphscribe.model.boosting import HotwordError, parse_request_hotwords
+from graphscribe.io.hotwords import HotwordError, parse_request_hotwords
 
 RATE = 16000  # the rate turns reach the engine at (the VAD's too)
 RATES = (24000, 16000)  # audio/pcm rates accepted (OpenAI's is 24 kHz)

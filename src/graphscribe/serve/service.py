@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Iterator
 import torch
 
 from graphscribe.io.audio import read_input
-from graphscribe.model.boosting import HotwordError
+from graphscribe.io.hotwords import HotwordError
 from graphscribe.model.decoding import size_class
 from graphscribe.model.ngram import Tables
 from graphscribe.model.packing import Packing

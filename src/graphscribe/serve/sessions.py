@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable
 
-from graphscribe.model.boosting import HotwordError
+from graphscribe.io.hotwords import HotwordError
 from graphscribe.runtime.cache_aware_streams import engine_for
 from graphscribe.runtime.streaming import Stream, StreamEngine, StreamEvent
 from graphscribe.serve.ipc import AUDIO, DROP, OPEN
