@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """NeMo 3.0's greedy and `malsd_batch` beam search on a folder: throughput and every file's token ids (the peer and
-the oracle of bench/2026-11-beam, issue 49).
+the oracle of bench/2026-11-beam, issue 49); greedy with GPU phrase boosting or with word confidence on (the peer of
+bench/2026-11-boost-confidence, issue 50).
 
 Runs only where NeMo 3.0 is importable (`PYTHONPATH=/tmp/nemo-site` on the lent GPU, `/work/nemo-cpu` here):
 
@@ -14,6 +15,9 @@ What it does (as scripts/nemo_folder.py, whose float32 and bfloat16 it follows):
   `beam_size` --beam, NeMo's defaults otherwise (`allow_cuda_graphs` on, `score_norm`, the best hypothesis
   returned), `max_symbols` the model's greedy max_symbols (graphscribe's `DecodingConfig.max_symbols`), both through
   `model.change_decoding_strategy`.
+- boost: greedy as above with NeMo's boosting tree of the --phrases file's phrases (one a line; its default tree
+  settings, `boosting_tree_alpha` --boost); confidence: greedy with `confidence_cfg` preserving frame, token and
+  word confidence (its default method: entropy, Tsallis, alpha 0.33, exponential norm; aggregation min).
 - Per run: one untimed warm-up `transcribe()` of the longest min(B, files) files (graph capture, cuDNN plans,
   worker start-up), then one timed `model.transcribe(paths, batch_size=B, num_workers=N, return_hypotheses=True)`
   over every file, CUDA synchronised around it. RTFx = audio seconds / wall seconds; each file's best hypothesis'
@@ -37,25 +41,40 @@ import torch
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a"}
 MAX_SYMBOLS = 10  # NeMo's greedy default, where the checkpoint's config names none
+# NeMo's BoostingTreeModelConfig defaults (as scripts/fixtures/make_nemo_fusion_fixtures.py)
+TREE_DEFAULTS = {"context_score": 1.0, "depth_scaling": 2.0, "unk_score": 0.0, "final_eos_score": 1.0}
+RUN_NAMES = {"greedy": "greedy", "boost": "greedy, phrases boosted", "confidence": "greedy, confidence on"}
 
 
 def log(msg: str) -> None:
     print(f"[nemo_beam_bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def set_strategy(model, run: str, beam: int) -> None:
-    """greedy: greedy_batch with NeMo's CUDA-graph decoder; beam: malsd_batch of `beam` hypotheses."""
+def set_strategy(model, base, run: str, beam: int, phrases: list[str] | None = None, boost: float = 1.0) -> None:
+    """greedy: greedy_batch with NeMo's CUDA-graph decoder; beam: malsd_batch of `beam` hypotheses; boost: greedy
+    with a boosting tree of `phrases`; confidence: greedy with word confidences. Each from `base`, the checkpoint's
+    own decoding config (change_decoding_strategy keeps the last run's in model.cfg)."""
     from omegaconf import OmegaConf
 
-    dcfg = copy.deepcopy(model.cfg.decoding)
+    dcfg = copy.deepcopy(base)
     OmegaConf.set_struct(dcfg, False)
     if "greedy" not in dcfg or dcfg.greedy is None:
         dcfg.greedy = {}
     max_symbols = dcfg.greedy.get("max_symbols", None) or MAX_SYMBOLS
-    if run == "greedy":
+    if run in ("greedy", "boost", "confidence"):
         dcfg.strategy = "greedy_batch"
         dcfg.greedy.loop_labels = True
         dcfg.greedy.use_cuda_graph_decoder = True
+        if run == "boost":
+            dcfg.greedy.boosting_tree = {"key_phrases_list": phrases, **TREE_DEFAULTS}
+            dcfg.greedy.boosting_tree_alpha = boost
+        if run == "confidence":
+            from nemo.collections.asr.parts.utils.asr_confidence_utils import ConfidenceConfig
+
+            conf = ConfidenceConfig(
+                preserve_frame_confidence=True, preserve_token_confidence=True, preserve_word_confidence=True
+            )
+            dcfg.confidence_cfg = OmegaConf.structured(conf)
     else:
         dcfg.strategy = "malsd_batch"
         dcfg.beam = {
@@ -110,7 +129,9 @@ def main() -> int:
     ap.add_argument("--model", required=True, help=".nemo checkpoint")
     ap.add_argument("--folder", required=True, help="audio files under this folder, recursively (sorted paths)")
     ap.add_argument("--limit", type=int, help="the first FILES files of the sorted list only")
-    ap.add_argument("--runs", default="greedy,beam", help="greedy, beam, or both in order")
+    ap.add_argument("--runs", default="greedy,beam", help="greedy, beam, boost, confidence: any of them in order")
+    ap.add_argument("--phrases", help="boost: a file of phrases to boost, one a line (an optional ':score' is cut)")
+    ap.add_argument("--boost", type=float, default=1.0, help="boost: NeMo's boosting_tree_alpha")
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
@@ -148,6 +169,7 @@ def main() -> int:
         model = ASRModel.restore_from(args.model, map_location=device).eval()
         if args.dtype == "bfloat16":
             model.to(torch.bfloat16)
+        base = copy.deepcopy(model.cfg.decoding)
         out.update(
             files=len(files),
             audio_s=sum(seconds.values()),
@@ -169,9 +191,13 @@ def main() -> int:
         return 1
 
     for run in [r.strip() for r in args.runs.split(",") if r.strip()]:
-        name = "greedy" if run == "greedy" else f"malsd_batch beam {args.beam}"
+        name = RUN_NAMES.get(run, f"malsd_batch beam {args.beam}")
         try:
-            set_strategy(model, run, args.beam)
+            phrases = None
+            if run == "boost":
+                lines = Path(args.phrases).read_text(encoding="utf-8").splitlines()
+                phrases = [line.rsplit(":", 1)[0].strip() for line in lines if line.strip()]
+            set_strategy(model, base, run, args.beam, phrases, args.boost)
             result = measure(model, files, seconds, args, device)
         except Exception as err:  # noqa: BLE001 - one failing run must not lose the other
             out["runs"].append(dict(run=run, name=name, error=f"{type(err).__name__}: {err}"))

@@ -194,11 +194,30 @@ def test_throughput_with_a_beam(tmp_path):
     assert row["failed"] == 0 and row["identical"] is True and row["rtfx"] > 0
 
 
+def test_throughput_with_phrases_boosted(tmp_path):
+    """`bench --folder --hotwords-file F --boost W`: the rows decode with the phrases boosted (the options'), said so
+    in the JSON; a file that cannot be read is one line and exit 2."""
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("the quick brown fox\njumps over:2.0\n", encoding="utf-8")
+    out = tmp_path / "boost.json"
+    flags = ["--folder", CLIPS, "--batch-sizes", "4", "--reps", 1, "--model", NEMO_PATH, "--json", out]
+    result, _ = _timed_bench(*flags, "--hotwords-file", phrases, "--boost", 2.5)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert (report["hotwords"], report["boost"], report["lm"]) == (2, 2.5, None)
+    [row] = report["throughput"]
+    assert row["failed"] == 0 and row["identical"] is True
+    result, _ = _timed_bench(*flags, "--hotwords-file", tmp_path / "missing.txt")
+    assert result.returncode == 2 and "missing.txt: cannot read the hotwords" in result.stderr
+
+
 def test_bench_folder_usage_errors(tmp_path, capsys):
     code, stderr = _bench_in_process(capsys, CLIPS / "short_2s.wav", "--folder", CLIPS, "--model", NEMO_PATH)
     assert code == 2 and "not both" in stderr
     code, stderr = _bench_in_process(capsys, CLIPS / "short_2s.wav", "--beam", 4, "--model", NEMO_PATH)
-    assert code == 2 and "bench --beam: with --folder or --throughput" in stderr
+    assert code == 2 and "bench --beam, --lm, --hotwords: with --folder or --throughput" in stderr
+    code, stderr = _bench_in_process(capsys, CLIPS / "short_2s.wav", "--hotwords", "fox", "--model", NEMO_PATH)
+    assert code == 2 and "bench --beam, --lm, --hotwords: with --folder or --throughput" in stderr
     code, stderr = _bench_in_process(capsys, "--folder", tmp_path, "--model", NEMO_PATH)
     assert code == 2 and "no audio files" in stderr
 

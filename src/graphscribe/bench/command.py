@@ -14,14 +14,20 @@ from rich.markup import escape
 
 from graphscribe.console import (
     BATCH_SECONDS_DEFAULT,
+    BOOST_OPTION,
     DEVICE_HELP,
     DTYPE_HELP,
+    HOTWORDS_FILE_OPTION,
+    HOTWORDS_OPTION,
+    LM_OPTION,
+    LM_WEIGHT_OPTION,
     MODEL_DEFAULT,
     MODEL_HELP,
     devices_or_exit,
     err_console,
     fail_usage,
     find_audio_files,
+    fusion_options,
     load_or_exit,
     model_source,
     setup_logging,
@@ -149,6 +155,11 @@ def bench_command(
     beam: int = typer.Option(
         1, "--beam", min=1, metavar="N", help="--folder, --throughput: decode with a beam search of N (1: greedy)."
     ),
+    lm: Optional[Path] = LM_OPTION,
+    lm_weight: float = LM_WEIGHT_OPTION,
+    hotwords: Optional[str] = HOTWORDS_OPTION,
+    hotwords_file: Optional[Path] = HOTWORDS_FILE_OPTION,
+    boost: float = BOOST_OPTION,
 ) -> None:
     """A/B benchmark: decoding with and without CUDA graphs, serial and batched, and end to end; with --folder or
     --throughput, files per second through the whole pipeline instead; with --serve URL --folder DIR, a load test of
@@ -182,8 +193,9 @@ def bench_command(
     folder_mode = folder is not None or throughput
     if folder_mode and clips:
         fail_usage("bench: give CLIPS, or --folder / --throughput, not both")
-    if beam > 1 and not folder_mode:
-        fail_usage("bench --beam: with --folder or --throughput")
+    fused = fusion_options(lm, lm_weight, hotwords, hotwords_file, boost)
+    if (beam > 1 or fused["lm"] or fused["hotwords"]) and not folder_mode:
+        fail_usage("bench --beam, --lm, --hotwords: with --folder or --throughput")
     given_sizes = _batch_sizes(batch_sizes) if batch_sizes else None  # checked before the model loads
     if devices is not None:
         sizes, reps = given_sizes or _batch_sizes(THROUGHPUT_DEFAULTS[0]), reps or THROUGHPUT_DEFAULTS[1]
@@ -194,12 +206,14 @@ def bench_command(
         several = devices_or_exit(devices, device)
         with NATIVE_STDERR.installed():
             batch = max(sizes) if batch_sizes else None  # None: the devices' default
-            report = _bench_devices(several, model, dtype, graphs, folder, files, batch, reps, batch_seconds, beam)
+            report = _bench_devices(
+                several, model, dtype, graphs, folder, files, batch, reps, batch_seconds, beam, fused
+            )
         _write_report(report, json_path)
         return
     if output_format not in ("txt", "json") or (confidence and output_format != "json"):
         fail_usage(f"bench --format {output_format}: use txt or json (--confidence: json, the output it shows in)")
-    options = RunOptions(device=device, dtype=dtype, graphs=False, confidence=confidence, beam_size=beam)
+    options = RunOptions(device=device, dtype=dtype, graphs=False, confidence=confidence, beam_size=beam, **fused)
     loaded = load_or_exit(model, options)  # rows set graphs on and off
     cuda = loaded.device.type == "cuda"
     want_graphs = graphs is not False
@@ -230,7 +244,7 @@ def _write_report(report: dict, json_path: Optional[Path]) -> None:
         json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
 
 
-def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, batch_seconds, beam) -> dict:
+def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, batch_seconds, beam, fused) -> dict:
     """`bench --devices`: RTFx per device count on the folder (or a generated one), at --batch-sizes' largest."""
     import tempfile
 
@@ -241,7 +255,12 @@ def _bench_devices(devices, model, dtype, graphs, folder, files, batch, reps, ba
         if not paths:
             fail_usage(f"--folder {folder}: no audio files there")
         options = RunOptions(
-            dtype=dtype, graphs=graphs is not False, batch_size=batch, batch_seconds=batch_seconds, beam_size=beam
+            dtype=dtype,
+            graphs=graphs is not False,
+            batch_size=batch,
+            batch_seconds=batch_seconds,
+            beam_size=beam,
+            **fused,
         )
         report = run_device_scaling(model_source(model), devices, paths, options, reps)
     print_device_scaling(report, Console(width=None if sys.stdout.isatty() else 240))

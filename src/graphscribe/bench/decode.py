@@ -241,6 +241,10 @@ def header(model, reps: int) -> dict:
         "dtype": str(model.dtype).removeprefix("torch."),
         "step": "fused (Triton)" if device.type == "cuda" and model.decoder.fused is not False else "PyTorch",
         "beam": model.options.beam_size,  # 1: greedy (the step above); more: the beam search's PyTorch step
+        "lm": model.options.lm,  # fused into the decoding, as its weight says
+        "lm_weight": model.options.lm_weight if model.options.lm else None,
+        "hotwords": len(model.options.hotwords),  # phrases boosted
+        "boost": model.options.boost if model.options.hotwords else None,
         "torch": torch.__version__,
         "graphscribe": __version__,
         "reps": reps,
