@@ -5,8 +5,8 @@ through in one vectorised lookup, inside a captured CUDA graph.
 A state is a context (an n-gram of the LM, a node of the tree). An arc (from, token) -> (to, weight) exists where the
 context followed by the token is an n-gram; otherwise the lookup backs off: it adds the state's back-off weight and
 tries again from its back-off state, down to the start state, which has an arc for every token. The arcs are sorted
-by the key from * V + token, so one `searchsorted` finds them all; `order` lookups (the longest chain of back-offs
-plus one) resolve every token of every row, without a host read.
+by the key from * V + token; each state's chain of back-offs is laid out once (`chains.py`), so a step reads the
+few arcs of the states on each row's chain and then the start state's, without a host read.
 
 ARPA files for token LMs are NeMo's: each token id `i` is the one-character word chr(i + 100) (KenLM's recipe in
 NeMo, `DEFAULT_TOKEN_OFFSET`), fields tab-separated, weights log10 (natural log here). Lines are split on '\\n' and
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from graphscribe.model.chains import ChainTables, chains_of
 
 TOKEN_OFFSET = 100  # NeMo's DEFAULT_TOKEN_OFFSET: token i is the word chr(i + 100)
 NEG_INF = -10000.0  # NeMo's "no final weight" (nemo.collections.common.parts.NEG_INF)
@@ -66,19 +68,27 @@ class TokenModel:
     def __init__(self, tables: Tables, device: torch.device | str = "cpu"):
         self.vocab_size, self.order, self.start_state = tables.vocab_size, tables.order, tables.start
         self.num_states, self.num_arcs = len(tables.backoff_to), len(tables.key)
-
-        def place(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(array).to(device)
-
-        self.key, self.target, self.weight = place(tables.key), place(tables.target), place(tables.weight)
-        self.backoff_to, self.backoff_weight = place(tables.backoff_to), place(tables.backoff_weight)
-        self.final_weight = place(tables.final)
-        self.tokens = torch.arange(self.vocab_size, device=device)  # (V,)
+        v = self.vocab_size
+        is_root = np.arange(self.num_states) == START
+        chains = chains_of(tables.key, tables.backoff_to, tables.backoff_weight, v, is_root, False, pad=START)
+        self._chains = ChainTables.of(chains, tables.key, tables.target, tables.weight, v, device, pad=START)
+        # the start state's scores, dense: it has an arc for every token the unigrams hold
+        lo, hi = np.searchsorted(tables.key, [START * v, (START + 1) * v])
+        tokens = tables.key[lo:hi] % v
+        root_score, root_next = np.zeros(v, np.float32), np.zeros(v, np.int64)
+        root_has = np.zeros(v, bool)
+        root_score[tokens], root_next[tokens], root_has[tokens] = tables.weight[lo:hi], tables.target[lo:hi], True
+        self.root_score, self.root_next = (
+            torch.from_numpy(root_score).to(device),
+            torch.from_numpy(root_next).to(device),
+        )
+        self.root_has = torch.from_numpy(root_has).to(device)
+        self.final_weight = torch.from_numpy(tables.final).to(device)
         self._tables = tables
 
     @property
     def device(self) -> torch.device:
-        return self.key.device
+        return self.final_weight.device
 
     def to_device(self, device: torch.device | str) -> "TokenModel":
         """The same model on `device` (itself if it is there)."""
@@ -102,25 +112,11 @@ class TokenModel:
 
     def advance(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """states (B,) int64 -> scores (B, V) float32 natural log, next states (B, V) int64, for every non-blank
-        token. No host read: `order` lookups, each resolving the tokens the ones before did not."""
-        b, v = states.shape[0], self.vocab_size
-        scores = torch.zeros(b, v, device=states.device, dtype=torch.float32)
-        nxt = torch.zeros(b, v, device=states.device, dtype=torch.long)
-        found = torch.zeros(b, v, device=states.device, dtype=torch.bool)
-        current = states.to(torch.long)
-        backoff = torch.zeros(b, device=states.device, dtype=torch.float32)  # (B,) back-off weights on the way
-        last = self.num_arcs - 1
-        for _ in range(self.order):
-            query = current[:, None] * v + self.tokens  # (B, V)
-            arc = torch.searchsorted(self.key, query).clamp_(max=last)
-            hit = (self.key[arc] == query) & ~found
-            torch.where(hit, backoff[:, None] + self.weight[arc], scores, out=scores)
-            torch.where(hit, self.target[arc], nxt, out=nxt)
-            found |= hit
-            on = current != START  # the empty context has an arc for every token: nothing left below it
-            backoff = backoff + self.backoff_weight[current] * on
-            current = torch.where(on, self.backoff_to[current], current)
-        return scores, nxt
+        token: the arcs on each row's back-off chain (`chains.py`), then the start state's. No host read."""
+        scores, nxt, found, total = self._chains.walk(states.to(torch.long))
+        rest = ~found & self.root_has
+        scores = torch.where(rest, total[:, None] + self.root_score, scores)
+        return scores, torch.where(rest, self.root_next, nxt)
 
     def final(self, states: torch.Tensor) -> torch.Tensor:
         """(B,) the end-of-sentence weight of each state (an LM's </s>, back-offs resolved; a tree's phrase-end
