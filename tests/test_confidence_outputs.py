@@ -8,19 +8,15 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import openai
 import pytest
 from conftest import FIXTURES
+from test_server import KEY, start_server
 
 import graphscribe
 from graphscribe.runtime.loaded import LoadedModel
@@ -30,8 +26,6 @@ ROOT = FIXTURES.parent.parent
 REFERENCE = json.loads((FOLDER / "reference.json").read_text())
 DEFAULT = "default"  # the setting of NeMo's own defaults, which --confidence computes
 TOLERANCE = dict(rtol=2e-5, atol=1e-12)  # float32 rounding (the fixture README, section 3)
-KEY = "sk-graphscribe-test"
-STARTUP_SECONDS = 180
 
 
 def cli(*args) -> str:
@@ -136,45 +130,15 @@ def test_the_api_carries_them_in_a_batch():
         np.testing.assert_allclose(got, want["word_confidence"], **TOLERANCE, err_msg=clip)
 
 
-def _serve(log: Path, *flags: str):
-    """`transcribe serve FLAGS` with the demo model on the CPU, on a free port -> (process, url), once /health is
-    200."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("GRAPHSCRIBE_MODEL", "GRAPHSCRIBE_API_KEY")}
-    env["OMP_NUM_THREADS"] = "1"
-    checkpoint = ROOT / REFERENCE["models"]["demo"]["checkpoint"]
-    command = [sys.executable, "-m", "graphscribe.cli", "serve", "--model", str(checkpoint), "--device", "cpu"]
-    command += ["--port", str(port), "--api-key", KEY, "--http-workers", "1", *flags]
-    with open(log, "w") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass  # not listening yet
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the server was not ready in {STARTUP_SECONDS} s:\n{log.read_text()}")
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module", params=[(), ("--confidence",)], ids=["asked", "served"])
 def server(request, tmp_path_factory):
     """A server without --confidence (requests ask with include[]=confidence) and one with it; SIGTERM at the end."""
-    log = tmp_path_factory.mktemp("server") / "stderr.txt"
-    process, url = _serve(log, *request.param)
-    yield url, bool(request.param)
-    process.terminate()
-    assert process.wait(60) == 0, log.read_text()
+    checkpoint = ROOT / REFERENCE["models"]["demo"]["checkpoint"]
+    served = start_server(
+        tmp_path_factory.mktemp("server") / "stderr.txt", "--http-workers", "1", *request.param, model=checkpoint
+    )
+    yield served.url, bool(request.param)
+    assert served.stop() == 0, served.log.read_text()
 
 
 def _verbose(client, path: Path, **extra):

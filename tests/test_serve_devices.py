@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import CLIPS, NEMO_PATH, SPEECH_CLIP
+from conftest import CLIPS, SPEECH_CLIP
 from test_realtime import MANUAL, WAIT, pcm24, streamed_text, transcribe_manually
-from test_server import ENV, FILES, KEY, STARTUP_SECONDS, Served, _metric_samples, cli, free_port, transcribe
+from test_server import ENV, FILES, KEY, STARTUP_SECONDS, Served, _metric_samples, cli, start_server, transcribe
 
 CLIENT_SECONDS = 60  # a request that hangs fails the test: on the tiny model every answer comes in seconds
 ENGINE_PID = re.compile(r"the engine on (\S+) is warm \(pid (\d+)")
@@ -29,23 +29,7 @@ ENGINE_PID = re.compile(r"the engine on (\S+) is warm \(pid (\d+)")
 
 def start(log: Path, *args: str) -> Served:
     """`transcribe serve --devices cpu,cpu` with the tiny checkpoint on a free port; returns once /health says 200."""
-    port = free_port()
-    command = [sys.executable, "-m", "graphscribe.cli", "serve", "--model", str(NEMO_PATH), "--devices", "cpu,cpu"]
-    command += ["--port", str(port), "--api-key", KEY, "--http-workers", "1", *args]
-    with open(log, "w") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
-    served = Served(process, f"http://127.0.0.1:{port}", log)
-    wait_for(lambda: _health(served) == 200, f"the server was not ready:\n{log.read_text()}")
-    return served
-
-
-def _health(served: Served) -> int | None:
-    if served.process.poll() is not None:
-        pytest.fail(f"the server exited with {served.process.returncode}:\n{served.log.read_text()}")
-    try:
-        return httpx.get(f"{served.url}/health", timeout=2).status_code
-    except httpx.TransportError:
-        return None  # not listening yet
+    return start_server(log, "--devices", "cpu,cpu", "--http-workers", "1", *args, device=None)
 
 
 def wait_for(condition, message: str, seconds: float = STARTUP_SECONDS) -> None:

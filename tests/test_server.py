@@ -65,10 +65,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(log: Path, *args: str) -> Served:
-    """`transcribe serve` on a free port with the tiny checkpoint on the CPU; returns once /health says 200."""
+def start_server(log: Path, *args: str, model: Path = NEMO_PATH, device: str | None = "cpu") -> Served:
+    """`transcribe serve ARGS` on a free port with `model` (the tiny checkpoint) on `device` (None: ARGS say, as
+    --devices does); returns once /health says 200."""
     port = free_port()
-    command = [sys.executable, "-m", "graphscribe.cli", "serve", "--model", str(NEMO_PATH), "--device", "cpu"]
+    command = [sys.executable, "-m", "graphscribe.cli", "serve", "--model", str(model)]
+    command += ["--device", device] if device else []
     command += ["--port", str(port), "--api-key", KEY, *args]
     with open(log, "w") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
