@@ -372,11 +372,11 @@ def test_rendered_results_of_one_at_a_time_batches(model, monkeypatch):
     """A batch that runs out of memory is redone one input at a time, rendered by the workers all the same."""
     real, calls = model.decode, []
 
-    def decode_or_out_of_memory(encoded, lengths, queued=None, trees=None):
+    def decode_or_out_of_memory(encoded, lengths, *rest):
         calls.append(len(lengths))
         if len(lengths) > 1:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(encoded, lengths, queued, trees)
+        return real(encoded, lengths, *rest)
 
     paths = [CLIPS / name for name in CLIP_NAMES]
     expected = {i: WRITERS["srt"](t) for i, t in model.transcribe_iter(paths, batch_size=3)}
