@@ -116,8 +116,8 @@ DEVICES_HELP = (
     "all (every CUDA GPU) or a comma list (cuda:0,cuda:1; cpu,cpu for many cores). Output as with one device."
 )
 LM_HELP = (
-    "A token-level ARPA n-gram LM over the model's pieces (scripts/build_lm.py makes one from text), fused into "
-    "decoding on the GPU as NeMo's NGPU-LM."
+    "A token-level n-gram LM over the model's pieces, fused into decoding on the GPU as NeMo's NGPU-LM: an ARPA file "
+    "(scripts/build_lm.py makes one from text) or NeMo's NGPU-LM saved as .nemo (loads faster)."
 )
 HOT_HELP = (
     "Phrases to boost, comma-separated, as the model writes them (capitalisation too); PHRASE:S gives one its own "
@@ -141,7 +141,7 @@ def hotwords_or_exit(hotwords: str | None, path: Path | None) -> tuple[str, ...]
 
 
 # The token models fused into decoding, as `transcribe` and `transcribe serve` take them (`fusion_options`)
-LM_OPTION = typer.Option(None, "--lm", metavar="FILE.arpa", show_default=False, help=LM_HELP)
+LM_OPTION = typer.Option(None, "--lm", metavar="FILE", show_default=False, help=LM_HELP)
 LM_WEIGHT_OPTION = typer.Option(0.5, "--lm-weight", metavar="W", help="The --lm's weight (NeMo's ngram_lm_alpha).")
 HOTWORDS_OPTION = typer.Option(None, "--hotwords", metavar='"A, B:2.0"', show_default=False, help=HOT_HELP)
 HOTWORDS_FILE_OPTION = typer.Option(
@@ -154,7 +154,7 @@ def fusion_options(
     lm: Path | None, lm_weight: float, hotwords: str | None, hotwords_file: Path | None, boost: float
 ) -> dict:
     """--lm, --lm-weight, --hotwords, --hotwords-file and --boost as `RunOptions` fields; one line and exit 2 for
-    a hotwords file that cannot be read (`hotwords_or_exit`). A malformed ARPA file is found as the model loads
+    a hotwords file that cannot be read (`hotwords_or_exit`). A malformed LM file is found as the model loads
     (`load_or_exit`)."""
     phrases = hotwords_or_exit(hotwords, hotwords_file)
     return {"lm": str(lm) if lm is not None else None, "lm_weight": lm_weight, "hotwords": phrases, "boost": boost}

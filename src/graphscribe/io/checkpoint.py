@@ -272,6 +272,20 @@ def read_checkpoint(source: str | os.PathLike) -> Checkpoint:
     )
 
 
+def read_nemo_archive(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The config and the tensors of a `.nemo` tar that is no ASR model (NeMo's `save_to` of an NGPU-LM writes one),
+    read as `read_checkpoint` reads a model's; CheckpointError (one line) for what is not such an archive."""
+    path = Path(path)
+    members = _TarMembers(path)
+    try:
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
+            if not members.has(name):
+                raise CheckpointError(f"{path}: not a .nemo archive (no {name} inside)")
+        return _read_config(path, members), _read_weights(path, members)
+    finally:
+        members.close()
+
+
 def _read_config(path: Path, members) -> dict:
     with members.open(CONFIG_NAME) as f:
         text = f.read(MAX_CONFIG_BYTES + 1)

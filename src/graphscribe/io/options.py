@@ -49,7 +49,7 @@ class RunOptions:
     attention: str = "auto"  # auto | full | local (see encoder.py and loaded.py `LoadedModel.attention_for`)
     attention_window: int = ATTENTION_WINDOW
     max_audio_seconds: float = MAX_AUDIO_SECONDS  # a file of more audio is refused (`audio.read_input`)
-    lm: str | None = None  # a token-level ARPA LM fused into decoding (`model/ngram.py`; scripts/build_lm.py)
+    lm: str | None = None  # a token-level LM fused into decoding: ARPA (`model/ngram.py`) or NeMo's .nemo (`ngpulm.py`)
     lm_weight: float = 0.5  # its weight (NeMo's ngram_lm_alpha)
     hotwords: tuple[str, ...] = ()  # phrases to boost, each with an optional ":score" (`model/boosting.py`)
     boost: float = 1.0  # the boosting tree's weight (NeMo's boosting_tree_alpha)

@@ -71,17 +71,18 @@ def fusion_models(
     device: torch.device,
 ) -> list[tuple[TokenModel, float]]:
     """The models `RunOptions` asks for, in NeMo's order (the LM, then the boosting tree), with their weights:
-    `lm` an ARPA file (ArpaError), `hotwords` one phrase each, with an optional ':score' (HotwordError)."""
+    `lm` an ARPA file or NeMo's saved NGPU-LM (`.nemo`) (ArpaError), `hotwords` one phrase each, with an optional
+    ':score' (HotwordError)."""
     from graphscribe.io.hotwords import parse_hotwords, parse_phrase
     from graphscribe.model.boosting import boosting_model
-    from graphscribe.model.ngram import load_arpa
+    from graphscribe.model.ngpulm import load_lm
 
     for name, weight in (("--lm-weight", lm_weight), ("--boost", boost)):
         if not math.isfinite(weight):
             raise ValueError(f"{name} {weight}: a finite number")
     models = []
     if lm is not None:
-        models.append((load_arpa(lm, vocab_size, device), lm_weight))
+        models.append((load_lm(lm, vocab_size, device), lm_weight))
     # a str is a comma-separated list (as --hotwords takes it), not a sequence of one-letter phrases
     phrases = parse_hotwords(hotwords) if isinstance(hotwords, str) else [parse_phrase(item) for item in hotwords]
     if phrases:

@@ -151,13 +151,13 @@ class TableBuilder:
         backoff_weight = np.array(self.backoff_weight, dtype=np.float32)
         final = np.array(self.final, dtype=np.float32)
         if resolve_final:
-            final = _resolve_final(final, backoff_to, backoff_weight)
+            final = resolve_finals(final, backoff_to, backoff_weight)
         return Tables(
             self.v, order, key[sort], arcs["to"][sort], arcs["w"][sort], backoff_to, backoff_weight, final, start
         )
 
 
-def _resolve_final(final: np.ndarray, backoff_to: np.ndarray, backoff_weight: np.ndarray) -> np.ndarray:
+def resolve_finals(final: np.ndarray, backoff_to: np.ndarray, backoff_weight: np.ndarray) -> np.ndarray:
     """NeMo's `_get_final_pytorch`: a state without a </s> weight takes its back-off's, plus the back-off weights."""
     out, current = final.copy(), np.arange(len(final))
     acc = np.zeros_like(final)
