@@ -19,7 +19,8 @@ import pytest
 import soundfile as sf
 import torch
 from av_media import write_media
-from conftest import NEMO_PATH, SPEECH_CLIP
+from conftest import SPEECH_CLIP
+from test_cli import in_process
 
 
 def transcribe(*args, model: str | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
@@ -51,15 +52,15 @@ BAD_DEVICES = [
 
 # ids spell "device=...": a bare "gpu" id would be read as the gpu marker (conftest skips those without CUDA)
 @pytest.mark.parametrize("device", BAD_DEVICES, ids=lambda d: f"device={d}")
-def test_a_bad_device_is_one_line(device):
-    result = transcribe(SPEECH_CLIP, "--device", device, model=str(NEMO_PATH))
+def test_a_bad_device_is_one_line(capsys, device):
+    result = in_process(capsys, SPEECH_CLIP, "--device", device)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [f"error: --device {device}: use auto, cpu, cuda or cuda:N"]
     assert result.stdout == ""
 
 
-def test_a_device_index_past_the_last_gpu():
-    result = transcribe(SPEECH_CLIP, "--device", "cuda:99", model=str(NEMO_PATH))
+def test_a_device_index_past_the_last_gpu(capsys):
+    result = in_process(capsys, SPEECH_CLIP, "--device", "cuda:99")
     if torch.cuda.is_available():
         assert result.returncode == 2, result.stderr
         assert result.stderr.splitlines() == [

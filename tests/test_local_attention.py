@@ -103,10 +103,15 @@ def test_local_attention_checkpoint_matches_nemo(local_checkpoints, reference_ar
             [hyp] = model.decode(encoded, lengths)
             assert hyp.token_ids == clip["token_ids"], clip["file"]
             assert hyp.frames == clip["timestamps"], clip["file"]
-    encoded, lengths = model.encode(audios)  # one padded batch
+    # one padded batch (NeMo's batch gives its single results); the demo model's without its 62 s clip, which would
+    # pad every row to it (the tdt-tiny runs batch it)
+    rows = [i for i, c in enumerate(run["clips"]) if name != "demo" or c["encoder_frames"] < 200]
+    encoded, lengths = model.encode([audios[i] for i in rows])
     hyps = model.decode(encoded, lengths)
-    assert [h.token_ids for h in hyps] == run["batch_token_ids"] == [c["token_ids"] for c in run["clips"]]
-    assert [h.frames for h in hyps] == run["batch_timestamps"] == [c["timestamps"] for c in run["clips"]]
+    assert run["batch_token_ids"] == [c["token_ids"] for c in run["clips"]]
+    assert run["batch_timestamps"] == [c["timestamps"] for c in run["clips"]]
+    assert [h.token_ids for h in hyps] == [run["clips"][i]["token_ids"] for i in rows]
+    assert [h.frames for h in hyps] == [run["clips"][i]["timestamps"] for i in rows]
 
 
 def test_switching_a_full_attention_checkpoint_to_local_matches_nemo():
