@@ -313,25 +313,6 @@ def test_step_reads_nothing_back_and_writes_in_place(name):
             assert torch.isfinite(buf.scores[:, 0]).all() and (buf.pos == 5).all()
 
 
-def test_server_with_a_beam_answers_nemo_best_text(tmp_path):
-    """`transcribe serve --beam 4`, called with the official client: the upload's text is NeMo's beam-4 best."""
-    import openai
-    from test_server import KEY, start_server
-
-    spec = REFERENCE["models"]["tdt-tiny"]
-    clip = "librispeech_2086-149220-0033"
-    best = spec["runs"]["malsd_batch/beam4/nolm"]["single"][clip][0]["token_ids"]
-    model = load_model(ROOT / spec["checkpoint"], device="cpu", graphs=False)
-    served = start_server(tmp_path / "stderr.txt", "--beam", "4", "--http-workers", "1")
-    try:
-        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0, timeout=120)
-        with open(ROOT / REFERENCE["clips"][clip]["file"], "rb") as f:
-            text = client.audio.transcriptions.create(file=f, model="tdt-tiny").text
-    finally:
-        assert served.stop() == 0, served.log.read_text()
-    assert text == model.tokenizer.decode(best)
-
-
 def test_history_grows_between_rounds(case):
     """Buffers with room for 8 steps of history: grown as the steps come, the same hypotheses."""
     name, spec, model, single, _ = case
