@@ -121,15 +121,15 @@ def test_repo_with_several_nemo_files_is_refused_with_the_list(tmp_path):
 
 
 def test_folder_with_several_nemo_files(tmp_path):
-    folder = tmp_path / "models"
-    folder.mkdir()
-    for name in ("a.nemo", "b.nemo"):
-        shutil.copy(NEMO_PATH, folder / name)
-    message, _ = _resolve(str(folder), _env(None))
-    assert message.startswith(f"CheckpointError: {folder}: holds 2 .nemo files (a.nemo, b.nemo): name one, e.g. ")
-    shutil.copy(NEMO_PATH, folder / "models.nemo")
-    found, _ = _resolve(str(folder), _env(None))
-    assert found == str(folder / "models.nemo")
+    """Two .nemo files: refused with the list; one of them named after the folder: that one (one interpreter)."""
+    several, named = tmp_path / "several" / "models", tmp_path / "named" / "models"
+    for folder, names in ((several, ("a.nemo", "b.nemo")), (named, ("a.nemo", "b.nemo", "models.nemo"))):
+        folder.mkdir(parents=True)
+        for name in names:
+            shutil.copy(NEMO_PATH, folder / name)
+    (message, _), (found, _) = _resolve_all([str(several), str(named)], _env(None))
+    assert message.startswith(f"CheckpointError: {several}: holds 2 .nemo files (a.nemo, b.nemo): name one, e.g. ")
+    assert found == str(named / "models.nemo")
 
 
 # ---------------------------------------------------------------------------- failing fast, in one line
