@@ -204,7 +204,7 @@ def test_throughput_with_phrases_boosted(tmp_path):
     result, _ = _timed_bench(*flags, "--hotwords-file", phrases, "--boost", 2.5)
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
-    assert (report["hotwords"], report["boost"], report["lm"]) == (2, 2.5, None)
+    assert (report["hotwords"], report["boost"], report["lm"], report["confidence"]) == (2, 2.5, None, False)
     [row] = report["throughput"]
     assert row["failed"] == 0 and row["identical"] is True
     result, _ = _timed_bench(*flags, "--hotwords-file", tmp_path / "missing.txt")
