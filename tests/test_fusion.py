@@ -22,7 +22,8 @@ from graphscribe.io.hotwords import HotwordError, parse_hotwords
 from graphscribe.model.boosting import MAX_PHRASE_TOKENS, boosting_model
 from graphscribe.model.decoding import GreedyDecoder
 from graphscribe.model.fusion import fusion_models
-from graphscribe.model.ngram import ArpaError, TokenModel, load_arpa, read_arpa
+from graphscribe.model.ngpulm import load_lm
+from graphscribe.model.ngram import ArpaError, TokenModel, read_arpa
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "tests/fixtures/nemo-fusion"
@@ -77,7 +78,7 @@ def _assert_advance(model: TokenModel, prefix: str, finals: bool = True) -> None
 @pytest.mark.parametrize("name", MODELS)
 def test_lm_advance_is_nemos_from_every_state(name):
     """Every state, every token: the back-off lookups give NeMo's natural-log scores and NeMo's next state ids."""
-    _assert_advance(load_arpa(LM, V), f"{name}/lm_")
+    _assert_advance(load_lm(LM, V), f"{name}/lm_")
 
 
 def test_boosting_trees_advance_is_nemos_from_every_state(tiny):
@@ -127,7 +128,7 @@ def test_a_chunk_hands_on_each_rows_lm_state(tiny):
     enc, lengths = encoded["long_mix"]
     decoder = _decoder(model, lm=True)
     (hyp,), state = decoder.decode_chunk(enc, lengths, None)
-    lm = load_arpa(LM, V)
+    lm = load_lm(LM, V)
     walked = lm.start(1)
     for token in hyp.token_ids:
         walked = lm.advance(walked)[1][:, token]
@@ -242,7 +243,7 @@ def test_build_lm_makes_the_beam_fixtures_lm(tmp_path, capsys):
     assert build_lm.main([str(FOLDER / "corpus.txt"), str(out), "-m", str(NEMO_PATH)]) == 0
     assert out.read_bytes() == LM.read_bytes()
     assert write_arpa([[1, 2, 3]], tmp_path / "tiny.arpa")["ngrams"] == {1: 6, 2: 4, 3: 3}  # 3 tokens, <s>, </s>, <unk>
-    load_arpa(tmp_path / "tiny.arpa", V)  # what it writes, we read
+    load_lm(tmp_path / "tiny.arpa", V)  # what it writes, we read
 
 
 # ----------------------------------------------------------------------------- streams

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import NEMO_PATH
 from test_fusion import ARRAYS, REFERENCE, ROOT, V, _one, _scored
-from test_streaming import SMALL, _whole
+from test_streaming import SMALL, _staggered, _whole
 
 from graphscribe.api import load_model
 from graphscribe.io.hotwords import MAX_REQUEST_PHRASES, HotwordError, parse_hotwords, parse_request_hotwords
@@ -155,22 +155,7 @@ def test_streams_with_their_own_phrases_stepped_together_get_each_theirs(streame
     alone = [_done(_whole(model.stream(*SMALL, hotwords=t), a)) for t, a in zip(texts, audios)]
     engine = engine_for(model, *SMALL, boosted=True)
     trees = [model.row_tree(parse_request_hotwords(t)) if t else None for t in texts]
-    streams, fed, events = [], [], []
-    while len(streams) < len(audios) or not all(s.closed for s in streams):
-        if len(streams) < len(audios):
-            streams.append(engine.open(trees[len(streams)]))
-            fed.append(0)
-            events.append([])
-        for i, s in enumerate(streams):
-            if not s.finished:
-                end = min(audios[i].numel(), fed[i] + 4800)  # 0.3 s a step
-                s.feed(audios[i][fed[i] : end])
-                fed[i] = end
-                if end == audios[i].numel():
-                    s.finish()
-        engine.step()
-        for i, s in enumerate(streams):
-            events[i] += s.take_events()
+    events = _staggered(engine, audios, trees=trees)
     assert [_done(e) for e in events] == alone
     assert alone[0] != alone[2]  # the phrases count
     with pytest.raises(ValueError, match="boosted engine"):

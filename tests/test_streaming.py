@@ -58,13 +58,13 @@ def test_a_stream_fed_a_sample_at_a_time_equals_one_fed_whole(model):
     assert whole[-1].type == "done" and whole[-1].token_ids
 
 
-def _staggered(engine: StreamEngine, audios: list, piece: int = 4800) -> list[list]:
-    """Each audio a stream of `engine`, one more joining at every step, each fed `piece` more samples a step
-    (0.3 s at 16 kHz) until its end -> each stream's events."""
+def _staggered(engine: StreamEngine, audios: list, piece: int = 4800, trees: list | None = None) -> list[list]:
+    """Each audio a stream of `engine` (opened with its tree of `trees`, if given), one more joining at every step,
+    each fed `piece` more samples a step (0.3 s at 16 kHz) until its end -> each stream's events."""
     streams, fed, events = [], [], []
     while len(streams) < len(audios) or not all(s.closed for s in streams):
         if len(streams) < len(audios):
-            streams.append(engine.open())
+            streams.append(engine.open(trees[len(streams)]) if trees else engine.open())
             fed.append(0)
             events.append([])
         for i, s in enumerate(streams):

@@ -24,6 +24,7 @@ from graphscribe.io.config import (
     SECONDS_PER_GIB,
     UnsupportedModelError,
 )
+from graphscribe.io.hotwords import HotwordError, read_hotwords_file
 from graphscribe.io.options import RunOptions
 from graphscribe.io.tokenizer import TokenizerError
 from graphscribe.runtime.device_names import parse_devices
@@ -129,10 +130,8 @@ def hotwords_or_exit(hotwords: str | None, path: Path | None) -> tuple[str, ...]
     """--hotwords (comma-separated) and --hotwords-file (one phrase a line) as one tuple of phrases, or one line and
     exit 2 for a file that cannot be read."""
     items = [item.strip() for item in hotwords.split(",")] if hotwords and hotwords.strip() else []
-    if path is None:  # no import: boosting.py imports torch, which `--devices` workers import before this process
+    if path is None:
         return tuple(items)
-    from graphscribe.io.hotwords import HotwordError, read_hotwords_file
-
     try:
         lines = read_hotwords_file(str(path))
     except HotwordError as err:

@@ -1,6 +1,6 @@
 """Phrases to boost as users write them (`--hotwords 'Parakeet, graphscribe:2.0'`, a file of one a line, a
-request's `hotwords` field): parsed and bounded here, without torch, so the HTTP workers that check requests stay
-light; their trees are built in `model/boosting.py`."""
+request's `hotwords` field): parsed and bounded here, where the commands and the HTTP side read them without the
+model; their trees are built in `model/boosting.py`."""
 
 from __future__ import annotations
 

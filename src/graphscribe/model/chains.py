@@ -91,7 +91,8 @@ class ChainTables:
         self.target = torch.zeros(arcs, dtype=torch.long, device=device)  # (A,)
         self.weight = torch.zeros(arcs, dtype=torch.float32, device=device)  # (A,)
         self.spread = torch.arange(width, device=device)  # (M,)
-        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in self._tables()]
+        self._pin = pin
+        self._host: list[torch.Tensor] | None = None  # the tables' host copies, made by the first `fill`
 
     @classmethod
     def of(cls, chains: Chains, key, target, weight, vocab_size: int, device, pad: int) -> "ChainTables":
@@ -99,6 +100,7 @@ class ChainTables:
         s, length = chains.states.shape
         tables = cls(vocab_size, device, s, length, chains.width, max(len(key), 1))
         tables.fill(chains, key, target, weight, pad)
+        tables._host = None  # filled once (pageable copies, done): no second copy of a large LM kept
         return tables
 
     def _tables(self) -> list[torch.Tensor]:
@@ -110,7 +112,7 @@ class ChainTables:
             s <= self.total.numel()
             and length <= self.states.shape[1]
             and chains.width <= self.spread.numel()
-            and (arcs <= self.token.numel())
+            and arcs <= self.token.numel()
         )
 
     def fill(self, chains: Chains, key: np.ndarray, target: np.ndarray, weight: np.ndarray, pad: int) -> None:
@@ -128,6 +130,8 @@ class ChainTables:
             weight,
         )
         fills = (pad, 0, 0, 0, 0, 0, 0, 0)
+        if self._host is None:
+            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=self._pin) for t in self._tables()]
         for table, host, value, fill in zip(self._tables(), self._host, values, fills):
             array = host.numpy()
             array[...] = fill

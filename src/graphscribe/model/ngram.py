@@ -172,12 +172,6 @@ def resolve_finals(final: np.ndarray, backoff_to: np.ndarray, backoff_weight: np
 # ----------------------------------------------------------------------------- ARPA
 
 
-def load_arpa(path: str | os.PathLike, vocab_size: int, device: torch.device | str = "cpu") -> TokenModel:
-    """A token-level ARPA LM over `vocab_size` tokens (the model's non-blank ones) on `device`; ArpaError (one line)
-    for a malformed file. Tokens absent from the unigrams share <unk>'s probability evenly (NeMo's normalize_unk)."""
-    return TokenModel(read_arpa(path, vocab_size), device)
-
-
 def read_arpa(path: str | os.PathLike, vocab_size: int, max_ngrams: int = MAX_NGRAMS) -> Tables:
     """The tables of an ARPA file, built as NeMo's `NGramGPULanguageModel.from_arpa` builds them."""
     reader = _ArpaReader(str(path), vocab_size, max_ngrams)
