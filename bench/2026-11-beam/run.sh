@@ -5,8 +5,8 @@
 #   bash bench/2026-11-beam/run.sh [PART...]   (carry .nemo-site.tar.xz and .whl-bench.tar.xz, as ../2026-11-cache-aware)
 # Parts (each makes the checkpoint and folders first, once per machine; all by default). A lent machine's command
 # stops after 10 minutes: there, run `greedy beam`, `nemo` and `same table` as three calls on the warm machine.
-#   greedy `transcribe bench --folder` on the FILES (4096) files, DTYPE (bfloat16), batch BATCH (128): the eager and
-#          the CUDA-graph rows (median of REPS, 3; `same`: their texts equal), $OUT/ours-greedy.json
+#   greedy `transcribe bench --folder` on the FILES (4096) files, DTYPE (bfloat16), batch BATCH (128): the
+#          CUDA-graph rows (`bench --graphs`; median of REPS, 3), $OUT/ours-greedy.json
 #   beam   the same with --beam BEAM (4): $OUT/ours-beam.json
 #   nemo   scripts/nemo_beam_bench.py: NeMo's greedy_batch (its CUDA-graph decoder) and malsd_batch beam BEAM (its
 #          CUDA graphs), the same files, DTYPE, batch BATCH: $OUT/nemo-DTYPE.json
@@ -26,13 +26,13 @@ folder $files $nfiles
 # only in name, so they are linked from the folder itself: both sides read the same bytes)
 subset=/tmp/f$nfiles-first$agree
 [ -d $subset ] || { mkdir -p $subset && ls $files | sort | head -n $agree | while read -r f; do ln -s $files/$f $subset/$f; done; }
-bench() { step "ours $1" 590 $PY -m graphscribe.cli bench --folder $files --batch-sizes $batch --reps ${REPS:-3} \
+bench() { step "ours $1" 240 $PY -m graphscribe.cli bench --folder $files --batch-sizes $batch --reps ${REPS:-3} --graphs \
     -m $ckpt --device $device --dtype $dtype "${@:3}" --json $OUT/ours-$2.json; }
 for part in ${*:-greedy beam nemo same table}; do case $part in
 greedy) bench greedy greedy ;;
 beam) bench "beam $beam" beam --beam $beam ;;
 nemo)
-    step "nemo $dtype" 590 env PYTHONPATH=$nemo_path $PY scripts/nemo_beam_bench.py --model $ckpt --folder $files \
+    step "nemo $dtype" 300 env PYTHONPATH=$nemo_path $PY scripts/nemo_beam_bench.py --model $ckpt --folder $files \
         --runs greedy,beam --beam $beam --batch-size $batch --dtype $dtype --num-workers $workers --device $device \
         --json $OUT/nemo-$dtype.json ;;
 same)

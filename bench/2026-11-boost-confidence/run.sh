@@ -15,7 +15,7 @@ nfiles=${FILES:-4096}; files=/tmp/f$nfiles; batch=${BATCH:-128}; dtype=${DTYPE:-
 phrases=bench/2026-11-boost-confidence/phrases.txt
 checkpoint ${PRESET:-parakeet-tdt-0.6b-v3} $ckpt
 folder $files $nfiles
-ours() { step "ours $1" 240 $PY -m graphscribe.cli bench --folder $files --batch-sizes $batch --reps ${REPS:-3} \
+ours() { step "ours $1" 240 $PY -m graphscribe.cli bench --folder $files --batch-sizes $batch --reps ${REPS:-3} --graphs \
     -m $ckpt --device $device --dtype $dtype "${@:2}" --json $OUT/ours-$1.json; }
 for part in ${*:-ours nemo table}; do case $part in
 ours)

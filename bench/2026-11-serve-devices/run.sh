@@ -4,7 +4,8 @@
 # NOT NVIDIA's) in bfloat16, 128 clients twice over the 4096 files each (`transcribe bench --serve`, the clients
 # spread over $CLIENTS processes so that they are not the limit), servers interleaved one, all, all, one; then each
 # run's RTFx, the ratio of the medians (bar: 1.9 or more) and the failed requests (bar: none). On the lent 2-GPU
-# machine from the repo root with .whl.tar.xz carried:  bash bench/2026-11-serve-devices/run.sh   (logs under $OUT)
+# machine from the repo root with .whl-serve.tar.xz carried (.whl.tar.xz without onnxruntime and silero_vad: the tree
+# and the whole .whl.tar.xz pass the 64 MiB a call carries):  bash bench/2026-11-serve-devices/run.sh   (logs under $OUT)
 set -uo pipefail
 source scripts/gpu_setup.sh
 unset CUDA_VISIBLE_DEVICES

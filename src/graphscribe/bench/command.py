@@ -73,8 +73,8 @@ def bench_command(
     graphs: Optional[bool] = typer.Option(
         None,
         "--graphs/--no-graphs",
-        show_default="on with CUDA",
-        help="Include the CUDA-graph rows (--no-graphs: eager rows only).",
+        show_default="both rows with CUDA",
+        help="--graphs: the CUDA-graph rows only; --no-graphs: the eager rows only; neither: both.",
     ),
     json_path: Optional[Path] = typer.Option(
         None, "--json", metavar="FILE", help="Also write the results as JSON here."
@@ -217,7 +217,7 @@ def bench_command(
     loaded = load_or_exit(model, options)  # rows set graphs on and off
     cuda = loaded.device.type == "cuda"
     want_graphs = graphs is not False
-    modes = [False, True] if want_graphs and cuda else [False]
+    modes = ([True] if graphs else [False, True]) if want_graphs and cuda else [False]
     if not cuda:
         err_console.print("note: CUDA graphs need a CUDA device; benchmarking the eager rows only")
     default_sizes, default_reps = THROUGHPUT_DEFAULTS if folder_mode else DECODE_DEFAULTS["cuda" if cuda else "cpu"]

@@ -227,6 +227,8 @@ class Service:
 
     # ------------------------------------------------------------------ the batching thread
     def _run(self) -> None:
+        if self.model.device.type == "cuda":  # the current device is per thread, and Triton launches on it
+            torch.cuda.set_device(self.model.device)
         warm_up: list[Batch] | None = None
         while True:
             try:
