@@ -36,7 +36,9 @@ def main() -> None:
     ]
     for weights, tiles, with_one_row in kinds:
         mm = dict(BM=tiles.rows, BK=tiles.k, FP32=tiles.fp32 or "", PDL=True)
-        for tdt in (True, False):
+        # fused: token models (shallow fusion): TDT with two in the 16-bit tiles, RNN-T with one in float32's default
+        fusion = ((True, 2),) if weights == "*bf16" else ((False, 1),) if tiles is fs.FP32_TILES else ()
+        for tdt, fused in ((True, 0), (False, 0), *fusion):
             compile_kernel(
                 sk.joint_kernel,
                 dict(
@@ -50,8 +52,11 @@ def main() -> None:
                     tok_idx=I32,
                     dur_val=F32,
                     dur_idx=I32,
+                    fused_b=F32,
+                    fus_val=F32,
+                    fus_idx=I32,
                 ),
-                dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2),
+                dict(mm, BC=tiles.joint_cols, TDT=tdt, NBD=2, K=fused),
             )
             compile_kernel(
                 sk.advance_kernel,
@@ -69,6 +74,9 @@ def main() -> None:
                     row_steps=I64,
                     records=I32,
                     emit_out=I32,
+                    fus_val=F32,
+                    fus_idx=I32,
+                    tok_out=I32,
                     table=F32,
                     hh=F32,
                     h=F32,
@@ -76,7 +84,7 @@ def main() -> None:
                     h_out=F32,
                     c_out=F32,
                 ),
-                dict(WB=8, NB=256, NBD=2, HB=1024, TDT=tdt, DURATIONS=0x0403020100, PDL=True),
+                dict(WB=8, NB=256, NBD=2, HB=1024, TDT=tdt, DURATIONS=0x0403020100, PDL=True, FUSED=fused > 0),
             )
         # the prediction net (float32 weights whatever the dtype): tensor-core tiles, and the one-row class's
         # CUDA-core products

@@ -141,6 +141,42 @@ def test_fused_state_follows_the_pytorch_step():
     assert int(ref.t[0]) >= 2  # and twice max_symbols tokens on a frame moved the row on
 
 
+FUSION = json.loads((FIXTURES / "nemo-fusion" / "reference.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "name,folder,cut",
+    [
+        ("tdt-tiny", "nemo-tdt-tiny", {"noise_3s.wav": 3, "short_2s.wav": 24}),
+        ("rnnt-tiny", "nemo-rnnt-tiny", {"short_2s.wav": 2, "noise_3s.wav": 15}),
+    ],
+)
+def test_fused_step_with_an_lm_and_phrases_gives_nemos_tokens(name, folder, cut):
+    """Shallow fusion in the fused kernels (the LM, then the boosting tree: two models added in order), a padded
+    batch: NeMo's greedy_batch tokens with both fused (nemo-fusion), the PyTorch step's, and a token where the
+    joint alone would have emitted another (the fused choice really ran)."""
+    from graphscribe.model.fusion import fusion_models
+
+    model, _ = _oracle(folder, f"{name}.nemo")
+    runs = FUSION["models"][name]["runs"]
+    expected = {f"{c}.wav": runs[f"lm{FUSION['lm_weight']}+boost{FUSION['boost']}"][c] for c in FUSION["clips"]}
+    plain = {f"{c}.wav": runs["nofusion"][c] for c in FUSION["clips"]}
+    fusion = fusion_models(
+        str(FIXTURES.parent.parent / FUSION["lm"]), FUSION["lm_weight"], tuple(FUSION["phrases"]), FUSION["boost"],
+        model.tokenizer, model.module.joint.num_token_logits - 1, torch.device("cpu"),
+    )  # fmt: skip
+    encoded, lengths = _encode(model, SHORT, cut)
+    got = {}
+    for fused in (True, False):
+        decoder = GreedyDecoder(
+            model.module.decoder, model.module.joint, model.cfg.decoding, graphs=False, fused=fused, fusion=fusion
+        )
+        got[fused] = [(h.token_ids, h.frames) for h in decoder.decode(encoded, lengths)]
+        assert (decoder._fused_step is not None) == fused and decoder.fused is fused
+    assert got[True] == got[False] == _nemo(expected, SHORT, cut)
+    assert got[True] != _nemo(plain, SHORT, cut)
+
+
 def test_token_slots_grow_in_the_middle_of_a_decode(monkeypatch):
     """Buffers as small as the input (one token slot a frame): these clips emit more tokens than frames."""
     import graphscribe.model.decoding

@@ -405,8 +405,8 @@ def test_confidence_on_gpu_is_nemo_s(graphs):
 
 @pytest.mark.parametrize("folder,checkpoint", ORACLES[:2])
 def test_fusion_in_graphs_gives_nemos_tokens(folder, checkpoint):
-    """An n-gram LM and a boosting tree fused into the captured decode steps (the PyTorch step: the fused Triton
-    step takes no fusion), float32, each clip alone and as one batch: NeMo's greedy_batch tokens (nemo-fusion)."""
+    """An n-gram LM and a boosting tree fused into the captured decode steps (the fused Triton step's), float32,
+    each clip alone and as one batch: NeMo's greedy_batch tokens (nemo-fusion)."""
     fusion = _reference("nemo-fusion")
     name = checkpoint.removesuffix(".nemo")
     runs = fusion["models"][name]["runs"]
@@ -421,7 +421,7 @@ def test_fusion_in_graphs_gives_nemos_tokens(folder, checkpoint):
     assert [(t.token_ids, t.frames) for t in singles] == [
         (runs["lm0.5+boost1.0"][c]["token_ids"], runs["lm0.5+boost1.0"][c]["timestamps"]) for c in clips
     ]
-    assert model.decoder._captured and model.decoder._fused_step is None
+    assert model.decoder._captured and model.decoder._fused_step is not None and model.decoder.fused is not False
     batch = model.transcribe([root / fusion["clips"][c] for c in clips], batch_size=len(clips))
     assert [t.token_ids for t in batch] == [t.token_ids for t in singles]
 

@@ -275,7 +275,7 @@ def test_help_lists_choices_defaults_and_examples():
     bench = transcribe("bench", "--help", model=None, env=env).stdout
     for text in (
         "auto|cpu|cuda|cuda:N",
-        "on with CUDA",
+        "both rows with CUDA",
         "$GRAPHSCRIBE_MODEL, else demo",
         "1,8; 1 on the CPU; 8,32,128 for throughput",
         "--folder",

@@ -297,9 +297,7 @@ class GreedyDecoder:
     ):
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
         self.fusion = list(fusion or [])
-        # the fused kernels choose the token inside the joint's kernel, which has no place for the fusion models'
-        # scores: with fusion the PyTorch step runs (in graphs all the same)
-        self.fused = False if self.fusion else fused
+        self.fused = fused
         # cuDNN wants the LSTM weights in one chunk (lost by .to(dtype)); otherwise it copies them at every
         # call, which also breaks graph capture.
         prediction.prediction.dec_rnn.lstm.flatten_parameters()

@@ -16,6 +16,12 @@ step for the same `DecodeBuffers` in four launches (three for a one-layer predic
                        cell update stay in one program.
   4. `project_kernel` g = W_pred h + b of the top layer's new h, for the rows that emitted.
 
+Shallow fusion (`fusion.Fusion`: an n-gram LM, boosting trees) adds no launch of its own kind: before kernel 1
+each model's scores from each row's state, times its weight, are laid out as (K, N, V) in PyTorch; kernel 1 also
+keeps the argmax of the non-blank logits plus them (added model by model, in float32, as `Fusion.choose`), and
+kernel 2 emits that token where the joint chose one (the joint alone decides blank or not); the models' states
+move after kernel 4.
+
 W_hh h of a layer needs only that layer's new state, so it is computed off the path from one
 token to the next, for the next step: by extra programs of the launch after the one that made
 the state (layer l's in kernel 3 of layer l + 1, the top layer's in kernel 4), which are
@@ -201,6 +207,14 @@ class FusedStep:
                 emit=torch.zeros(n, device=device, dtype=torch.int32),
                 states=((buf.h, buf.c), (torch.empty_like(buf.h), torch.empty_like(buf.c))),
             )  # read one, write the other
+            if buf.fusion is not None:  # the token models' weighted scores, the fused choice's partials, the token
+                models = len(buf.fusion.models)
+                buf.scratch.update(
+                    fused_b=torch.zeros(models, n, self.vocab - 1, device=device),
+                    fus_val=torch.empty(partial, device=device),
+                    fus_idx=torch.empty(partial, device=device, dtype=torch.int32),
+                    tok=torch.zeros(n, device=device, dtype=torch.int32),
+                )
         return buf.scratch
 
     def state(self, buf) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,6 +259,17 @@ class FusedStep:
         row_blocks = triton.cdiv(n, tiles.net_rows)
         blocks, duration_blocks = self.joint_blocks(tiles)
         launch = dict(PDL=pdl, launch_pdl=pdl)
+        fusion, models, nexts = buf.fusion, 0, []
+        if fusion is not None:  # each model's scores from each row's state, weighted as `Fusion.choose` weighs them
+            models = len(fusion.models)
+            for k, (state, (model, weight)) in enumerate(zip(fusion.states, fusion.models)):
+                scores, nxt = model.advance(state)
+                torch.mul(scores, weight, out=s["fused_b"][k])
+                nexts.append(nxt)
+        # without fusion its pointers are placeholders the kernels do not read
+        fused_b, fus_val, fus_idx, tok = (
+            s.get(name, s["tok_val"]) for name in ("fused_b", "fus_val", "fus_idx", "tok")
+        )
         # the prediction net's float32 weights
         net = dict(
             launch,
@@ -265,6 +290,9 @@ class FusedStep:
             s["tok_idx"],
             s["dur_val"],
             s["dur_idx"],
+            fused_b,
+            fus_val,
+            fus_idx,
             n,
             buf.max_frames,
             w,
@@ -278,6 +306,7 @@ class FusedStep:
             FP32=tiles.fp32 or "",
             TDT=self.tdt,
             NBD=_next_pow2(duration_blocks),
+            K=models,
             num_warps=tiles.warps,
             num_stages=tiles.stages,
             **launch,
@@ -296,6 +325,9 @@ class FusedStep:
             buf.row_steps,
             buf.records,
             s["emit"],
+            fus_val,
+            fus_idx,
+            tok,
             self.table,
             hh[0],
             h[0],
@@ -314,6 +346,7 @@ class FusedStep:
             HB=_next_pow2(hidden),
             TDT=self.tdt,
             DURATIONS=self.packed_durations,
+            FUSED=models > 0,
             num_warps=tiles.advance_warps,
             PDL=pdl,
             launch_pdl=pdl,
@@ -354,3 +387,5 @@ class FusedStep:
             BQ=4 * tiles.units,
             **net,
         )
+        if fusion is not None:  # the rows that emitted move on in each model; blank never moves a state
+            fusion.move(nexts, s["tok"].long(), s["emit"].bool())

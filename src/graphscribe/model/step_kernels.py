@@ -94,6 +94,9 @@ def joint_kernel(
     tok_idx,
     dur_val,
     dur_idx,  # (N * W, NBJ) and (N * W, NBD): max and index per column block
+    fused_b,  # (K, N, V1 - 1): the fused token models' weighted scores of each row's state, model by model
+    fus_val,
+    fus_idx,  # (N * W, NBJ): max and index per column block of the non-blank logits plus those scores
     N,
     T,
     W,
@@ -108,6 +111,7 @@ def joint_kernel(
     TDT: tl.constexpr,
     NBD: tl.constexpr,
     PDL: tl.constexpr,
+    K: tl.constexpr = 0,  # fused token models (0: none, and the three pointers above are not read)
 ):
     pid = tl.program_id(0)  # joint columns [pid * BC, pid * BC + BC)
     r = tl.program_id(1) * BM + tl.arange(0, BM)  # rows r = n * W + w: frame t[n] + w of batch row n
@@ -135,6 +139,16 @@ def joint_kernel(
         at = tl.min(tl.where(tokens == best[:, None], cols[None, :], _NO_INDEX), axis=1)
         tl.store(tok_val + r * NBJ + pid, best, mask=r_ok)
         tl.store(tok_idx + r * NBJ + pid, at, mask=r_ok)
+        if K > 0:  # shallow fusion (`fusion.Fusion.choose`): the scores added to the logits in float32, in order
+            v = V1 - 1
+            f_ok = r_ok[:, None] & (cols < v)[None, :]
+            fused = tl.where((cols < v)[None, :], logits, float("-inf"))
+            for k in tl.static_range(K):
+                fused += tl.load(fused_b + (k * N + n[:, None]) * v + cols[None, :], mask=f_ok, other=0.0)
+            best = tl.max(fused, axis=1)
+            at = tl.min(tl.where(fused == best[:, None], cols[None, :], _NO_INDEX), axis=1)
+            tl.store(fus_val + r * NBJ + pid, best, mask=r_ok)
+            tl.store(fus_idx + r * NBJ + pid, at, mask=r_ok)
         if TDT and (pid + 1) * BC > V1:  # one of the NBD blocks that hold duration columns
             durs = tl.where(((cols >= V1) & col_ok)[None, :], logits, float("-inf"))
             best = tl.max(durs, axis=1)
@@ -159,6 +173,9 @@ def advance_kernel(
     row_steps,
     records,  # row state (N,), records (N, max_tokens, 3)
     emit_out,  # (N,) out: whether the row emitted
+    fus_val,
+    fus_idx,  # partials of kernel 1 with FUSED: the fused choice among the non-blank tokens
+    tok_out,  # (N,) out with FUSED: the token the row emitted (where it did)
     table,
     hh,
     h,
@@ -178,8 +195,10 @@ def advance_kernel(
     TDT: tl.constexpr,
     DURATIONS: tl.constexpr,
     PDL: tl.constexpr,
+    FUSED: tl.constexpr = False,
 ):
-    """DURATIONS: the TDT durations packed 8 bits each (duration i is (DURATIONS >> 8 i) & 255): no lookup load."""
+    """DURATIONS: the TDT durations packed 8 bits each (duration i is (DURATIONS >> 8 i) & 255): no lookup load.
+    FUSED: the joint alone decides blank or not; where a row emits, the token is the fused one (`Fusion.choose`)."""
     row = tl.program_id(0)
     _wait_for_previous(PDL)
     # every load that does not need this kernel's results first, so that they are in flight together
@@ -189,6 +208,9 @@ def advance_kernel(
     tile_ok = w_ok[:, None] & (tl.arange(0, NB) < NBJ)[None, :]
     vals = tl.load(tok_val + tile, mask=tile_ok, other=float("-inf"))
     idx = tl.load(tok_idx + tile, mask=tile_ok, other=_NO_INDEX)
+    if FUSED:
+        f_vals = tl.load(fus_val + tile, mask=tile_ok, other=float("-inf"))
+        f_idx = tl.load(fus_idx + tile, mask=tile_ok, other=_NO_INDEX)
     if TDT:
         d_tile = (row * W + w)[:, None] * NBD + tl.arange(0, NBD)[None, :]
         d_vals = tl.load(dur_val + d_tile, mask=w_ok[:, None], other=float("-inf"))
@@ -230,6 +252,11 @@ def advance_kernel(
         landing += tl.sum(tl.where((w == landing) & moving, skips, 0))
     here = w == landing
     tok = tl.sum(tl.where(here, tokens, 0))
+    if FUSED:
+        best = tl.max(f_vals, axis=1)
+        fused = tl.min(tl.where(f_vals == best[:, None], f_idx, _NO_INDEX), axis=1)
+        tok = tl.where(tok == blank_id, tok, tl.sum(tl.where(here, fused, 0)))
+        tl.store(tok_out + row, tok.to(tok_out.dtype.element_ty))
     duration = tl.sum(tl.where(here, skips, 0))
     frame = t_row + landing
     emit = is_active & (landing < W) & (frame < length)
