@@ -48,7 +48,7 @@ from graphscribe.serve.sockets import is_loopback, listen
 
 API_KEY_ENV = "GRAPHSCRIBE_API_KEY"
 MAX_UPLOAD_MB = 100  # about 50 minutes of 16 kHz 16-bit WAV
-_WORKER_CORES = 4  # beside a GPU, one HTTP worker per this many cores (at most MAX_HTTP_WORKERS)
+_WORKER_CORES = 4  # beside a GPU, one HTTP worker per this many cores (at most MAX_HTTP_WORKERS a GPU)
 MAX_HTTP_WORKERS = 4
 GPU_SESSIONS, CPU_SESSIONS = 1024, 16  # realtime sessions at once by default
 SESSION_IDLE_SECONDS = 60.0
@@ -61,13 +61,14 @@ def vad_available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("silero_vad", "onnxruntime"))
 
 
-def default_http_workers(device: str) -> int:
-    """HTTP worker processes when not given: beside a GPU, one per 4 cores up to 4 (uploads are decoded there);
-    with the model on the CPU, one (the model wants the cores)."""
+def default_http_workers(device: str, gpus: int = 1) -> int:
+    """HTTP worker processes when not given: beside `gpus` GPUs, one per 4 cores up to 4 a GPU (uploads are decoded
+    there, and several GPUs answer as many more requests a second); with the model on the CPU, one (the model wants
+    the cores)."""
     if device == "cpu" or not torch.cuda.is_available():
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_HTTP_WORKERS, cores // _WORKER_CORES))
+    return max(1, min(MAX_HTTP_WORKERS * max(1, gpus), cores // _WORKER_CORES))
 
 
 def serve_command(
@@ -121,7 +122,7 @@ def serve_command(
         "--http-workers",
         min=1,
         metavar="N",
-        show_default="one per 4 cores up to 4 beside a GPU, 1 on the CPU",
+        show_default="one per 4 cores up to 4 a GPU beside GPUs, 1 on the CPU",
         help="HTTP worker processes: they take the requests and decode the uploads, apart from the model's process.",
     ),
     device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N", help=DEVICE_HELP),
@@ -198,7 +199,7 @@ def serve_command(
         vad_available(),
         prompt_as_hotwords,
     )
-    engine = Engine(listening, settings, http_workers or default_http_workers(device))
+    engine = Engine(listening, settings, http_workers or default_http_workers(device, max(1, len(names))))
     with Stop() as stop:
         try:
             engine.start_workers()  # their imports overlap the model's loading; they answer 503 until it is warm
