@@ -429,7 +429,7 @@ def test_fusion_in_graphs_gives_nemos_tokens(folder, checkpoint):
 @pytest.mark.parametrize("name", ["tdt-tiny", "rnnt-tiny"])
 @pytest.mark.parametrize("beam", [2, 4, 8])
 def test_beam_float32_matches_nemo_on_gpu(name, beam):
-    """The beam search on CUDA in float32, the clips but DEVICE_BOUND as one batch: NeMo's best hypothesis (made on the CPU)
+    """The beam search on CUDA in float32, every clip but DEVICE_BOUND's as one batch: NeMo's best hypothesis (made on the CPU)
     and its score to float32 rounding (fixtures/nemo-beam)."""
     ref = _reference("nemo-beam")
     spec = ref["models"][name]

@@ -202,7 +202,7 @@ def test_devices_with_device_is_bad_usage():
 @pytest.mark.parametrize("cores,gpus,workers", [(32, 1, 4), (32, 2, 8), (64, 8, 16), (6, 2, 1), (16, 0, 4)])
 def test_http_workers_by_default_grow_with_the_gpus(monkeypatch, cores, gpus, workers):
     """Beside GPUs one HTTP worker per 4 cores, up to 4 a GPU: two GPUs answer twice the requests a second, and the
-    workers decode their uploads (on two H200s behind 4 workers a request took 67 ms against one GPU's 86)."""
+    workers decode their uploads."""
     import torch
 
     from graphscribe.serve.command import default_http_workers

@@ -260,12 +260,9 @@ class FusedStep:
         blocks, duration_blocks = self.joint_blocks(tiles)
         launch = dict(PDL=pdl, launch_pdl=pdl)
         fusion, models, nexts = buf.fusion, 0, []
-        if fusion is not None:  # each model's scores from each row's state, weighted as `Fusion.choose` weighs them
+        if fusion is not None:  # the models' weighted scores, laid out for the joint's kernel
             models = len(fusion.models)
-            for k, (state, (model, weight)) in enumerate(zip(fusion.states, fusion.models)):
-                scores, nxt = model.advance(state)
-                torch.mul(scores, weight, out=s["fused_b"][k])
-                nexts.append(nxt)
+            _, nexts = fusion.scores(out=s["fused_b"])
         # without fusion its pointers are placeholders the kernels do not read
         fused_b, fus_val, fus_idx, tok = (
             s.get(name, s["tok_val"]) for name in ("fused_b", "fus_val", "fus_idx", "tok")

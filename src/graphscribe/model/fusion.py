@@ -45,14 +45,22 @@ class Fusion:
         """logits (N, W, V + 1 + D), at (N, 1) the landing position, token (N,) the joint's choice there -> the
         fused token (blank stays blank) and each model's next states (N, V)."""
         row = logits.gather(1, at[:, :, None].expand(-1, 1, logits.shape[-1]))[:, 0, :blank_id].float()  # (N, V)
-        nexts = []
-        for state, (model, weight) in zip(self.states, self.models):
-            scores, nxt = model.advance(state)
-            row = row + scores * weight  # NeMo: scores *= alpha, then logits += scores, model by model
-            nexts.append(nxt)
+        weighted, nexts = self.scores()
+        for scores in weighted:
+            row = row + scores  # NeMo: scores *= alpha, then logits += scores, model by model
         # where a row emits, its landing position holds a token (the blank chain ends there); blank elsewhere keeps
         # the unused record slot of a row that does not emit as it was
         return torch.where(token == blank_id, token, row.argmax(dim=-1)), nexts
+
+    def scores(self, out: torch.Tensor | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each model's scores from each row's state times its weight (N, V), written into `out[k]` (K, N, V) if
+        given, and its next states (N, V)."""
+        weighted, nexts = [], []
+        for k, (state, (model, weight)) in enumerate(zip(self.states, self.models)):
+            scores, nxt = model.advance(state)
+            weighted.append(scores * weight if out is None else torch.mul(scores, weight, out=out[k]))
+            nexts.append(nxt)
+        return weighted, nexts
 
     def move(self, nexts: list[torch.Tensor], token: torch.Tensor, emit: torch.Tensor) -> None:
         """Each row that emits `token` moves to that token's next state; the others stay."""
