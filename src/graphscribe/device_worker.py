@@ -66,7 +66,7 @@ def work(conn: Connection, source: str, options: RunOptions, share: int) -> None
     marks["torch"] = time.perf_counter()
     limit_host_threads(options.device, share)
     device = torch.device(options.device)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # streams and events made without a device land on this one
     marks["cuda"] = time.perf_counter()
     sender = _Sender(conn)

@@ -98,7 +98,7 @@ def engine_main(
     for sig in (signal.SIGINT, signal.SIGTERM):  # sent to the whole process group (Ctrl-C, systemd): the server decides
         signal.signal(sig, signal.SIG_IGN)
     limit_host_threads(options.device, share)
-    if torch.device(options.device).type == "cuda":
+    if torch.device(options.device).index is not None:  # cuda:N ("cuda" alone is the current one already)
         torch.cuda.set_device(torch.device(options.device))
     outbox: queue.SimpleQueue = queue.SimpleQueue()
     writer = threading.Thread(target=_write, args=(conn, outbox), name="graphscribe-answers", daemon=True)

@@ -228,7 +228,7 @@ class Service:
     # ------------------------------------------------------------------ the batching thread
     def _run(self) -> None:
         if self.model.device.type == "cuda":  # the current device is per thread, and Triton launches on it
-            torch.cuda.set_device(self.model.device)
+            torch.cuda.set_device(next(self.model.module.parameters()).device)  # "cuda" alone names no index
         warm_up: list[Batch] | None = None
         while True:
             try:
