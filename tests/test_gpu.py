@@ -534,5 +534,5 @@ def test_phrases_per_row_in_graphs_give_nemos_tokens(folder, checkpoint):
     assert decoder._captured != captured  # the tables grew: captured on the new ones
     eager = gs.load_model(FIXTURES / folder / checkpoint, device="cuda", dtype="float32", graphs=False)
     expected = eager.decode(encoded, lengths, trees=[eager.row_tree(parse_request_hotwords(", ".join(
-        f"{a}{b}" for a in pieces[:30] for b in pieces[:30])))] * 9)  # fmt: skip
+        f"{a}{b}" for a in pieces[:30] for b in pieces[:30])))] * len(clips))  # fmt: skip
     assert [h.token_ids for h in hyps[::2]] == [h.token_ids for h in expected[::2]]

@@ -57,6 +57,8 @@ class RowTrees:
     def load(self, trees: Sequence[Tables | None], rows: int) -> bool:
         """The first len(trees) of `rows` rows boosted by their trees (None: no phrases), the other rows by none.
         True when the tables had to grow: graphs captured on the old ones must be captured again."""
+        if len(trees) > rows:
+            raise ValueError(f"per-row boosting: {len(trees)} trees for {rows} rows")
         key, target, weight, backoff_to, backoff_weight, roots, bases = _layout(trees, self.vocab_size)
         is_root = backoff_to == np.arange(len(backoff_to))  # NO_TREE and each tree's root back off to themselves
         chains = chains_of(key, backoff_to, backoff_weight, self.vocab_size, is_root, True, pad=NO_TREE)
