@@ -1,4 +1,4 @@
-"""Compile the fused decode step's kernels and the encoder's fused 16-bit kernels for a Hopper GPU (sm_90) without
+"""Compile the fused decode step's kernels, the encoder's and the beam search's fused 16-bit kernels for a Hopper GPU (sm_90) without
 one: Triton's compiler and ptxas run on the CPU. Run by tests/test_fused_step.py in a process of its own (without
 the interpreter), which catches what the interpreter lets through (a global that is not a constexpr, say)."""
 
@@ -9,6 +9,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from graphscribe.model import beam_kernels as bk
 from graphscribe.model import encoder_kernels as ek
 from graphscribe.model import fused_step as fs
 from graphscribe.model import step_kernels as sk
@@ -140,6 +141,12 @@ def main() -> None:
             dict(raw_ptr=half, segments_ptr=I64, out_ptr=half, scale="fp32"),
             dict(BLOCK_I=16, BLOCK_J=256),
         )
+        for durations in (8, 0):  # TDT's, RNN-T's
+            compile_kernel(
+                bk._candidates_kernel,
+                dict(logits_ptr=half, top_ptr=F32, token_ptr=I64, blank_ptr=F32, dur_ptr=F32),
+                dict(K=4, BLOCK_V=16384, BLOCK_D=durations),
+            )
     print("compiled")
 
 

@@ -444,6 +444,30 @@ def test_beam_float32_matches_nemo_on_gpu(name, beam):
 
 
 @pytest.mark.parametrize("name", ["tdt-tiny", "rnnt-tiny"])
+def test_beam_kernel_in_16_bits_gives_pytorchs_hypotheses_on_gpu(name, monkeypatch):
+    """bfloat16 beam 4: the fused candidates kernel (model/beam_kernels.py) against PyTorch's log-softmax and top-K
+    on the same encoder output, every clip but DEVICE_BOUND's as one batch: the same n-best token ids, the scores
+    to float32 rounding."""
+    import graphscribe.model.beam as beam
+
+    ref = _reference("nemo-beam")
+    root = Path(__file__).parent.parent
+    model = gs.load_model(root / ref["models"][name]["checkpoint"], device="cuda", dtype="bfloat16", beam_size=4,
+                          nbest=True, graphs=False)  # fmt: skip
+    clips = [c for c in ref["clips"] if c not in DEVICE_BOUND]
+    encoded = model.encode([model.read(root / ref["clips"][c]["file"]) for c in clips])
+    kernels_for, used = beam._kernels_for, []
+    monkeypatch.setattr(beam, "_kernels_for", lambda x: used.append(kernels_for(x)) or used[-1])
+    fused = model.decode(*encoded)
+    assert used and all(k is not None for k in used)
+    monkeypatch.setattr(beam, "_kernels_for", lambda x: None)
+    plain = model.decode(*encoded)
+    for f, p, c in zip(fused, plain, clips):
+        assert [a.token_ids for a in f.alternatives] == [a.token_ids for a in p.alternatives], c
+        assert [a.score for a in f.alternatives] == pytest.approx([a.score for a in p.alternatives], rel=1e-5), c
+
+
+@pytest.mark.parametrize("name", ["tdt-tiny", "rnnt-tiny"])
 @pytest.mark.parametrize("lm", [False, True])
 def test_beam_graphs_equal_eager_and_nemo_on_gpu(name, lm):
     """Beam 4 in float32 with its steps replayed from CUDA graphs: every bit of the eager search's hypotheses (the

@@ -80,7 +80,9 @@ def main() -> None:
         "kernel_us_per_step": gpu_us / max(steps, 1),
         "table": table,
     }
-    print(f"eager beam: {len(kernels) / max(steps, 1):.1f} kernels a step, {gpu_us / max(steps, 1):.1f} us of kernels a step")
+    print(
+        f"eager beam: {len(kernels) / max(steps, 1):.1f} kernels a step, {gpu_us / max(steps, 1):.1f} us of kernels a step"
+    )
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

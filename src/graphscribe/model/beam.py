@@ -224,6 +224,13 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
     """Step 1: each hypothesis' top K (values, labels, duration frames), all (N, K, K), and the score of its
     forced blank (N, K)."""
     n, k = buf.n, buf.k
+    kernels = _kernels_for(logits) if buf.fusion is None else None
+    if kernels is not None:  # 16 bits on CUDA: `beam_kernels.candidates`, the same values in one pass
+        top, tokens, blank, dlp = (x.view(n, k, -1) for x in kernels.candidates(logits, blank_id + 1, k))
+        blank = blank[..., 0]
+        if not buf.tdt:
+            return top, tokens, torch.zeros_like(tokens), blank
+        return _with_durations(buf, top, tokens, dlp, blank)
     # float32 as NeMo computes it (log_softmax's dtype: the 16-bit logits read once, no float32 copy of them)
     lp = torch.log_softmax(logits[:, : blank_id + 1], dim=-1, dtype=torch.float32).view(n, k, -1)  # (N, K, V + 1)
     late = buf.fusion is not None and buf.fusion.pruning == "late"
@@ -236,7 +243,6 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
             top = _early(top, labels, lp, buf, blank_id)
         return top, labels, torch.zeros_like(labels), lp[..., blank_id]
     dlp = torch.log_softmax(logits[:, blank_id + 1 :], dim=-1, dtype=torch.float32).view(n, k, -1)  # (N, K, D)
-    d = dlp.shape[-1]
     # NeMo takes the top K of all (V + 1) x D sums. The K best pairs all pair one of the K best tokens with a
     # duration (a pair of any other token is beaten by the K better tokens' pairs of the same duration), so the
     # K x D sums give the same candidates with the same values (the order of exact ties aside) for 1/V of the
@@ -244,11 +250,35 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
     top, tokens = lp.topk(k, dim=-1)  # (N, K, K)
     if early:
         top = _early(top, tokens, lp, buf, blank_id)
+    return _with_durations(buf, top, tokens, dlp, lp[..., blank_id])
+
+
+def _with_durations(buf: BeamBuffers, top: torch.Tensor, tokens: torch.Tensor, dlp: torch.Tensor, blank: torch.Tensor):
+    """TDT: the K best (token, duration) pairs of each hypothesis from its K best tokens (N, K, K) and the
+    durations' log-probabilities (N, K, D); blank (N, K) its log-probability."""
+    n, k, d = buf.n, buf.k, dlp.shape[-1]
+    blank_id = buf.blank_id
     top, index = (top[..., :, None] + dlp[..., None, :]).view(n, k, -1).topk(k, dim=-1)  # (N, K, K) of K x D
     labels = tokens.gather(2, index // d)
     frames = buf.durations[index % d]  # NeMo moves by the duration's index: the same for Parakeet's 0..4
     frames = torch.where((labels == blank_id) & (frames == 0), 1, frames)  # a blank moves on
-    return top, labels, frames, lp[..., blank_id] + dlp.max(dim=-1).values
+    return top, labels, frames, blank + dlp.max(dim=-1).values
+
+
+def _kernels_for(logits: torch.Tensor):
+    """`beam_kernels` for 16-bit logits on CUDA; None elsewhere (float32 keeps PyTorch's operations, NeMo's
+    bits) or without Triton, which is said once."""
+    return _beam_kernels() if logits.is_cuda and logits.dtype != torch.float32 else None
+
+
+@functools.cache
+def _beam_kernels():
+    try:
+        from graphscribe.model import beam_kernels
+    except ImportError as err:
+        log.warning("the beam search's fused kernel is unavailable (%s); using PyTorch's operations", err)
+        return None
+    return beam_kernels
 
 
 def beam_step(buf: BeamBuffers, prediction: PredictionNet, joint: Joint, blank_id: int, max_symbols: int) -> None:
