@@ -147,6 +147,32 @@ def main() -> None:
                 dict(logits_ptr=half, top_ptr=F32, token_ptr=I64, blank_ptr=F32, dur_ptr=F32),
                 dict(K=4, BLOCK_V=16384, BLOCK_D=durations),
             )
+            compile_kernel(
+                bk._select_kernel,
+                dict(
+                    top_ptr=F32,
+                    token_ptr=I64,
+                    blank_ptr=F32,
+                    dur_ptr=F32,
+                    durations_ptr=I64,
+                    scores_ptr=F32,
+                    t_ptr=I64,
+                    active_ptr="*i1",
+                    lasts_ptr=I64,
+                    count_ptr=I64,
+                    hash_ptr=I64,
+                    last_label_ptr=I64,
+                    last_ptr=I64,
+                    pos_ptr=I64,
+                    labels_ptr=I32,
+                    parents_ptr=I32,
+                    frames_ptr=I32,
+                    spans_ptr=I32,
+                    source_ptr=I64,
+                    step_label_ptr=I64,
+                ),
+                dict(MULT=6364136223846793005, K=4, KP=4, CP=128 if durations else 16, TDT=bool(durations)),
+            )
     print("compiled")
 
 

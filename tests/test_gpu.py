@@ -428,9 +428,16 @@ def test_fusion_in_graphs_gives_nemos_tokens(folder, checkpoint):
 
 @pytest.mark.parametrize("name", ["tdt-tiny", "rnnt-tiny"])
 @pytest.mark.parametrize("beam", [2, 4, 8])
-def test_beam_float32_matches_nemo_on_gpu(name, beam):
+@pytest.mark.parametrize("fused", [False, True])
+def test_beam_float32_matches_nemo_on_gpu(name, beam, fused, monkeypatch):
     """The beam search on CUDA in float32, every clip but DEVICE_BOUND's as one batch: NeMo's best hypothesis (made on the CPU)
-    and its score to float32 rounding (fixtures/nemo-beam)."""
+    and its score to float32 rounding (fixtures/nemo-beam). fused: the step's compiled kernels (model/beam_kernels.py,
+    16-bit logits' otherwise) made to take float32's."""
+    if fused:
+        import graphscribe.model.beam as beam_module
+        from graphscribe.model import beam_kernels
+
+        monkeypatch.setattr(beam_module, "_kernels_for", lambda logits: beam_kernels)
     ref = _reference("nemo-beam")
     spec = ref["models"][name]
     root = Path(__file__).parent.parent

@@ -149,6 +149,11 @@ class BeamBuffers:
         self.steps = 0  # the same, counted on the host (the loop queues the steps)
         self._history(steps, device)
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The tensors a step writes, by name (`beam_kernels.select`)."""
+        names = ("scores", "t", "active", "lasts", "count", "hash", "last_label", "last", "pos")
+        return {name: getattr(self, name) for name in (*names, "labels", "parents", "frames", "spans")}
+
     def _history(self, steps: int, device: torch.device) -> None:
         shape = (self.n, self.k, steps)
         # label (-1: a finished hypothesis kept), parent slot, frame the symbol starts at, its duration
@@ -224,13 +229,6 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
     """Step 1: each hypothesis' top K (values, labels, duration frames), all (N, K, K), and the score of its
     forced blank (N, K)."""
     n, k = buf.n, buf.k
-    kernels = _kernels_for(logits) if buf.fusion is None else None
-    if kernels is not None:  # 16 bits on CUDA: `beam_kernels.candidates`, the same values in one pass
-        top, tokens, blank, dlp = (x.view(n, k, -1) for x in kernels.candidates(logits, blank_id + 1, k))
-        blank = blank[..., 0]
-        if not buf.tdt:
-            return top, tokens, torch.zeros_like(tokens), blank
-        return _with_durations(buf, top, tokens, dlp, blank)
     # float32 as NeMo computes it (log_softmax's dtype: the 16-bit logits read once, no float32 copy of them)
     lp = torch.log_softmax(logits[:, : blank_id + 1], dim=-1, dtype=torch.float32).view(n, k, -1)  # (N, K, V + 1)
     late = buf.fusion is not None and buf.fusion.pruning == "late"
@@ -289,7 +287,15 @@ def beam_step(buf: BeamBuffers, prediction: PredictionNet, joint: Joint, blank_i
     n, k = buf.n, buf.k
     rows = buf.row_of
     f = buf.enc[rows, torch.minimum(buf.t, buf.last).clamp(min=0).view(-1)]  # (R, J)
-    top, labels, frames, forced = _candidates(buf, joint.logits(f, buf.g), blank_id)
+    logits = joint.logits(f, buf.g)
+    kernels = _kernels_for(logits) if buf.fusion is None else None
+    if kernels is not None:  # 16 bits on CUDA: 1-4 and 6 in two fused passes (`beam_kernels.select`)
+        durations = buf.durations if buf.tdt else None
+        source, step_label = kernels.select(logits, blank_id + 1, durations, buf.state(), max_symbols, HASH_MULTIPLIER)
+        buf.pos.add_(1)
+        _predict(buf, prediction, joint, source, step_label, step_label == blank_id)
+        return
+    top, labels, frames, forced = _candidates(buf, logits, blank_id)
 
     # 2: candidates; finished hypotheses kept in slot 0 (label -1), max_symbols' forced blank in slot 0
     active = buf.active[..., None]
@@ -331,21 +337,26 @@ def beam_step(buf: BeamBuffers, prediction: PredictionNet, joint: Joint, blank_i
         _recombine(buf)
 
     # 5: the prediction net and the fusion states follow the tokens; a blank (or a finished one) keeps its parent's
-    step_label = torch.where(extended, label, blank_id)
-    keep = step_label == blank_id  # (N, K)
+    step_label = torch.where(extended, label, blank_id).view(-1)
+    keep = step_label == blank_id  # (R,)
     source = (rows.view(n, k) * k + parent).view(-1)  # (R,) the parent's row
-    h, c, g = buf.h[:, source], buf.c[:, source], buf.g[source]
-    out, h_new, c_new = prediction.step(step_label.view(-1), h, c)
-    g_new = joint.project_prediction(out.to(g.dtype))
-    keep_rows = keep.view(-1)
-    torch.where(keep_rows[None, :, None], h, h_new, out=buf.h)
-    torch.where(keep_rows[None, :, None], c, c_new, out=buf.c)
-    torch.where(keep_rows[:, None], g, g_new, out=buf.g)
+    _predict(buf, prediction, joint, source, step_label, keep)
     if buf.fusion is not None:
-        _advance_fusion(buf, source, torch.where(keep, 0, step_label).view(-1), keep_rows)
+        _advance_fusion(buf, source, torch.where(keep, 0, step_label), keep)
 
     # 6: time
     torch.le(buf.t, buf.last, out=buf.active)
+
+
+def _predict(buf: BeamBuffers, prediction: PredictionNet, joint: Joint, source, step_label, keep) -> None:
+    """Step 5's prediction net: each hypothesis row takes its parent row's (`source`, (R,)) state, moved by its
+    symbol (`step_label`) unless it keeps it (`keep`: a blank or a finished hypothesis)."""
+    h, c, g = buf.h[:, source], buf.c[:, source], buf.g[source]
+    out, h_new, c_new = prediction.step(step_label, h, c)
+    g_new = joint.project_prediction(out.to(g.dtype))
+    torch.where(keep[None, :, None], h, h_new, out=buf.h)
+    torch.where(keep[None, :, None], c, c_new, out=buf.c)
+    torch.where(keep[:, None], g, g_new, out=buf.g)
 
 
 def _recombine(buf: BeamBuffers) -> None:
