@@ -6,9 +6,12 @@
 # .whl-serve.tar.xz (scripts/gpu_setup.sh), server VAD needs a smaller onnxruntime pack first.
 # Parts: inproc (live streams in process at real-time pace, LEVELS), sessions (the server's sessions at real-time
 # pace, SESSIONS, TURNS=vad: server VAD, or commit: one turn a session, the in-process streams' audio), one (one
-# session on an idle server, the 7.4 s clip, five times).
+# session on an idle server, the 7.4 s clip, five times; TURNS as above). CKPT and PRESET: another checkpoint (a
+# cache-aware one: CKPT=/tmp/nemotron.nemo PRESET=nemotron-speech-streaming-en-0.6b; the server runs its own chunk).
 set -uo pipefail
-source scripts/gpu_setup.sh
+GS_LAZY=1 source scripts/gpu_setup.sh
+checkpoint ${PRESET:-parakeet-tdt-0.6b-v3} $ckpt
+case " ${*:-inproc} " in *" inproc "*|*" sessions "*) folder /tmp/f512 512 ;; esac
 mkdir -p /tmp/clip74; for k in 1 2 3 4 5; do cp $speech/librispeech_2086-149220-0033.wav /tmp/clip74/c$k.wav; done
 parts=${*:-inproc sessions one}
 for part in $parts; do case $part in
@@ -36,6 +39,6 @@ sessions)
 one)
     serve one bfloat16
     step "one session" 120 python3 -m graphscribe.cli bench --realtime ws://127.0.0.1:8000 --folder /tmp/clip74 \
-        --sessions 1,1,1,1,1 --json $OUT/one.json
+        --sessions 1,1,1,1,1 --turns ${TURNS:-vad} --json $OUT/one.json
     stop one ;;
 esac; done
