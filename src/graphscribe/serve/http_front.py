@@ -266,7 +266,9 @@ class Front:
             raise ApiError(503, f"the server is busy ({self.link.max_queue} requests queued)", code="queue_full")
 
     async def _transcribe(self, request: Request, upload: Upload) -> Response:
+        start = time.perf_counter()
         form = await read_form(upload, self.settings.max_upload)
+        received = time.perf_counter()
         if form.file is None:
             raise ApiError(400, "no audio: send the file in the multipart field 'file'", "file")
         options = parse_options(form, self.settings.prompt_as_hotwords)
@@ -284,12 +286,14 @@ class Front:
                 raise shutting_down() from None
             finally:
                 form.file = None  # the upload's bytes are not needed any more
+            submitted = time.perf_counter()
             transcript, queue_seconds = await future
         finally:
             self.link.forget(n)
         if isinstance(transcript, BadRequest):  # refused by the engine for a field (a phrase it cannot boost)
             raise ApiError(400, transcript.error, transcript.param)
-        request.scope["graphscribe"] = (transcript.audio_seconds, queue_seconds)
+        # the log line's stages: receiving the form, decoding the audio and sending it to the engine, the queue there
+        request.scope["graphscribe"] = (transcript.audio_seconds, received - start, submitted - received, queue_seconds)
         if transcript.error is not None:
             raise ApiError(500, transcript.error)
         return answer(transcript, options)
@@ -308,7 +312,7 @@ class Front:
             raise shutting_down() from None
         finally:
             form.file = None
-        request.scope["graphscribe"] = (samples / rate, 0.0)
+        request.scope["graphscribe"] = (samples / rate, 0.0, 0.0, 0.0)
         events = stream.events(lambda: self.admission.release(self.slot))
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -402,10 +406,12 @@ class AccessLog:
         finally:
             elapsed = time.perf_counter() - start
             path = scope["path"] if scope["path"] in PATHS else "other"
-            transcribed = scope.get("graphscribe")  # (audio seconds, queue seconds) of a transcription
+            transcribed = scope.get("graphscribe")  # a transcription's audio seconds and stages (`_transcribe`)
             line = f"{scope['method']} {ascii(scope['path'][:200])[1:-1]} {status}"  # no control characters
             if transcribed:
-                line += f" audio {transcribed[0]:.2f} s, queue {1000 * transcribed[1]:.0f} ms,"
+                audio, upload, decode, queue = transcribed
+                line += f" audio {audio:.2f} s, upload {1000 * upload:.0f} ms, decode {1000 * decode:.0f} ms,"
+                line += f" queue {1000 * queue:.0f} ms,"
             line += f" total {1000 * elapsed:.0f} ms"
             with contextlib.suppress(EngineLost):
                 self.link.send((LOG, path, status, elapsed, transcribed[0] if transcribed else 0.0, line))
