@@ -71,6 +71,10 @@ def _assert_advance(model: TokenModel, prefix: str, finals: bool = True) -> None
     scores, nxt = model.advance(states)
     np.testing.assert_allclose(scores.numpy(), ARRAYS[prefix + "scores"], rtol=0, atol=1e-6)
     np.testing.assert_array_equal(nxt.numpy(), ARRAYS[prefix + "next"])
+    # greedy fusion's two lookups: the scores alone, and the next state of one token a row
+    assert torch.equal(model.scores(states), scores)
+    for token in range(scores.shape[1]):
+        assert torch.equal(model.next(states, torch.full_like(states, token)), nxt[:, token]), token
     if finals:
         np.testing.assert_allclose(model.final(states).numpy(), ARRAYS[prefix + "final"], rtol=0, atol=1e-6)
 

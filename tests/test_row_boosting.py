@@ -57,6 +57,9 @@ def test_each_rows_tree_advances_as_nemos_tree_alone(tiny):
             torch.testing.assert_close(scores[row], torch.from_numpy(expected_scores[s]), rtol=0, atol=1e-6)
             assert (nxt[row] - first).tolist() == expected_next[s].tolist(), (prefix, s)
             assert scores[1].abs().sum() == 0 and (nxt[1] == NO_TREE).all()
+            assert torch.equal(trees.scores(states), scores)  # greedy fusion's two lookups
+            for token in range(V):
+                assert torch.equal(trees.next(states, torch.full_like(states, token)), nxt[:, token]), token
 
 
 def _batch(encoded: dict, clips: list[str]):

@@ -141,6 +141,36 @@ class ChainTables:
                 array[: len(value)] = value
             table.copy_(host, non_blocking=True)
 
+    def _arcs(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """state (B,) -> (B, M) its arcs' places (0 past its own) and whether each is its own."""
+        mine = self.spread < self.count[state][:, None]
+        return torch.where(mine, self.first[state][:, None] + self.spread, 0), mine
+
+    def scores_over(self, states: torch.Tensor, below: torch.Tensor) -> torch.Tensor:
+        """states (B,) -> (B, V) float32: `below` (B, V) or (B, 1), what a token on no arc of the chain scores, with
+        the arcs on each row's chain laid over it, the deepest last: `walk`'s scores where it found the token (the
+        deepest state that has it wins there too), without its next states' and found tokens' (B, V) passes."""
+        b, v = states.shape[0], self.vocab_size
+        scores = torch.empty(b, v + 1, device=states.device, dtype=torch.float32)
+        scores[:, :v] = below
+        chain, summed = self.states[states], self.backoff[states]  # (B, L)
+        for k in range(chain.shape[1] - 1, -1, -1):
+            arc, mine = self._arcs(chain[:, k])
+            token = torch.where(mine, self.token[arc], v)  # (B, M), distinct where mine; the rest to a spare column
+            scores.scatter_(1, token, summed[:, k : k + 1] + self.weight[arc])
+        return scores[:, :v]
+
+    def next_over(self, states: torch.Tensor, tokens: torch.Tensor, otherwise: torch.Tensor) -> torch.Tensor:
+        """states (B,), tokens (B,) -> (B,) the state each row's token leads to from the deepest state on its chain
+        with an arc for it (`walk`'s next state of that token), else `otherwise` (B,)."""
+        out = otherwise
+        chain = self.states[states]
+        for k in range(chain.shape[1] - 1, -1, -1):
+            arc, mine = self._arcs(chain[:, k])
+            hit = mine & (self.token[arc] == tokens[:, None])  # at most one arc of a state has the token
+            out = torch.where(hit.any(dim=1), (self.target[arc] * hit).sum(dim=1), out)
+        return out
+
     def walk(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """states (B,) -> scores (B, V) float32, next states (B, V) int64 and found (B, V) bool from the arcs on
         each row's chain (0 where none), and (B,) the back-off weights summed on the way to its root."""
@@ -151,9 +181,7 @@ class ChainTables:
         found = torch.zeros(b, v + 1, device=states.device, dtype=torch.bool)
         chain, summed = self.states[states], self.backoff[states]  # (B, L)
         for k in range(chain.shape[1]):
-            state = chain[:, k]  # (B,)
-            mine = self.spread < self.count[state][:, None]  # (B, M)
-            arc = torch.where(mine, self.first[state][:, None] + self.spread, 0)
+            arc, mine = self._arcs(chain[:, k])  # (B, M)
             token = torch.where(mine, self.token[arc], spare)  # (B, M), distinct where mine
             new = mine & ~found.gather(1, token)
             scores.scatter_(

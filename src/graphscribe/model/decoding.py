@@ -190,12 +190,12 @@ def decode_step(buf: DecodeBuffers, prediction: PredictionNet, joint: Joint, bla
     at = landing.clamp(max=w - 1)[:, None]
     token = tokens.gather(1, at)[:, 0]  # (N,)
     if buf.fusion is not None:
-        token, fusion_next = buf.fusion.choose(logits, at, token, blank_id)
+        token = buf.fusion.choose(logits, at, token, blank_id)
     duration = durations.gather(1, at)[:, 0]
     landing_frame = buf.t + landing
     emit = buf.active & (landing < w) & (landing_frame < buf.lengths)  # landed on a token
     if buf.fusion is not None:
-        buf.fusion.move(fusion_next, token, emit)
+        buf.fusion.move(token, emit)
 
     # Record (token, frame, duration) in the row's next slot; rows that do not emit write a slot they do not count.
     record = torch.stack([token, landing_frame, duration], dim=1)[:, None, :].to(buf.records.dtype)  # (N, 1, 3)

@@ -259,10 +259,10 @@ class FusedStep:
         row_blocks = triton.cdiv(n, tiles.net_rows)
         blocks, duration_blocks = self.joint_blocks(tiles)
         launch = dict(PDL=pdl, launch_pdl=pdl)
-        fusion, models, nexts = buf.fusion, 0, []
+        fusion, models = buf.fusion, 0
         if fusion is not None:  # the models' weighted scores, laid out for the joint's kernel
             models = len(fusion.models)
-            _, nexts = fusion.scores(out=s["fused_b"])
+            fusion.scores(out=s["fused_b"])
         # without fusion its pointers are placeholders the kernels do not read
         fused_b, fus_val, fus_idx, tok = (
             s.get(name, s["tok_val"]) for name in ("fused_b", "fus_val", "fus_idx", "tok")
@@ -385,4 +385,4 @@ class FusedStep:
             **net,
         )
         if fusion is not None:  # the rows that emitted move on in each model; blank never moves a state
-            fusion.move(nexts, s["tok"].long(), s["emit"].bool())
+            fusion.move(s["tok"].long(), s["emit"].bool())

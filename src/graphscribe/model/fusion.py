@@ -41,32 +41,33 @@ class Fusion:
             out[:, k] = model.carried_out(out[:, k])
         return out
 
-    def choose(self, logits: torch.Tensor, at: torch.Tensor, token: torch.Tensor, blank_id: int):
+    def choose(self, logits: torch.Tensor, at: torch.Tensor, token: torch.Tensor, blank_id: int) -> torch.Tensor:
         """logits (N, W, V + 1 + D), at (N, 1) the landing position, token (N,) the joint's choice there -> the
-        fused token (blank stays blank) and each model's next states (N, V)."""
+        fused token (blank stays blank)."""
         row = logits.gather(1, at[:, :, None].expand(-1, 1, logits.shape[-1]))[:, 0, :blank_id].float()  # (N, V)
-        weighted, nexts = self.scores()
-        for scores in weighted:
+        for scores in self.scores():
             row = row + scores  # NeMo: scores *= alpha, then logits += scores, model by model
         # where a row emits, its landing position holds a token (the blank chain ends there); blank elsewhere keeps
         # the unused record slot of a row that does not emit as it was
-        return torch.where(token == blank_id, token, row.argmax(dim=-1)), nexts
+        return torch.where(token == blank_id, token, row.argmax(dim=-1))
 
-    def scores(self, out: torch.Tensor | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def scores(self, out: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Each model's scores from each row's state times its weight (N, V), written into `out[k]` (K, N, V) if
-        given, and its next states (N, V)."""
-        weighted, nexts = [], []
+        given."""
+        weighted = []
         for k, (state, (model, weight)) in enumerate(zip(self.states, self.models)):
-            scores, nxt = model.advance(state)
+            scores = model.scores(state)
             weighted.append(scores * weight if out is None else torch.mul(scores, weight, out=out[k]))
-            nexts.append(nxt)
-        return weighted, nexts
+        return weighted
 
-    def move(self, nexts: list[torch.Tensor], token: torch.Tensor, emit: torch.Tensor) -> None:
-        """Each row that emits `token` moves to that token's next state; the others stay."""
-        pick = token.clamp(max=nexts[0].shape[1] - 1)[:, None] if nexts else None  # (N, 1); blank rows do not emit
-        for state, nxt in zip(self.states, nexts):
-            torch.where(emit, nxt.gather(1, pick)[:, 0], state, out=state)
+    def move(self, token: torch.Tensor, emit: torch.Tensor) -> None:
+        """Each row that emits `token` moves to that token's next state; the others stay. Only the emitted token's
+        next state is looked up: a step writes no (N, V) table of them."""
+        if not self.models:
+            return
+        token = token.clamp(max=self.models[0][0].vocab_size - 1)  # blank rows do not emit
+        for state, (model, _) in zip(self.states, self.models):
+            torch.where(emit, model.next(state, token), state, out=state)
 
 
 def fusion_models(

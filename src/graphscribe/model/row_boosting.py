@@ -103,6 +103,15 @@ class RowTrees:
         scores = torch.where(found, scores, total[:, None])
         return scores, torch.where(found, nxt, self.roots[: states.shape[0], None])
 
+    def scores(self, states: torch.Tensor) -> torch.Tensor:
+        """states (N,) -> `advance`'s scores (N, V) alone (greedy fusion moves a state along one token: `next`)."""
+        states = states.to(torch.long)
+        return self.chains.scores_over(states, self.chains.total[states][:, None])
+
+    def next(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """states (N,), tokens (N,) non-blank -> (N,) `advance`'s next state of each row's token."""
+        return self.chains.next_over(states.to(torch.long), tokens, self.roots[: states.shape[0]])
+
 
 def _layout(trees: Sequence[Tables | None], v: int):
     """The trees end to end (NO_TREE first): arcs (key, target, weight), states (back-off state and weight), each
