@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 from conftest import CLIPS, NEMO_PATH
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -73,24 +72,47 @@ def _snapshot(cache: str, name: str, repo: str = "acme/parakeet-x") -> str:
 # ---------------------------------------------------------------------------- from the cache, no network
 
 
-def test_cached_repo_resolves_without_network(tmp_path):
-    """The id, a commit, a branch and a file of a cached repo (one interpreter for the four)."""
+def test_cached_repos_resolve_without_network(tmp_path):
+    """In one interpreter: a cached repo's id, a commit, a branch and a file; of two .nemo files, the one named after
+    the repo; of two others, none (refused with the list) unless one is named; an unknown repo fails fast, in one
+    line, the closed endpoint unreachable."""
     cache = _cache(tmp_path)
-    sources = [
+    _cache(tmp_path, {"parakeet-y.nemo": "", "parakeet-y-old.nemo": ""}, repo="acme/parakeet-y")
+    _cache(tmp_path, {"a.nemo": "", "b.nemo": ""}, repo="acme/several")
+    cached = [
         "acme/parakeet-x",
         f"acme/parakeet-x@{COMMIT}",
         "acme/parakeet-x@main",
         "acme/parakeet-x:parakeet-x.nemo",
     ]
-    for source, (found, seconds) in zip(sources, _resolve_all(sources, _env(cache)), strict=True):
-        assert found == _snapshot(cache, "parakeet-x.nemo"), source
+    others = ["acme/parakeet-y", "acme/several", "acme/several:b.nemo", "acme/unknown@v2"]
+    found = _resolve_all(cached + others, _env(cache))
+    for source, (path, seconds) in zip(cached, found, strict=False):
+        assert path == _snapshot(cache, "parakeet-x.nemo"), source
         assert seconds < HANG_GUARD, source
+    (named, _), (refused, _), (chosen, _), unknown = found[len(cached) :]
+    assert named == _snapshot(cache, "parakeet-y.nemo", repo="acme/parakeet-y")
+    assert refused == (
+        "CheckpointError: acme/several: holds 2 .nemo files (a.nemo, b.nemo): name one, e.g. acme/several:a.nemo"
+    )
+    assert chosen == _snapshot(cache, "b.nemo", repo="acme/several")
+    _assert_fails_fast(unknown, offline=False)
 
 
 def test_cached_repo_resolves_with_hf_hub_offline(tmp_path):
+    """HF_HUB_OFFLINE: the cached repo from the cache; an unknown one fails fast in one line that names the setting."""
     cache = _cache(tmp_path)
-    found, _ = _resolve("acme/parakeet-x", _env(cache, HF_HUB_OFFLINE="1"))
+    (found, _), unknown = _resolve_all(["acme/parakeet-x", "acme/unknown@v2"], _env(cache, HF_HUB_OFFLINE="1"))
     assert found == _snapshot(cache, "parakeet-x.nemo")
+    _assert_fails_fast(unknown, offline=True)
+
+
+def _assert_fails_fast(result: tuple[str, float], offline: bool) -> None:
+    message, seconds = result
+    assert seconds < HANG_GUARD
+    assert message.startswith("CheckpointError: acme/unknown@v2: no such file or folder, and ")
+    assert ("HF_HUB_OFFLINE" in message) == offline
+    assert "--model" in message and "\n" not in message
 
 
 def test_cached_repo_loads_and_transcribes_through_the_cli(tmp_path):
@@ -103,21 +125,6 @@ def test_cached_repo_loads_and_transcribes_through_the_cli(tmp_path):
 
 
 # ---------------------------------------------------------------------------- which .nemo file
-
-
-def test_repo_file_named_after_the_repo_is_preferred(tmp_path):
-    cache = _cache(tmp_path, {"parakeet-x.nemo": "", "parakeet-x-old.nemo": ""})
-    found, _ = _resolve("acme/parakeet-x", _env(cache))
-    assert found == _snapshot(cache, "parakeet-x.nemo")
-
-
-def test_repo_with_several_nemo_files_is_refused_with_the_list(tmp_path):
-    cache = _cache(tmp_path, {"a.nemo": "", "b.nemo": ""})
-    (message, _), (found, _) = _resolve_all(["acme/parakeet-x", "acme/parakeet-x:b.nemo"], _env(cache))
-    assert message == (
-        "CheckpointError: acme/parakeet-x: holds 2 .nemo files (a.nemo, b.nemo): name one, e.g. acme/parakeet-x:a.nemo"
-    )
-    assert found == _snapshot(cache, "b.nemo")
 
 
 def test_folder_with_several_nemo_files(tmp_path):
@@ -133,16 +140,6 @@ def test_folder_with_several_nemo_files(tmp_path):
 
 
 # ---------------------------------------------------------------------------- failing fast, in one line
-
-
-@pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "unreachable"])
-def test_unknown_repo_fails_fast_in_one_line(tmp_path, offline):
-    env = _env(_cache(tmp_path), **({"HF_HUB_OFFLINE": "1"} if offline else {}))
-    message, seconds = _resolve("acme/unknown@v2", env)
-    assert seconds < HANG_GUARD
-    assert message.startswith("CheckpointError: acme/unknown@v2: no such file or folder, and ")
-    assert ("HF_HUB_OFFLINE" in message) == offline
-    assert "--model" in message and "\n" not in message
 
 
 def test_unknown_repo_through_the_cli_is_one_line_and_exit_2(tmp_path):
