@@ -16,7 +16,8 @@ every hypothesis by exactly one symbol (blank or token):
   6. TDT: t += duration; RNN-T: t += 1 on blank.
 
 At the end each input's beam is sorted by score / (tokens + 1) (NeMo's `score_norm`), dead slots dropped; the
-raw scores are reported.
+raw scores are reported. With 16-bit logits on CUDA and no fusion, 1-4 and 6 run as two fused Triton passes
+(`beam_kernels.py`); float32 keeps the PyTorch operations below, NeMo's bits.
 
 All state lives in `BeamBuffers`, allocated once per (rows, beam) and written in place by `beam_step`, which reads
 nothing back to the host: with graphs on CUDA, `BeamDecoder` captures 8 steps once per batch size class and replays
