@@ -242,6 +242,7 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
             top = _early(top, labels, lp, buf, blank_id)
         return top, labels, torch.zeros_like(labels), lp[..., blank_id]
     dlp = torch.log_softmax(logits[:, blank_id + 1 :], dim=-1, dtype=torch.float32).view(n, k, -1)  # (N, K, D)
+    d = dlp.shape[-1]
     # NeMo takes the top K of all (V + 1) x D sums. The K best pairs all pair one of the K best tokens with a
     # duration (a pair of any other token is beaten by the K better tokens' pairs of the same duration), so the
     # K x D sums give the same candidates with the same values (the order of exact ties aside) for 1/V of the
@@ -249,19 +250,11 @@ def _candidates(buf: BeamBuffers, logits: torch.Tensor, blank_id: int):
     top, tokens = lp.topk(k, dim=-1)  # (N, K, K)
     if early:
         top = _early(top, tokens, lp, buf, blank_id)
-    return _with_durations(buf, top, tokens, dlp, lp[..., blank_id])
-
-
-def _with_durations(buf: BeamBuffers, top: torch.Tensor, tokens: torch.Tensor, dlp: torch.Tensor, blank: torch.Tensor):
-    """TDT: the K best (token, duration) pairs of each hypothesis from its K best tokens (N, K, K) and the
-    durations' log-probabilities (N, K, D); blank (N, K) its log-probability."""
-    n, k, d = buf.n, buf.k, dlp.shape[-1]
-    blank_id = buf.blank_id
     top, index = (top[..., :, None] + dlp[..., None, :]).view(n, k, -1).topk(k, dim=-1)  # (N, K, K) of K x D
     labels = tokens.gather(2, index // d)
     frames = buf.durations[index % d]  # NeMo moves by the duration's index: the same for Parakeet's 0..4
     frames = torch.where((labels == blank_id) & (frames == 0), 1, frames)  # a blank moves on
-    return top, labels, frames, blank + dlp.max(dim=-1).values
+    return top, labels, frames, lp[..., blank_id] + dlp.max(dim=-1).values
 
 
 def _kernels_for(logits: torch.Tensor):
@@ -275,7 +268,7 @@ def _beam_kernels():
     try:
         from graphscribe.model import beam_kernels
     except ImportError as err:
-        log.warning("the beam search's fused kernel is unavailable (%s); using PyTorch's operations", err)
+        log.warning("the beam search's fused kernels are unavailable (%s); using PyTorch's operations", err)
         return None
     return beam_kernels
 

@@ -260,7 +260,7 @@ def select(
         d,
         vocab - 1,
         max_symbols,
-        MULT=multiplier - 2**64 if multiplier >= 2**63 else multiplier,
+        MULT=multiplier,  # below 2**63: an int64 constant
         K=k,
         KP=max(2, triton.next_power_of_2(k)),
         CP=max(16, triton.next_power_of_2(k * k * d)),
