@@ -64,6 +64,7 @@ def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int) -> di
     piece = max(1, int(PIECE_SECONDS * rate))
     lives = [_Live(audios[i % len(audios)], chunk_s * i / n) for i in range(n)]
     busy = 0.0  # seconds spent stepping
+    loop = {"feed": [], "step": [], "after": [], "rows": []}  # each step's stages: where a tail comes from
     t0 = time.perf_counter()
     open_lives = list(lives)
     while open_lives:
@@ -85,11 +86,15 @@ def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int) -> di
             if wait > 0:
                 time.sleep(wait)
             continue
+        fed = time.perf_counter() - t0
         engine.step(ready)
         if engine.device.type == "cuda":
             torch.cuda.synchronize(engine.device)
         after = time.perf_counter() - t0
         busy += after - now
+        loop["feed"].append(fed - now)
+        loop["step"].append(after - fed)
+        loop["rows"].append(len(ready))
         for live in open_lives:
             s = live.stream
             if s is None:
@@ -104,6 +109,7 @@ def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int) -> di
             if s.closed and live.done_latency is None:
                 live.done_latency = after - live.start - len(live.audio) / rate
         open_lives = [live for live in open_lives if live.done_latency is None]
+        loop["after"].append(time.perf_counter() - t0 - after)
     wall = time.perf_counter() - t0
     latencies = [x for live in lives for x in live.latencies]
     finals = [live.done_latency for live in lives]
@@ -119,6 +125,18 @@ def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int) -> di
         "wall_seconds": round(wall, 2),
         "busy_share": round(busy / wall, 3),
         "chunks": len(latencies),
+        "steps": len(loop["rows"]),
+        "loop_ms": {k: _spread(v, 1000) for k, v in loop.items() if k != "rows"},
+        "rows": _spread(loop["rows"], 1),
+    }
+
+
+def _spread(values: list[float], scale: float) -> dict:
+    """p50, p95 and the largest of a level's per-step values, times `scale`."""
+    return {
+        "p50": round(percentile(values, 50) * scale, 1) if values else None,
+        "p95": round(percentile(values, 95) * scale, 1) if values else None,
+        "max": round(max(values) * scale, 1) if values else None,
     }
 
 
@@ -183,7 +201,10 @@ def run_stream_bench(
     ]
     if profile:  # once more, each stage waited for: where a step's time goes
         engine.profile = {}
-        max_pace_level(engine, audios, max(levels))
+        if pace == "realtime":
+            realtime_level(engine, audios, max(levels))
+        else:
+            max_pace_level(engine, audios, max(levels))
         rows.append({"streams": max(levels), "profile_seconds": {k: round(v, 3) for k, v in engine.profile.items()}})
     g = engine.geometry
     return {
