@@ -1,5 +1,5 @@
-"""Compile the fused decode step's kernels, the encoder's and the beam search's fused 16-bit kernels for a Hopper GPU (sm_90) without
-one: Triton's compiler and ptxas run on the CPU. Run by tests/test_fused_step.py in a process of its own (without
+"""Compile the fused decode step's kernels, the encoder's, the beam search's and greedy fusion's lookups for a
+Hopper GPU (sm_90) without one: Triton's compiler and ptxas run on the CPU. Run by tests/test_fused_step.py in a process of its own (without
 the interpreter), which catches what the interpreter lets through (a global that is not a constexpr, say)."""
 
 import inspect
@@ -10,6 +10,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from graphscribe.model import beam_kernels as bk
+from graphscribe.model import chain_kernels as ck
 from graphscribe.model import encoder_kernels as ek
 from graphscribe.model import fused_step as fs
 from graphscribe.model import step_kernels as sk
@@ -173,6 +174,30 @@ def main() -> None:
                 ),
                 dict(MULT=6364136223846793005, K=4, KP=4, CP=128 if durations else 16, TDT=bool(durations)),
             )
+    # greedy fusion's lookups: an LM's or a tree's dense root, and rows' own trees
+    chain = dict(chain_ptr=I64, backoff_ptr=F32, total_ptr=F32, first_ptr=I64, count_ptr=I64, token_ptr=I64)
+    for dense in (True, False):
+        compile_kernel(
+            ck._scores_kernel,
+            dict(
+                chain, states_ptr=I64, weight_ptr=F32, root_has_ptr="*i1", root_score_ptr=F32, out_ptr=F32, alpha="fp32"
+            ),  # fmt: skip
+            dict(DENSE_ROOT=dense, W=32, BLOCK_V=4096),
+        )
+        compile_kernel(
+            ck._move_kernel,
+            dict(
+                chain,
+                states_ptr=I64,
+                tokens_ptr=I64,
+                emit_ptr="*i1",
+                target_ptr=I64,
+                root_has_ptr="*i1",
+                root_next_ptr=I64,
+                roots_ptr=I64,
+            ),  # fmt: skip
+            dict(DENSE_ROOT=dense, W=32),
+        )
     print("compiled")
 
 

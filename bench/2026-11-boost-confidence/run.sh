@@ -5,7 +5,8 @@
 # (scripts/nemo_beam_bench.py --runs greedy,boost,confidence); the calibrated parakeet-tdt-0.6b-v3-shaped checkpoint
 # (random weights, NOT NVIDIA's), bfloat16, batch 128, the 4096-file folder:
 #   bash bench/2026-11-boost-confidence/run.sh [PART...]   (carry .nemo-site.tar.xz and .whl-bench.tar.xz)
-# Parts (all by default): ours (plain txt, boosted txt, plain json, json with confidence, interleaved: REPS each),
+# Parts (all by default): ours (plain txt, boosted txt, plain json, json with confidence, REPS each; RUNS: some of
+# "plain boost json confidence"),
 # nemo (NeMo's three runs), table (the ratios against the bars: boosting costs at most 10%, confidence at most 5%).
 # The CPU dry run: PY=.venv/bin/python NEMO_SITE=/work/nemo-cpu PRESET=tiny-tdt DEVICE=cpu FILES=6 BATCH=4 REPS=1 \
 #   WORKERS=0 DTYPE=float32 CKPT=/tmp/boost-tiny.nemo OUT=/tmp/boost-out bash THIS
@@ -19,10 +20,12 @@ ours() { step "ours $1" 240 $PY -m graphscribe.cli bench --folder $files --batch
     -m $ckpt --device $device --dtype $dtype "${@:2}" --json $OUT/ours-$1.json; }
 for part in ${*:-ours nemo table}; do case $part in
 ours)
-    ours plain
-    ours boost --hotwords-file $phrases --boost 1.0
-    ours json --format json
-    ours confidence --format json --confidence ;;
+    for run in ${RUNS:-plain boost json confidence}; do case $run in
+    plain) ours plain ;;
+    boost) ours boost --hotwords-file $phrases --boost 1.0 ;;
+    json) ours json --format json ;;
+    confidence) ours confidence --format json --confidence ;;
+    esac; done ;;
 nemo)
     step "nemo $dtype" 540 env PYTHONPATH=$nemo_path $PY scripts/nemo_beam_bench.py --model $ckpt --folder $files \
         --runs greedy,boost,confidence --phrases $phrases --boost 1.0 --batch-size $batch --dtype $dtype \

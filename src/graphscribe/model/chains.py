@@ -17,10 +17,14 @@ those of walking it.
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -160,6 +164,31 @@ class ChainTables:
             scores.scatter_(1, token, summed[:, k : k + 1] + self.weight[arc])
         return scores[:, :v]
 
+    def weighted_scores(self, states: torch.Tensor, root, weight: float, out: torch.Tensor | None) -> torch.Tensor:
+        """states (B,) int64 -> (B, V) float32 `scores_over` times `weight` (into `out` if given), below the chains
+        root = (has, score) (V,) each, the dense root's scores after the back-offs where it has the token (else 0),
+        or None for the back-offs alone. On CUDA one kernel (`chain_kernels.scores`), the same bits."""
+        kernels = _chain_kernels() if states.is_cuda else None
+        if kernels is not None:
+            out = torch.empty(states.shape[0], self.vocab_size, device=states.device) if out is None else out
+            return kernels.scores(self, states, root, weight, out)
+        total = self.total[states][:, None]
+        below = total if root is None else torch.where(root[0], total + root[1], 0.0)
+        scores = self.scores_over(states, below)
+        return scores * weight if out is None else torch.mul(scores, weight, out=out)
+
+    def move(self, states: torch.Tensor, tokens: torch.Tensor, emit: torch.Tensor, root=None, roots=None) -> None:
+        """states (B,) int64 <- each emitting row's (`emit` (B,) bool) next state of its token (`next_over`), in
+        place; a token on no arc of the chain goes to root = (has, next) (V,) each, the dense root's arc (else
+        state 0), or to the row's own root (`roots` (B,)). On CUDA one kernel (`chain_kernels.move`)."""
+        kernels = _chain_kernels() if states.is_cuda else None
+        if kernels is not None:
+            kernels.move(self, states, tokens, emit, root, roots)
+            return
+        tokens = tokens.clamp(max=self.vocab_size - 1)  # blank rows do not emit
+        otherwise = roots[: states.shape[0]] if root is None else torch.where(root[0][tokens], root[1][tokens], 0)
+        torch.where(emit, self.next_over(states, tokens, otherwise), states, out=states)
+
     def next_over(self, states: torch.Tensor, tokens: torch.Tensor, otherwise: torch.Tensor) -> torch.Tensor:
         """states (B,), tokens (B,) -> (B,) the state each row's token leads to from the deepest state on its chain
         with an arc for it (`walk`'s next state of that token), else `otherwise` (B,)."""
@@ -190,3 +219,13 @@ class ChainTables:
             nxt.scatter_(1, token, torch.where(new, self.target[arc], nxt.gather(1, token)))
             found.scatter_(1, token, found.gather(1, token) | new)
         return scores[:, :v], nxt[:, :v], found[:, :v], self.total[states]
+
+
+@functools.cache
+def _chain_kernels():
+    try:
+        from graphscribe.model import chain_kernels
+    except ImportError as err:
+        log.warning("greedy fusion's lookup kernels are unavailable (%s); using PyTorch's operations", err)
+        return None
+    return chain_kernels

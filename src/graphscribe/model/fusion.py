@@ -54,20 +54,16 @@ class Fusion:
     def scores(self, out: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Each model's scores from each row's state times its weight (N, V), written into `out[k]` (K, N, V) if
         given."""
-        weighted = []
-        for k, (state, (model, weight)) in enumerate(zip(self.states, self.models)):
-            scores = model.scores(state)
-            weighted.append(scores * weight if out is None else torch.mul(scores, weight, out=out[k]))
-        return weighted
+        return [
+            model.scores(state, weight, None if out is None else out[k])
+            for k, (state, (model, weight)) in enumerate(zip(self.states, self.models))
+        ]
 
     def move(self, token: torch.Tensor, emit: torch.Tensor) -> None:
         """Each row that emits `token` moves to that token's next state; the others stay. Only the emitted token's
         next state is looked up: a step writes no (N, V) table of them."""
-        if not self.models:
-            return
-        token = token.clamp(max=self.models[0][0].vocab_size - 1)  # blank rows do not emit
         for state, (model, _) in zip(self.states, self.models):
-            torch.where(emit, model.next(state, token), state, out=state)
+            model.move(state, token, emit)
 
 
 def fusion_models(

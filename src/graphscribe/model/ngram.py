@@ -118,16 +118,19 @@ class TokenModel:
         scores = torch.where(rest, total[:, None] + self.root_score, scores)
         return scores, torch.where(rest, self.root_next, nxt)
 
-    def scores(self, states: torch.Tensor) -> torch.Tensor:
-        """states (B,) -> `advance`'s scores (B, V) alone (greedy fusion moves a state along one token: `next`)."""
-        states = states.to(torch.long)
-        below = torch.where(self.root_has, self._chains.total[states][:, None] + self.root_score, 0.0)
-        return self._chains.scores_over(states, below)
+    def scores(self, states: torch.Tensor, weight: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
+        """states (B,) -> `advance`'s scores (B, V) alone, times `weight` (into `out` if given): greedy fusion moves
+        a state along one token (`move`)."""
+        return self._chains.weighted_scores(states.to(torch.long), (self.root_has, self.root_score), weight, out)
 
     def next(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """states (B,), tokens (B,) non-blank -> (B,) `advance`'s next state of each row's token."""
         otherwise = torch.where(self.root_has[tokens], self.root_next[tokens], 0)
         return self._chains.next_over(states.to(torch.long), tokens, otherwise)
+
+    def move(self, states: torch.Tensor, tokens: torch.Tensor, emit: torch.Tensor) -> None:
+        """states (B,) int64 <- `next` of each row's token where `emit`, in place (blank rows stay)."""
+        self._chains.move(states, tokens, emit, root=(self.root_has, self.root_next))
 
     def final(self, states: torch.Tensor) -> torch.Tensor:
         """(B,) the end-of-sentence weight of each state (an LM's </s>, back-offs resolved; a tree's phrase-end

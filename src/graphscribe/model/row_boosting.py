@@ -103,14 +103,18 @@ class RowTrees:
         scores = torch.where(found, scores, total[:, None])
         return scores, torch.where(found, nxt, self.roots[: states.shape[0], None])
 
-    def scores(self, states: torch.Tensor) -> torch.Tensor:
-        """states (N,) -> `advance`'s scores (N, V) alone (greedy fusion moves a state along one token: `next`)."""
-        states = states.to(torch.long)
-        return self.chains.scores_over(states, self.chains.total[states][:, None])
+    def scores(self, states: torch.Tensor, weight: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
+        """states (N,) -> `advance`'s scores (N, V) alone, times `weight` (into `out` if given): greedy fusion
+        moves a state along one token (`move`)."""
+        return self.chains.weighted_scores(states.to(torch.long), None, weight, out)
 
     def next(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """states (N,), tokens (N,) non-blank -> (N,) `advance`'s next state of each row's token."""
         return self.chains.next_over(states.to(torch.long), tokens, self.roots[: states.shape[0]])
+
+    def move(self, states: torch.Tensor, tokens: torch.Tensor, emit: torch.Tensor) -> None:
+        """states (N,) int64 <- `next` of each row's token where `emit`, in place (blank rows stay)."""
+        self.chains.move(states, tokens, emit, roots=self.roots)
 
 
 def _layout(trees: Sequence[Tables | None], v: int):
