@@ -36,6 +36,19 @@ for name in ("one-1", "all-1", "all-2", "one-2"):
     rtfx[name.split("-")[0]] += [r["rtfx"] for r in rows]
     failed += sum(r["failed"] for r in rows)
     print(f"{name}: {report['server'].get('device')}: RTFx {[r['rtfx'] for r in rows]}, failed {[r['failed'] for r in rows]}")
+import re
+stage = re.compile(r"POST \S+ 200 audio \S+ s, upload (\d+) ms, decode (\d+) ms, queue (\d+) ms, total (\d+) ms")
+for name in ("one-1", "all-1", "all-2", "one-2"):  # the access log's stages of a transcription, p50 / p95 (ms)
+    path = out / f"serve-{name}.log"
+    rows = [tuple(map(int, m.groups())) for m in map(stage.search, path.read_text().splitlines()) if m] if path.exists() else []
+    if rows:
+        cols = list(zip(*rows))
+        rest = sorted(t - u - d - q for u, d, q, t in rows)
+        def spread(v):
+            v = sorted(v)
+            return f"{v[len(v) // 2]}/{v[int(len(v) * 0.95)]}"
+        print(f"{name}: {len(rows)} requests, upload {spread(cols[0])}, decode {spread(cols[1])}, queue {spread(cols[2])}, "
+              f"batch and answer {spread(rest)}, total {spread(cols[3])} ms (p50/p95)")
 if rtfx["one"] and rtfx["all"]:
     one, two = statistics.median(rtfx["one"]), statistics.median(rtfx["all"])
     print(f"median RTFx: one GPU {one:.1f}, both {two:.1f}: {two / one:.2f}x (bar 1.9x); failed requests: {failed} (bar 0)")

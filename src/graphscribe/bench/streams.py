@@ -57,8 +57,9 @@ def read_folder(paths: list[Path], rate: int) -> tuple[list[np.ndarray], list[st
     return audios, errors
 
 
-def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int) -> dict:
-    """N streams at real-time pace (files reused in turn when N is larger than the folder)."""
+def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int, trace: list | None = None) -> dict:
+    """N streams at real-time pace (files reused in turn when N is larger than the folder); `trace`: a list that
+    gets each step's start (ms into the level), rows, feeding and step milliseconds."""
     g = engine.geometry
     rate, chunk_s = g.sample_rate, g.frame_samples / g.sample_rate
     piece = max(1, int(PIECE_SECONDS * rate))
@@ -95,6 +96,10 @@ def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int) -> di
         loop["feed"].append(fed - now)
         loop["step"].append(after - fed)
         loop["rows"].append(len(ready))
+        if trace is not None:
+            trace.append(
+                [round(now * 1000, 1), len(ready), round((fed - now) * 1000, 2), round((after - fed) * 1000, 2)]
+            )
         for live in open_lives:
             s = live.stream
             if s is None:
@@ -200,12 +205,13 @@ def run_stream_bench(
         realtime_level(engine, audios, n) if pace == "realtime" else max_pace_level(engine, audios, n) for n in levels
     ]
     if profile:  # once more, each stage waited for: where a step's time goes
-        engine.profile = {}
+        engine.profile, trace = {}, []
         if pace == "realtime":
-            realtime_level(engine, audios, max(levels))
+            realtime_level(engine, audios, max(levels), trace)
         else:
             max_pace_level(engine, audios, max(levels))
-        rows.append({"streams": max(levels), "profile_seconds": {k: round(v, 3) for k, v in engine.profile.items()}})
+        row = {"streams": max(levels), "profile_seconds": {k: round(v, 3) for k, v in engine.profile.items()}}
+        rows.append(row | ({"trace": trace} if trace else {}))
     g = engine.geometry
     return {
         "model": model.source,
