@@ -291,7 +291,9 @@ class StreamEngine:
         A batch's encoder is queued on the device before the text of the batch before it is made on the host, so
         the two run side by side."""
         streams = [s for s in (self.ready() if streams is None else streams) if s.ready]
+        mark = time.perf_counter()
         self._reset_fresh_slots()
+        self._stage("reset", mark)
         decoded = None
         for start in range(0, len(streams), self.max_rows):
             launched = self._launch(streams[start : start + self.max_rows])
