@@ -403,31 +403,6 @@ def test_confidence_on_gpu_is_nemo_s(graphs):
             assert words == pytest.approx(want["word_confidence"], rel=1e-4, abs=1e-6), (name, clip)
 
 
-def test_confidence_replayed_beside_the_next_batch_gives_the_inline_values(monkeypatch):
-    """bfloat16: the confidences that the transcripts' thread replays on its own stream (`pipeline._replay`), batch
-    by batch while the next one runs, are those replayed inline after each decode, on every clip."""
-    from graphscribe.runtime import pipeline
-
-    reference = json.loads((FIXTURES / "nemo-confidence" / "reference.json").read_text())
-    root = FIXTURES.parent.parent
-    for name, spec in reference["models"].items():
-        model = gs.load_model(root / spec["checkpoint"], device="cuda", dtype="bfloat16", confidence=True)
-        clips = [root / path for path in spec["clips"].values()] * 3
-
-        def confidences():
-            return [[t.confidence for t in tr.tokens] for tr in model.transcribe(clips, batch_size=4)]
-
-        replayed = []
-        replay = pipeline._replay
-        monkeypatch.setattr(pipeline, "_replay", lambda m, job, c: replayed.append(job.replay) or replay(m, job, c))
-        beside = confidences()
-        assert any(event is not None for event in replayed), name  # the thread replayed them
-        decode = pipeline._decode
-        monkeypatch.setattr(pipeline, "_decode", lambda *a: decode(*a[:6]))  # no background: inline
-        assert confidences() == beside, name
-        monkeypatch.undo()
-
-
 @pytest.mark.parametrize("folder,checkpoint", ORACLES[:2])
 def test_fusion_in_graphs_gives_nemos_tokens(folder, checkpoint):
     """An n-gram LM and a boosting tree fused into the captured decode steps (the fused Triton step's), float32,

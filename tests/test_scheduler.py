@@ -7,7 +7,9 @@ import time
 
 import pytest
 
+from graphscribe.model.decoding import size_class
 from graphscribe.runtime.scheduler import Scheduler, plan_batches
+from graphscribe.runtime.streaming import warm_up_rows
 
 
 def test_inputs_given_at_once_are_cut_longest_first():
@@ -137,3 +139,13 @@ def test_a_wait_for_company_ends_when_none_is_coming():
 
     threading.Timer(0.05, arrive).start()
     assert scheduler.take(wait=60.0, company=lambda: coming[0]) == ["c", "b"]  # waited for the one on its way
+
+
+@pytest.mark.parametrize("most,rows", [(1024, 1024), (1000, 1024), (300, 256), (5, 256), (129, 256)])
+def test_a_live_warm_up_meets_every_rows_class_a_step_can_use(most, rows):
+    """Each rows class a step of up to `most` streams can fall in (`size_class`: its encoder and decode graphs)
+    is stepped once at the warm-up on CUDA, so that no live step stops to capture one; nothing past it."""
+    warmed = warm_up_rows("cuda", most, rows)
+    assert {size_class(n) for n in warmed} == {size_class(n) for n in range(1, min(most, rows) + 1)}
+    assert max(warmed) == min(most, rows)
+    assert warm_up_rows("cpu", most, rows) == [1]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,7 +50,6 @@ class _Job:
     hyps: list[Hypothesis] | None = None
     out_of_memory: bool = False
     seconds: float = 0.0  # host time spent on it
-    replay: torch.cuda.Event | None = None  # CUDA: its confidences left to the transcripts' thread, after this
 
 
 def transcribe_stream(
@@ -102,7 +100,7 @@ def transcribe_stream(
             # the next batch is queued while this one decodes: on CUDA once the decode's first steps are on the GPU
             # (its encoder runs beside them), so this one's answer waits for no launch of the next one's
             upcoming: list[_Job | None] = []
-            _decode(model, job, clock, streams, lambda: upcoming.append(queue_next()), confidence, background)
+            _decode(model, job, clock, streams, lambda: upcoming.append(queue_next()), confidence)
             if not upcoming:  # not called: nothing decoded on a GPU (no rows, out of memory, the CPU)
                 upcoming.append(queue_next())
             following = upcoming[0]
@@ -227,13 +225,11 @@ def _decode(
     streams: _Streams,
     then: Callable[[], None] | None = None,
     confidence: bool = False,
-    background: _TranscriptThread | None = None,
 ) -> _Job:
     """Decode a job queued up to its encoder. then: on CUDA, called once the decode's first round of steps is
     queued, before the host waits for it, on the stream the encoder runs on: the caller's next batch is launched
     while this one decodes. confidence (or the batch's own): then the hypotheses' token confidences, from the encoder
-    output before it is let go (`LoadedModel.add_confidences`), for a batch with word times; in 16 bits on CUDA
-    with a `background` thread, by that thread (`_replay`)."""
+    output before it is let go (`LoadedModel.add_confidences`), for a batch with word times."""
     if job.encoded is None:
         return job
     start = time.perf_counter()
@@ -256,22 +252,12 @@ def _decode(
                 queued = meanwhile if then and streams.decode else None
                 job.hyps = model.decode(job.encoded, job.frames, queued, job.batch.trees, job.batch.beams)
             if (confidence or job.batch.confidence) and job.batch.word_times:
-                # The replay's host time (cuDNN's LSTM step by step over the longest row's tokens: 11 ms a batch of
-                # 128 on an H200, as long as its decode) is the transcripts' thread's, beside the next batch. Not in
-                # float32: `_float32_math` sets cuDNN's process-wide TF32 flag, which the other thread also sets.
-                if background is not None and streams.decode is not None and model.dtype != torch.float32:
-                    job.replay = torch.cuda.Event()
-                    job.replay.record()
-                else:
-                    with clock.gpu("confidence"):
-                        model.add_confidences(job.encoded, job.hyps)
+                with clock.gpu("confidence"):
+                    model.add_confidences(job.encoded, job.hyps)
     except (torch.OutOfMemoryError, RuntimeError) as err:
         _out_of_memory_or_raise(model, err)
         job.out_of_memory = True
-        job.replay = None
-    if job.replay is None:  # the encoder output's memory is reused once decoding is done (record_stream)
-        job.encoded = None
-    job.frames = None
+    job.encoded = job.frames = None  # the encoder output's memory is reused once decoding is done (record_stream)
     job.seconds += time.perf_counter() - start - aside
     if raised:
         raise raised[0]
@@ -297,7 +283,6 @@ def _transcripts(
     if job.hyps is None:
         return
     start = time.perf_counter()
-    _replay(model, job, clock)
     with clock.host("text"):
         if renderer is not None:
             transcripts = renderer.transcripts(batch.sources, batch.lengths.tolist(), job.hyps, batch.indices)
@@ -310,24 +295,6 @@ def _transcripts(
     for transcript in transcripts:
         transcript.seconds = seconds
     yield from zip(batch.indices, transcripts)
-
-
-def _replay(model: LoadedModel, job: _Job, clock: StageClock) -> None:
-    """A job's confidences left by `_decode` to this thread: replayed on a stream of this thread's own once its
-    decode is done, beside the next batch's work on the others."""
-    if job.replay is None:
-        return
-    side = _replay_stream(model.device)
-    side.wait_event(job.replay)
-    job.encoded.record_stream(side)  # made on the encoder's stream: not reused before the replay is done
-    with torch.cuda.stream(side), clock.gpu("confidence"):
-        model.add_confidences(job.encoded, job.hyps)
-    job.encoded, job.replay = None, None
-
-
-@functools.cache
-def _replay_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)
 
 
 def _alone(
