@@ -11,7 +11,7 @@ import torch
 from conftest import FIXTURES
 
 import graphscribe
-from graphscribe.model.confidence import ConfidenceMethod, measure, replay, word_confidences
+from graphscribe.model.confidence import ConfidenceMethod, measure, measured, replay, word_confidences
 
 FOLDER = FIXTURES / "nemo-confidence"
 ROOT = FIXTURES.parent.parent
@@ -87,3 +87,26 @@ def test_replayed_hypotheses_give_nemo_s_token_and_word_confidence(models, setti
             np.testing.assert_allclose(got, want["token_confidence"], rtol=2e-5, atol=1e-12, err_msg=f"{name} {clip}")
             words = word_confidences(vocabulary["pieces"], vocabulary["texts"], hyp.token_ids, got, method.aggregation)
             np.testing.assert_allclose(words, want["word_confidence"], rtol=2e-5, atol=1e-12, err_msg=f"{name} {clip}")
+
+
+@pytest.mark.parametrize("setting", ["default", "max_prob_mean"])
+def test_kept_predictions_give_nemo_s_confidence_one_clip_and_batched(setting):
+    """A decoder made for confidences keeps each token step's prediction output (`DecodeBuffers.keep_prediction`);
+    `measured` on them gives NeMo's token confidences, each clip alone and the speech clips as one padded batch,
+    without running the prediction net again."""
+    method = _method(setting)
+    for name, spec in REFERENCE["models"].items():
+        model = graphscribe.load_model(ROOT / spec["checkpoint"], device="cpu", confidence=True)
+        clips = {clip: model.read(ROOT / path) for clip, path in spec["clips"].items()}
+        batches = [[clip] for clip in clips] + [[clip for clip in clips if clip != "silence_1s"]]
+        for batch in batches:
+            encoded, lengths = model.encode([clips[clip] for clip in batch])
+            hyps = model.decode(encoded, lengths)
+            assert all(h.predictions is not None and len(h.predictions) == len(h.token_ids) for h in hyps)
+            with torch.inference_mode():
+                got = measured(model.module.joint, encoded, [h.predictions for h in hyps], [h.frames for h in hyps],
+                               method)  # fmt: skip
+            for clip, hyp, values in zip(batch, hyps, got):
+                want = spec["settings"][setting]["clips"][clip]
+                assert hyp.token_ids == want["token_ids"], (name, clip)
+                np.testing.assert_allclose(values, want["token_confidence"], rtol=2e-5, atol=1e-12, err_msg=name + clip)

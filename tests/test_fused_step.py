@@ -57,9 +57,15 @@ def _nemo(ref: dict, names: list[str], cut: dict[str, int] | None = None) -> lis
     return out
 
 
-def _decoder(model, fused: bool, window: int | None = None) -> GreedyDecoder:
+def _decoder(model, fused: bool, window: int | None = None, predictions: bool = False) -> GreedyDecoder:
     return GreedyDecoder(
-        model.module.decoder, model.module.joint, model.cfg.decoding, graphs=False, window=window, fused=fused
+        model.module.decoder,
+        model.module.joint,
+        model.cfg.decoding,
+        graphs=False,
+        window=window,
+        fused=fused,
+        predictions=predictions,
     )
 
 
@@ -174,7 +180,8 @@ def test_fused_step_with_an_lm_and_phrases_gives_nemos_tokens():
 
 
 def test_token_slots_grow_in_the_middle_of_a_decode(monkeypatch):
-    """Buffers as small as the input (one token slot a frame): these clips emit more tokens than frames."""
+    """Buffers as small as the input (one token slot a frame): these clips emit more tokens than frames. The
+    prediction outputs kept for confidences (`keep_prediction`) grow with the slots and are the PyTorch step's."""
     import graphscribe.model.decoding
 
     monkeypatch.setattr(graphscribe.model.decoding, "frame_capacity", lambda frames: frames)
@@ -182,10 +189,15 @@ def test_token_slots_grow_in_the_middle_of_a_decode(monkeypatch):
     names = ["silence_1s.wav", "quarter_second.wav"]  # 1 frame (of 13), 10 tokens; 4 frames, 12 tokens
     cut = {"silence_1s.wav": 1}
     encoded, lengths = _encode(model, names, cut)
-    decoder = _decoder(model, fused=True)
+    decoder = _decoder(model, fused=True, predictions=True)
     hyps = decoder.decode(encoded, lengths)
     assert decoder._buffers[2].max_tokens > encoded.shape[1] + 1  # grown
     assert [(h.token_ids, h.frames) for h in hyps] == _nemo(ref, names, cut)
+    monkeypatch.undo()  # the PyTorch step's buffers as large as usual: no growth there
+    plain = _decoder(model, fused=False, predictions=True).decode(encoded, lengths)
+    for fused, pytorch in zip(hyps, plain):
+        assert fused.predictions.shape == (len(fused.token_ids), model.module.joint.cfg.hidden)
+        torch.testing.assert_close(fused.predictions, pytorch.predictions, rtol=1e-5, atol=1e-5)
 
 
 def test_tensor_core_path_float16():

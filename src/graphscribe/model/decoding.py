@@ -31,7 +31,7 @@ import functools
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -76,6 +76,8 @@ class Hypothesis:
     durations: list[int]  # predicted duration of each token, in encoder frames (RNN-T: 0)
     steps: int = 0  # decode steps spent on the batch this clip was in (its slowest row's)
     confidences: list[float] | None = None  # each token's, when asked for (`LoadedModel.add_confidences`)
+    # (tokens, J) the prediction output each token's step read, when kept (`GreedyDecoder(predictions=True)`)
+    predictions: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 class DecodeBuffers:
@@ -93,6 +95,7 @@ class DecodeBuffers:
         device: torch.device,
         dtype: torch.dtype,
         fusion: list[tuple[TokenModel, float]] = (),
+        predictions: bool = False,
     ):
         j, layers, hidden = joint.cfg.hidden, prediction.cfg.layers, prediction.cfg.hidden
         state_dtype = prediction.prediction.embed.weight.dtype  # the prediction net may stay float32
@@ -124,14 +127,27 @@ class DecodeBuffers:
         self.scratch: dict | None = None  # the fused step's, made on its first call
         self.parity = 0  # which of the fused step's two state buffers holds the state (0: h and c above)
         self.fusion = Fusion(list(fusion), n, device) if fusion else None
+        # with confidences: beside each token slot, the prediction output its step read (`keep_prediction`)
+        self.predictions = torch.zeros(n, self.max_tokens, j, device=device, dtype=dtype) if predictions else None
 
     def grow_records(self, slots: int) -> None:
         """At least `slots` token slots per row, keeping what is recorded (a captured graph must be made again)."""
-        grown = torch.zeros(
-            self.n, max(slots, 2 * self.max_tokens), 3, device=self.records.device, dtype=self.records.dtype
-        )
+        size = max(slots, 2 * self.max_tokens)
+        grown = torch.zeros(self.n, size, 3, device=self.records.device, dtype=self.records.dtype)
         grown[:, : self.max_tokens].copy_(self.records)
-        self.records, self.max_tokens = grown, grown.shape[1]
+        if self.predictions is not None:
+            kept = self.predictions.new_zeros(self.n, size, self.predictions.shape[2])
+            kept[:, : self.max_tokens].copy_(self.predictions)
+            self.predictions = kept
+        self.records, self.max_tokens = grown, size
+
+    def keep_prediction(self) -> None:
+        """Before a step: each row's prediction output into its next token slot, the one a token of this step is
+        recorded in (a row that does not emit writes it again at its next step). A token's confidence is measured
+        on the logits of the step that emitted it: these and its frame give them back without running the
+        prediction net over the tokens again (`confidence.measured`)."""
+        slot = self.count[:, None, None].expand(self.n, 1, self.predictions.shape[2])
+        self.predictions.scatter_(1, slot, self.g[:, None, :])
 
     def load(self, enc_projected: torch.Tensor, lengths: torch.Tensor) -> None:
         """A batch's input: enc_projected (B, T, J), lengths (B,) for the first B <= N rows (the others stay empty)."""
@@ -294,9 +310,11 @@ class GreedyDecoder:
         window: int | None = None,
         fused: bool | None = None,
         fusion: list[tuple[TokenModel, float]] | None = None,
+        predictions: bool = False,
     ):
         self.prediction, self.joint, self.cfg = prediction, joint, cfg
         self.fusion = list(fusion or [])
+        self.predictions = predictions  # each token's step's prediction output kept (`DecodeBuffers`), for confidence
         self.fused = fused
         # cuDNN wants the LSTM weights in one chunk (lost by .to(dtype)); otherwise it copies them at every
         # call, which also breaks graph capture.
@@ -365,6 +383,7 @@ class GreedyDecoder:
                 device,
                 dtype,
                 self.fusion,
+                self.predictions,
             )
             self._buffers[n] = buf
             self._captured.pop(n, None)
@@ -409,6 +428,8 @@ class GreedyDecoder:
         from graphscribe.model.graphs import eager_steps, step_runner
 
         def one() -> None:
+            if buf.predictions is not None:
+                buf.keep_prediction()
             step(buf, self.prediction, self.joint, self.blank_id, self.cfg.max_symbols)
 
         if self.graphs and buf.enc.is_cuda:
@@ -548,7 +569,12 @@ def _collect(buf: DecodeBuffers, done: Progress) -> list[Hypothesis]:
     records = buf.records[:b, :width].cpu().numpy()  # (B, width, 3)
     # a live step's rows mostly emit nothing: those skip NumPy (three tolist calls a row were a stream's largest
     # host cost at 80 ms chunks)
-    return [
+    hyps = [
         Hypothesis(*records[i, :count].T.tolist(), done.steps) if count else Hypothesis([], [], [], done.steps)
         for i, count in enumerate(done.counts)
     ]
+    if buf.predictions is not None:  # one copy for the batch (the buffers are the next decode's), a view a row
+        kept = buf.predictions[:b, :width].clone()
+        for i, hyp in enumerate(hyps):
+            hyp.predictions = kept[i, : done.counts[i]]
+    return hyps

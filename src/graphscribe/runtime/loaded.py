@@ -20,7 +20,7 @@ from graphscribe.io.tokenizer import Tokenizer
 from graphscribe.model import cache_aware
 from graphscribe.model.beam import BeamDecoder, Fusion
 from graphscribe.model.boosting import boosting_tables
-from graphscribe.model.confidence import check_method, replay_batch
+from graphscribe.model.confidence import check_method, measured, replay_batch
 from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate
 from graphscribe.model.features import PackedClips
@@ -139,7 +139,12 @@ class LoadedModel:
 
     def _new_decoder(self) -> GreedyDecoder:
         return GreedyDecoder(
-            self.module.decoder, self.module.joint, self.cfg.decoding, graphs=self.options.graphs, fusion=self.fusion
+            self.module.decoder,
+            self.module.joint,
+            self.cfg.decoding,
+            graphs=self.options.graphs,
+            fusion=self.fusion,
+            predictions=self.options.confidence,
         )
 
     def row_tree(self, phrases: tuple[tuple[str, float | None], ...], source: str = "hotwords") -> Tables | None:
@@ -169,6 +174,7 @@ class LoadedModel:
                 self.cfg.decoding,
                 self.options.graphs,
                 fusion=[*lm, (trees, self.options.boost)],
+                predictions=self.options.confidence,
             )
         return self._boosted
 
@@ -393,15 +399,20 @@ class LoadedModel:
     @torch.inference_mode()
     def add_confidences(self, encoded: torch.Tensor, hyps: list[Hypothesis]) -> None:
         """Set each hypothesis's token confidences (`options.confidence_method`) from `encoded` (B, T, D), the
-        encoder output it was decoded from: its emitting steps replayed in a few batched calls
-        (`confidence.replay_batch`), after decoding, which stays as it is."""
-        start = self.decoder.start_state(len(hyps), encoded.device, encoded.dtype)
+        encoder output it was decoded from: the joint on each token's frame and the prediction output its step read,
+        which a decoder with `options.confidence` keeps (`confidence.measured`); otherwise (a request's own
+        `confidence`, the beam search) its emitting steps replayed in a few batched calls (`confidence.replay_batch`)."""
         tokens, frames = [h.token_ids for h in hyps], [h.frames for h in hyps]
         method = self.options.confidence_method
+        kept = [h.predictions for h in hyps]
         with self._float32_math():
-            values = replay_batch(self.module.decoder, self.module.joint, start, encoded, tokens, frames, method)
+            if all(p is not None or not t for p, t in zip(kept, tokens)):  # the decode kept each step's output
+                values = measured(self.module.joint, encoded, kept, frames, method)
+            else:
+                start = self.decoder.start_state(len(hyps), encoded.device, encoded.dtype)
+                values = replay_batch(self.module.decoder, self.module.joint, start, encoded, tokens, frames, method)
         for hyp, confidences in zip(hyps, values):
-            hyp.confidences = confidences
+            hyp.confidences, hyp.predictions = confidences, None
 
     def _float32_math(self):
         """float32 means float32 on CUDA: cuDNN would otherwise run the encoder's convolutions (and the prediction
