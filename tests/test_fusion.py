@@ -74,7 +74,9 @@ def _assert_advance(model: TokenModel, prefix: str, finals: bool = True) -> None
     # greedy fusion's two lookups: the scores alone, and the next state of one token a row
     assert torch.equal(model.scores(states), scores)
     for token in range(scores.shape[1]):
-        assert torch.equal(model.next(states, torch.full_like(states, token)), nxt[:, token]), token
+        moved = states.clone()
+        model.move(moved, torch.full_like(states, token), torch.ones_like(states, dtype=torch.bool))
+        assert torch.equal(moved, nxt[:, token]), token
     if finals:
         np.testing.assert_allclose(model.final(states).numpy(), ARRAYS[prefix + "final"], rtol=0, atol=1e-6)
 

@@ -59,7 +59,9 @@ def test_each_rows_tree_advances_as_nemos_tree_alone(tiny):
             assert scores[1].abs().sum() == 0 and (nxt[1] == NO_TREE).all()
             assert torch.equal(trees.scores(states), scores)  # greedy fusion's two lookups
             for token in range(V):
-                assert torch.equal(trees.next(states, torch.full_like(states, token)), nxt[:, token]), token
+                moved = states.clone()
+                trees.move(moved, torch.full_like(states, token), torch.ones_like(states, dtype=torch.bool))
+                assert torch.equal(moved, nxt[:, token]), token
 
 
 def _batch(encoded: dict, clips: list[str]):

@@ -531,7 +531,7 @@ class GreedyDecoder:
             self.host_reads += 1
         if self.queued_steps:
             self.rate = frames / self.queued_steps
-        hyps = _collect(buf, done)
+        hyps = _collect(buf, done, keep=carried is None)  # a stream's chunks have no confidences
         if carried is None:
             return hyps, None
         # an even number of steps leaves the LSTM state in buf.h, buf.c (the fused step alternates two copies)
@@ -563,8 +563,9 @@ def _rows(start: tuple[torch.Tensor, ...], state: DecodeState, b: int) -> tuple[
     return h0, c0, g0, first
 
 
-def _collect(buf: DecodeBuffers, done: Progress) -> list[Hypothesis]:
-    """The records of the rows the last host read counted, as hypotheses: one more host read."""
+def _collect(buf: DecodeBuffers, done: Progress, keep: bool = True) -> list[Hypothesis]:
+    """The records of the rows the last host read counted, as hypotheses: one more host read. keep: with the
+    prediction outputs the buffers kept, if any."""
     b, width = len(done.counts), done.emitted
     records = buf.records[:b, :width].cpu().numpy()  # (B, width, 3)
     # a live step's rows mostly emit nothing: those skip NumPy (three tolist calls a row were a stream's largest
@@ -573,7 +574,7 @@ def _collect(buf: DecodeBuffers, done: Progress) -> list[Hypothesis]:
         Hypothesis(*records[i, :count].T.tolist(), done.steps) if count else Hypothesis([], [], [], done.steps)
         for i, count in enumerate(done.counts)
     ]
-    if buf.predictions is not None:  # one copy for the batch (the buffers are the next decode's), a view a row
+    if keep and buf.predictions is not None:  # one copy for the batch (the buffers are the next decode's), a view a row
         kept = buf.predictions[:b, :width].clone()
         for i, hyp in enumerate(hyps):
             hyp.predictions = kept[i, : done.counts[i]]

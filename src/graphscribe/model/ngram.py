@@ -123,13 +123,9 @@ class TokenModel:
         a state along one token (`move`)."""
         return self._chains.weighted_scores(states.to(torch.long), (self.root_has, self.root_score), weight, out)
 
-    def next(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """states (B,), tokens (B,) non-blank -> (B,) `advance`'s next state of each row's token."""
-        otherwise = torch.where(self.root_has[tokens], self.root_next[tokens], 0)
-        return self._chains.next_over(states.to(torch.long), tokens, otherwise)
-
     def move(self, states: torch.Tensor, tokens: torch.Tensor, emit: torch.Tensor) -> None:
-        """states (B,) int64 <- `next` of each row's token where `emit`, in place (blank rows stay)."""
+        """states (B,) int64 <- `advance`'s next state of each row's token where `emit`, in place (blank rows
+        stay)."""
         self._chains.move(states, tokens, emit, root=(self.root_has, self.root_next))
 
     def final(self, states: torch.Tensor) -> torch.Tensor:

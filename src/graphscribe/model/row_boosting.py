@@ -108,12 +108,9 @@ class RowTrees:
         moves a state along one token (`move`)."""
         return self.chains.weighted_scores(states.to(torch.long), None, weight, out)
 
-    def next(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """states (N,), tokens (N,) non-blank -> (N,) `advance`'s next state of each row's token."""
-        return self.chains.next_over(states.to(torch.long), tokens, self.roots[: states.shape[0]])
-
     def move(self, states: torch.Tensor, tokens: torch.Tensor, emit: torch.Tensor) -> None:
-        """states (N,) int64 <- `next` of each row's token where `emit`, in place (blank rows stay)."""
+        """states (N,) int64 <- `advance`'s next state of each row's token where `emit`, in place (blank rows
+        stay)."""
         self.chains.move(states, tokens, emit, roots=self.roots)
 
 
