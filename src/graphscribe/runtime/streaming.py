@@ -471,9 +471,8 @@ class StreamEngine:
 def warm_up_rows(device: str, most: int, max_rows: int = MAX_ROWS) -> list[int]:
     """Streams stepped together at a warm-up for up to `most` at once: on CUDA one batch of each rows class
     (`decoding.size_class`: powers of two up to 128, then multiples of 64) up to a step's rows, whose encoder and
-    decode graphs a live step would otherwise capture when it first meets the class (an H200 stopped 150 ms for
-    each; with only the powers of two warmed, 1024 streams at 80 ms met twelve such stops in their first seconds),
-    on the CPU one (nothing is captured there)."""
+    decode graphs a live step would otherwise capture when it first meets the class, a stop of some 150 ms on an
+    H200 that the streams behind it wait out; on the CPU one (nothing is captured there)."""
     if most <= 0:
         return []
     if device != "cuda":
