@@ -9,6 +9,9 @@ the files whose `transcribe()` token ids are NeMo's offline ones (where NeMo's f
 
     python scripts/compare_cache_aware.py CKPT FOLDER --chunk 0.08 --streams 64 --dtype float32 --out DIR \
         --nemo NEMO_DIR/transcripts.json [--offline] [--limit FILES]
+
+`--pairs A/transcripts.json B/transcripts.json ...` compares runs already made instead (either side's, at any
+number of streams): every pair's files with the same stream token ids, written to OUT (a .json file).
 """
 
 from __future__ import annotations
@@ -61,7 +64,26 @@ def agreement(ours: dict[str, list[int]], theirs: dict[str, list[int]]) -> dict:
     }
 
 
+def pairs(paths: list[Path]) -> dict:
+    """Every pair of transcripts.json files: their files with the same stream token ids, and where they part."""
+    runs = {
+        f"{path.parent.name}": {n: t["token_ids"] for n, t in json.loads(path.read_text()).items()} for path in paths
+    }
+    names = sorted(runs)
+    return {f"{a} | {b}": agreement(runs[a], runs[b]) for i, a in enumerate(names) for b in names[i + 1 :]}
+
+
 def main() -> int:
+    if "--pairs" in sys.argv:
+        p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--pairs", type=Path, nargs="+", required=True)
+        p.add_argument("--out", type=Path, required=True)
+        args = p.parse_args()
+        report = pairs(args.pairs)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        for pair, row in report.items():
+            print(f"{pair}: {row['same_token_ids']} of {row['files']} files with the same ids", flush=True)
+        return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ckpt")
     p.add_argument("folder", type=Path)

@@ -300,6 +300,10 @@ def main(argv=None) -> int:
     cfg.streaming.att_context_size = context
     cfg.streaming.batch_size = cfg.streaming.num_slots = max(levels)
 
+    if args.matmul_precision == "highest":
+        # matmul_precision reaches only the matmuls: torch's cuDNN convolutions (the subsampling and the conv
+        # modules) run in TF32 unless told, which moves NeMo's float32 ids with its batch's shapes
+        torch.backends.cudnn.allow_tf32 = False
     start = time.perf_counter()
     pipeline = PipelineBuilder.build_pipeline(cfg)
     build_s = time.perf_counter() - start
@@ -335,6 +339,7 @@ def main(argv=None) -> int:
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
         "dtype": args.dtype,
         "matmul_precision": args.matmul_precision,
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
         "chunk": round(pipeline.chunk_size_in_secs, 4),
         "att_context_size": context,
         "feature_buffer_frames": pipeline.expected_feature_buffer_len,

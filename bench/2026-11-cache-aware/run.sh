@@ -13,6 +13,7 @@
 #   nemo  NeMo's pipeline, max pace, N streams a level (RTFx; steps with N streams against the chunk: real time
 #         kept or not) and every file's token ids: $OUT/nemo-DTYPE-CHUNK/{result,transcripts}.json
 #   same  graphscribe's streams' token ids against NeMo's, every file a stream, 64 at a time: $OUT/same-CHUNK/compare.json
+#   ids   each side's ids at 64 and at 256 streams a step, float32, every pair of the four compared: $OUT/ids-CHUNK.json
 # Environment: CHUNKS ("0.08 1.12"), FILES (256 files of ~7.4 s on average), DTYPE (float32), NEMO_LEVELS (64,256),
 # RT_LEVELS_0_08 (64,256), RT_LEVELS_1_12 (256,1024), MAX_LEVELS (64,256), SAME_STREAMS (64). The CPU dry run:
 #   PY=.venv/bin/python NEMO_SITE=/work/nemo-cpu PRESET=tiny-cache-aware-rnnt DEVICE=cpu FILES=6 NEMO_LEVELS=2,4 \
@@ -39,4 +40,16 @@ same)
         --dtype float32 --out $OUT/nemo-float32-$chunk
     step "same ids $chunk" 90 $PY scripts/compare_cache_aware.py $ckpt $files --chunk $chunk \
         --streams ${SAME_STREAMS:-64} --device $device --dtype float32 --nemo $OUT/nemo-float32-$chunk/transcripts.json --out $OUT/same-$chunk ;;
+ids)
+    # how far float32 rounding moves the ids on this checkpoint: each side at SAME_STREAMS and at 256 streams a step
+    # (other matrix shapes; IDS_STREAMS), every pair of the runs compared ($OUT/ids-CHUNK.json; the ids under /tmp)
+    ids=/tmp/ids-$chunk
+    for n in ${IDS_STREAMS:-${SAME_STREAMS:-64} 256}; do
+        step "nemo ids $chunk x$n" 150 env PYTHONPATH=$nemo_path $PY scripts/nemo_cache_aware_bench.py $ckpt $files \
+            --chunk $chunk --streams $n --device $device --dtype float32 --out $ids/nemo-$n
+        step "our ids $chunk x$n" 90 $PY scripts/compare_cache_aware.py $ckpt $files --chunk $chunk --streams $n \
+            --device $device --dtype float32 --nemo $ids/nemo-${SAME_STREAMS:-64}/transcripts.json --out $ids/ours-$n
+    done
+    step "ids pairs $chunk" 30 $PY scripts/compare_cache_aware.py --pairs $ids/{nemo,ours}-*/transcripts.json \
+        --out $OUT/ids-$chunk.json ;;
 esac; done; done

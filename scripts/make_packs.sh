@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The wheels a lent GPU machine lacks, packed to carry (scripts/gpu_setup.sh unpacks them there): each wheel for
+# CPython 3.12 on manylinux x86_64 unzipped into one folder, its .so files stripped, tar | xz -9e (a tenth of the
+# wheels). A fresh checkout holds none of them (they are ignored), so this makes them again from the registry:
+#   bash scripts/make_packs.sh [bench] [serve]       (both by default; writes .whl-bench.tar.xz, .whl-serve.tar.xz)
+# bench: what `transcribe bench --streams` and the NeMo scripts need beside the image (soundfile, pyyaml);
+# serve: the serve extra without onnxruntime and silero_vad (server VAD's 15 MB), and bench's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bench=(soundfile cffi pycparser pyyaml typing_extensions)
+serve=("${bench[@]}" starlette anyio sniffio idna uvicorn h11 click httptools uvloop websockets aiohttp
+    aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl)
+pip=${PIP:-.venv/bin/pip}
+for name in ${*:-bench serve}; do
+    declare -n wanted=$name
+    work=$(mktemp -d)
+    $pip download -q --no-deps --only-binary=:all: --implementation cp --python-version 3.12 \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        --platform manylinux1_x86_64 -d "$work/wheels" "${wanted[@]}"
+    mkdir "$work/site"
+    for wheel in "$work"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$work/site"; done
+    find "$work/site" -name '*.so' -exec strip --strip-unneeded {} +
+    tar c -C "$work/site" . | xz -9e > .whl-$name.tar.xz
+    echo ".whl-$name.tar.xz: $(du -h .whl-$name.tar.xz | cut -f1) (${wanted[*]})"
+    rm -rf "$work"
+done
