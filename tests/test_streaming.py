@@ -211,3 +211,24 @@ def test_streams_batched_with_staggered_starts_say_what_nemo_says(models, name):
     events = _staggered(StreamEngine(model, *_settings(runs["geometry"])), audios)
     for i, clip in enumerate(clips):
         assert _said(events[i]) == _nemo_said(runs["streams"][clip]), clip
+
+
+def test_the_streams_bench_judges_the_level_and_each_stream(capsys, tmp_path):
+    """`transcribe bench --streams N --pace realtime`: the level's verdict (the p95 of all its chunks' latencies)
+    and each stream's own (its p95), the count the realtime load test gives for its sessions; `--pace max` an
+    RTFx."""
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    (folder / SPEECH_CLIP.name).write_bytes(SPEECH_CLIP.read_bytes())
+    report_path = tmp_path / "report.json"
+    args = ["bench", "--streams", "2", "--folder", folder, "--device", "cpu", "--json", report_path]
+    result = in_process(capsys, *args)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(report_path.read_text())["levels"]
+    assert row["streams"] == 2 and row["pace"] == "realtime" and isinstance(row["kept_up"], bool), row
+    assert row["streams_kept_up"] in (0, 1, 2) and row["chunk_latency_ms"]["p95"] is not None, row
+    assert "kept up (streams)" in result.stdout
+    result = in_process(capsys, *args, "--pace", "max")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(report_path.read_text())["levels"]
+    assert row["pace"] == "max" and row["rtfx"] > 0, row
