@@ -7,11 +7,11 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; log=$OUT/run.log
 # NEMO_SITE=/work/nemo-cpu); GS_LAZY=1: make no checkpoint or folder here (a run.sh calling `checkpoint` and `folder`
 # for its own).
 PY=${PY:-python3}; device=${DEVICE:-cuda}; nemo_site=${NEMO_SITE:-/tmp/nemo-site}
-# The wheels: .whl-bench.tar.xz (soundfile, cffi, pycparser, pyyaml: 1.3 MB, where NeMo's 8.8 MB leaves too little
-# of what a call carries for the whole set), .whl-serve.tar.xz (the serve extra without onnxruntime and silero_vad:
-# 2.3 MB) or .whl.tar.xz (18 MB), each wheel unzipped into one DIR, find DIR -name '*.so' -exec strip
-# --strip-unneeded {} +, then tar c -C DIR . | xz -9e > .whl.tar.xz; each one carried is unpacked once per machine
-for wheels in .whl-bench.tar.xz .whl-serve.tar.xz .whl.tar.xz; do
+# The wheels (scripts/make_packs.sh makes them): .whl-bench.tar.xz (soundfile, cffi, pycparser, pyyaml: 1.3 MB,
+# where NeMo's 8.8 MB leaves too little of what a call carries for the whole set), .whl-serve.tar.xz (the serve
+# extra without onnxruntime and silero_vad: 3 MB), .whl-vad.tar.xz (those two, 8 MB, beside serve's for server VAD)
+# or .whl.tar.xz (18 MB); each one carried is unpacked once per machine
+for wheels in .whl-bench.tar.xz .whl-serve.tar.xz .whl-vad.tar.xz .whl.tar.xz; do
     [ -f /tmp/site/$wheels.unpacked ] || [ ! -f $wheels ] || { mkdir -p /tmp/site && tar xJf $wheels -C /tmp/site && touch /tmp/site/$wheels.unpacked; }
 done
 [ -d /tmp/site ] || [ ! -d .whl ] || $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # /v1/realtime on the lent H100: WebSocket sessions of a running `transcribe serve` against the same engine's live
 # streams in process (the streaming issue's capacity), same checkpoint and files, one command:
-#   bash bench/2026-11-realtime/run.sh [PART...]      (carry .whl.tar.xz: the serve extra and the VAD's wheels)
-# Since 2026-11-28 the tree and .whl.tar.xz pass the 64 MiB a call carries: TURNS=commit needs no VAD and runs with
-# .whl-serve.tar.xz (scripts/gpu_setup.sh), server VAD needs a smaller onnxruntime pack first.
+#   bash bench/2026-11-realtime/run.sh [PART...]      (carry .whl-serve.tar.xz, and .whl-vad.tar.xz for server VAD)
+# The packs: scripts/make_packs.sh serve vad. TURNS=commit needs no VAD and runs with .whl-serve.tar.xz alone.
 # Parts: inproc (live streams in process at real-time pace, LEVELS), sessions (the server's sessions at real-time
 # pace, SESSIONS, TURNS=vad: server VAD, or commit: one turn a session, the in-process streams' audio), one (one
 # session on an idle server, the 7.4 s clip, five times; TURNS as above). CKPT and PRESET: another checkpoint (a
