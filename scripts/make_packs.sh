@@ -2,7 +2,8 @@
 # The wheels a lent GPU machine lacks, packed to carry (scripts/gpu_setup.sh unpacks them there): each wheel for
 # CPython 3.12 on manylinux x86_64 unzipped into one folder, its .so files stripped, tar | xz -9e (a tenth of the
 # wheels). A fresh checkout holds none of them (they are ignored), so this makes them again from the registry:
-#   bash scripts/make_packs.sh [bench] [serve] [vad]  (bench and serve by default; writes .whl-NAME.tar.xz)
+#   bash scripts/make_packs.sh [bench] [serve] [vad] [pyspy]   (bench and serve by default; writes .whl-NAME.tar.xz,
+#   and .pyspy.xz: py-spy's binary alone, for the PYSPY=1 profiles of the bench/*/run.sh scripts)
 # bench: what `transcribe bench --streams` and the NeMo scripts need beside the image (soundfile, pyyaml);
 # serve: the serve extra without onnxruntime and silero_vad, and bench's;
 # vad: those two for server VAD, carried beside serve's (8 MB: onnxruntime 1.19, the last release whose wheel is
@@ -16,8 +17,16 @@ serve=("${bench[@]}" starlette anyio sniffio idna uvicorn h11 click httptools uv
 vad=(onnxruntime==1.19.2 silero-vad flatbuffers packaging protobuf coloredlogs humanfriendly)
 pip=${PIP:-.venv/bin/pip}
 for name in ${*:-bench serve}; do
-    declare -n wanted=$name
     work=$(mktemp -d)
+    if [ $name = pyspy ]; then
+        $pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+            -d "$work" py-spy
+        python3 -m zipfile -e "$work"/py_spy-*.whl "$work/site"
+        strip --strip-unneeded "$work"/site/py_spy-*.data/scripts/py-spy
+        xz -9e -c "$work"/site/py_spy-*.data/scripts/py-spy > .pyspy.xz
+        echo ".pyspy.xz: $(du -h .pyspy.xz | cut -f1)"; rm -rf "$work"; continue
+    fi
+    declare -n wanted=$name
     $pip download -q --no-deps --only-binary=:all: --implementation cp --python-version 3.12 \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --platform manylinux1_x86_64 -d "$work/wheels" "${wanted[@]}"

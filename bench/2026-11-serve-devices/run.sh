@@ -15,9 +15,19 @@ loaded2() {
     step "server $1" 120 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
         --concurrency 128,128 --client-processes $CLIENTS --json "$OUT/serve-$1.json"
 }
+# PYSPY=1 (carry .pyspy.xz: scripts/make_packs.sh pyspy): the first run of each server sampled for PYSPY_S (15)
+# seconds from PYSPY_AT (20) into its load, every process of it (the server's, its HTTP workers, the engines), as
+# raw folded stacks: $OUT/pyspy-NAME.txt (scripts/experiments/pyspy_summary.py: each process and thread's time)
+profile() {
+    [ -n "${PYSPY:-}" ] && [ "${1#*-}" = 1 ] || return 0
+    [ -x /tmp/py-spy ] || { xz -dc .pyspy.xz > /tmp/py-spy && chmod +x /tmp/py-spy; }
+    (sleep ${PYSPY_AT:-20}; /tmp/py-spy record --pid $server --subprocesses --threads --idle -d ${PYSPY_S:-15} -r 100 -f raw \
+        -o $OUT/pyspy-$1.txt > $OUT/pyspy-$1.log 2>&1) &
+}
 for name in one-1 all-1 all-2 one-2; do
     case $name in one-*) EXTRA="--devices cuda:0 ${HTTP:-}" ;; *) EXTRA="--devices all ${HTTP:-}" ;; esac
     EXTRA=$EXTRA serve $name bfloat16
+    profile $name
     loaded2 $name
     grep -E '^graphscribe_device_(requests_total|restarts_total)' <(curl -s localhost:8000/metrics) | tee -a "$log"
     stop $name
