@@ -327,6 +327,7 @@ def test_the_load_test_times_real_time_sessions(server, tmp_path):
     assert row["turns"] >= 2 and row["deltas"] > 0 and row["delta_ms"]["p50"] is not None
     # the sessions' count and the level's verdict (all its deltas' p95, as the in-process bench judges its streams)
     assert row["kept_up"] in (0, 1, 2) and isinstance(row["level_kept_up"], bool), row
+    assert len(row["behind"]) == 2 - row["kept_up"] - row["failed_sessions"], row  # each session behind, listed
     # one turn a session, committed after its audio: VAD off, so exactly one turn, answered
     run = subprocess.run(command + ["--turns", "commit"], capture_output=True, text=True, env=ENV, timeout=600)
     assert run.returncode == 0, run.stderr

@@ -227,6 +227,8 @@ def test_the_streams_bench_judges_the_level_and_each_stream(capsys, tmp_path):
     (row,) = json.loads(report_path.read_text())["levels"]
     assert row["streams"] == 2 and row["pace"] == "realtime" and isinstance(row["kept_up"], bool), row
     assert row["streams_kept_up"] in (0, 1, 2) and row["chunk_latency_ms"]["p95"] is not None, row
+    assert len(row["behind"]) == 2 - row["streams_kept_up"], row  # each stream behind, with its figures
+    assert all(b["p95_ms"] > 800 and b["max_ms"] >= b["p95_ms"] and b["chunks"] > 0 for b in row["behind"]), row
     assert "kept up (streams)" in result.stdout
     result = in_process(capsys, *args, "--pace", "max")
     assert result.returncode == 0, result.stderr

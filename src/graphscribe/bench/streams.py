@@ -120,12 +120,24 @@ def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int, trace
     finals = [live.done_latency for live in lives]
     audio = sum(len(live.audio) for live in lives) / rate
     p95 = percentile(latencies, 95)
+    behind = [live for live in lives if (percentile(live.latencies, 95) or 0.0) > chunk_s]
     return {
         "streams": n,
         "pace": "realtime",
         "kept_up": p95 is not None and p95 <= chunk_s,
         # each stream's own p95 against the chunk: the realtime load test's count of sessions, for comparing them
-        "streams_kept_up": sum(1 for live in lives if (percentile(live.latencies, 95) or 0.0) <= chunk_s),
+        "streams_kept_up": n - len(behind),
+        # those behind, the furthest first: their audio, chunks, p95 and slowest chunk, and which chunk that was
+        "behind": [
+            {
+                "seconds": round(len(live.audio) / rate, 2),
+                "chunks": len(live.latencies),
+                "p95_ms": _ms(percentile(live.latencies, 95)),
+                "max_ms": _ms(max(live.latencies)),
+                "slowest_at": live.latencies.index(max(live.latencies)),
+            }
+            for live in sorted(behind, key=lambda live: -(percentile(live.latencies, 95) or 0.0))[:8]
+        ],
         "chunk_latency_ms": {f"p{q}": _ms(percentile(latencies, q)) for q in (50, 95, 99)},
         "final_latency_ms": {f"p{q}": _ms(percentile(finals, q)) for q in (50, 95, 99)},
         "audio_seconds": round(audio, 2),

@@ -38,6 +38,7 @@ RATE = 24000
 PIECES_MS = (20, 40, 60, 80, 100)  # append sizes a session draws from
 TAIL_SILENCE_MS = 1000
 KEPT_UP_SECONDS = 1.0
+BEHIND_SHOWN = 8  # the sessions that fell behind, listed in a level's report
 END_SECONDS = 60.0  # after its last audio, how long a session waits for its turns
 # the sessions' starts spread evenly over this, as the in-process bench (`transcribe bench --streams`) spreads its
 # streams' over a chunk (NVIDIA's streaming config's, 0.8 s): clients that all start in the same instant would
@@ -64,7 +65,8 @@ async def one_session(url: str, headers: dict, pcm: bytes, seed: int, start_at: 
     from websockets.asyncio.client import connect
 
     rng = random.Random(seed)
-    result = {"deltas": [], "finals": [], "failures": [], "turns": 0, "completed": 0}
+    result = {"deltas": [], "finals": [], "failures": [], "turns": 0, "completed": 0, "session": seed,
+              "seconds": len(pcm) / 2 / RATE}  # fmt: skip
     silence = bytes(2 * RATE * TAIL_SILENCE_MS // 1000)
     audio = pcm if commit else pcm + silence
     sent: list[tuple[int, float]] = []  # (samples sent in all, time) after each append
@@ -176,7 +178,8 @@ def run_level(url: str, headers: dict, pcms: list[bytes], n: int, processes: int
             ]
     deltas = [d for r in results for d in r["deltas"]]
     finals = [f for r in results for f in r["finals"]]
-    kept = sum(1 for r in results if not r["failures"] and (percentile(r["deltas"], 95) or 0.0) <= KEPT_UP_SECONDS)
+    behind = [r for r in results if not r["failures"] and (percentile(r["deltas"], 95) or 0.0) > KEPT_UP_SECONDS]
+    kept = sum(1 for r in results if not r["failures"]) - len(behind)
     failures = [f for r in results for f in r["failures"]]
     return {
         "sessions": n,
@@ -188,6 +191,18 @@ def run_level(url: str, headers: dict, pcms: list[bytes], n: int, processes: int
         "deltas": len(deltas),
         "delta_ms": {f"p{q}": _ms(percentile(deltas, q)) for q in (50, 95, 99)},
         "final_ms": {f"p{q}": _ms(percentile(finals, q)) for q in (50, 95, 99)},
+        # the sessions that fell behind, the furthest first: how long, how many deltas, where their slowest came
+        "behind": [
+            {
+                "session": r["session"],
+                "seconds": round(r["seconds"], 2),
+                "deltas": len(r["deltas"]),
+                "p95_ms": _ms(percentile(r["deltas"], 95)),
+                "max_ms": _ms(max(r["deltas"])),
+                "slowest_at": r["deltas"].index(max(r["deltas"])),
+            }
+            for r in sorted(behind, key=lambda r: -(percentile(r["deltas"], 95) or 0.0))[:BEHIND_SHOWN]
+        ],
     }
 
 
