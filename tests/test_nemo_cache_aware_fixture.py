@@ -156,3 +156,21 @@ def test_npz_matches_the_steps():
             assert np.array_equal(
                 arrays[f"step{i}_cache_last_channel_in"], arrays[f"step{i - 1}_cache_last_channel_out"]
             )
+
+
+def test_the_gpu_comparison_counts_files_with_the_same_ids(tmp_path):
+    """`scripts/compare_cache_aware.py --pairs` (bench/2026-11-cache-aware/run.sh ids): every pair of runs, the
+    files whose stream token ids are equal, and where the first difference of the others lies."""
+    from compare_cache_aware import pairs
+
+    runs = {"nemo-64": {"a": [1, 2, 3], "b": [4]}, "ours-64": {"a": [1, 2, 3], "b": [4, 5]}, "ours-256": {"a": [1, 9]}}
+    paths = []
+    for name, ids in runs.items():
+        (tmp_path / name).mkdir()
+        paths.append(tmp_path / name / "transcripts.json")
+        paths[-1].write_text(json.dumps({file: {"token_ids": t} for file, t in ids.items()}))
+    report = pairs(paths)
+    assert sorted(report) == ["nemo-64 | ours-256", "nemo-64 | ours-64", "ours-256 | ours-64"]
+    assert report["nemo-64 | ours-64"]["same_token_ids"] == 1 and report["nemo-64 | ours-64"]["files"] == 2
+    assert report["nemo-64 | ours-64"]["differ"] == {"b": {"at": 1, "ours": 1, "nemo": 2}}
+    assert report["nemo-64 | ours-256"]["files"] == 1 and report["nemo-64 | ours-256"]["same_token_ids"] == 0
