@@ -15,6 +15,8 @@ loaded2() {
     step "server $1" 120 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
         --concurrency 128,128 --client-processes $CLIENTS --json "$OUT/serve-$1.json"
 }
+# ALL_EXTRA: options for the two-GPU server only (an experiment against the one-GPU server as it is: for instance
+# `--max-wait-ms 0`, since an idle engine waits for company that the other engine may take).
 # PYSPY=1 (carry .pyspy.xz: scripts/make_packs.sh pyspy): the first run of each server sampled for PYSPY_S (15)
 # seconds from PYSPY_AT (20) into its load, every process of it (the server's, its HTTP workers, the engines), as
 # raw folded stacks: $OUT/pyspy-NAME.txt (scripts/experiments/pyspy_summary.py: each process and thread's time)
@@ -25,7 +27,7 @@ profile() {
         -o $OUT/pyspy-$1.txt > $OUT/pyspy-$1.log 2>&1) &
 }
 for name in one-1 all-1 all-2 one-2; do
-    case $name in one-*) EXTRA="--devices cuda:0 ${HTTP:-}" ;; *) EXTRA="--devices all ${HTTP:-}" ;; esac
+    case $name in one-*) EXTRA="--devices cuda:0 ${HTTP:-}" ;; *) EXTRA="--devices all ${HTTP:-} ${ALL_EXTRA:-}" ;; esac
     EXTRA=$EXTRA serve $name bfloat16
     profile $name
     loaded2 $name
