@@ -65,10 +65,9 @@ def agreement(ours: dict[str, list[int]], theirs: dict[str, list[int]]) -> dict:
 
 
 def pairs(paths: list[Path]) -> dict:
-    """Every pair of transcripts.json files: their files with the same stream token ids, and where they part."""
-    runs = {
-        f"{path.parent.name}": {n: t["token_ids"] for n, t in json.loads(path.read_text()).items()} for path in paths
-    }
+    """Every pair of transcripts.json files, named by their folders ("A | B"): their files with the same stream
+    token ids, and where they part (`first_difference`'s "ours" is A's, "nemo" B's)."""
+    runs = {path.parent.name: {n: t["token_ids"] for n, t in json.loads(path.read_text()).items()} for path in paths}
     names = sorted(runs)
     return {f"{a} | {b}": agreement(runs[a], runs[b]) for i, a in enumerate(names) for b in names[i + 1 :]}
 

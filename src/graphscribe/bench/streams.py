@@ -12,7 +12,6 @@ a time, the next file joining as one ends: the real-time factor.
 from __future__ import annotations
 
 import gc
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from graphscribe.bench.latency import BEHIND_SHOWN, behind, lateness, percentile
 from graphscribe.io.audio import AudioError, read_input
 from graphscribe.runtime.cache_aware_streams import engine_for
 from graphscribe.runtime.streaming import StreamEngine
@@ -38,13 +38,6 @@ class _Live:
     stepped: int = 0
     latencies: list[float] = field(default_factory=list)
     done_latency: float | None = None
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def read_folder(paths: list[Path], rate: int) -> tuple[list[np.ndarray], list[str]]:
@@ -120,23 +113,21 @@ def realtime_level(engine: StreamEngine, audios: list[np.ndarray], n: int, trace
     finals = [live.done_latency for live in lives]
     audio = sum(len(live.audio) for live in lives) / rate
     p95 = percentile(latencies, 95)
-    behind = [live for live in lives if (percentile(live.latencies, 95) or 0.0) > chunk_s]
+    late = behind([live.latencies for live in lives], chunk_s)
     return {
         "streams": n,
         "pace": "realtime",
         "kept_up": p95 is not None and p95 <= chunk_s,
         # each stream's own p95 against the chunk: the realtime load test's count of sessions, for comparing them
-        "streams_kept_up": n - len(behind),
+        "streams_kept_up": n - len(late),
         # those behind, the furthest first: their audio, chunks, p95 and slowest chunk, and which chunk that was
         "behind": [
             {
-                "seconds": round(len(live.audio) / rate, 2),
-                "chunks": len(live.latencies),
-                "p95_ms": _ms(percentile(live.latencies, 95)),
-                "max_ms": _ms(max(live.latencies)),
-                "slowest_at": live.latencies.index(max(live.latencies)),
+                "seconds": round(len(lives[i].audio) / rate, 2),
+                "chunks": len(lives[i].latencies),
+                **lateness(lives[i].latencies),
             }
-            for live in sorted(behind, key=lambda live: -(percentile(live.latencies, 95) or 0.0))[:8]
+            for i in late[:BEHIND_SHOWN]
         ],
         "chunk_latency_ms": {f"p{q}": _ms(percentile(latencies, q)) for q in (50, 95, 99)},
         "final_latency_ms": {f"p{q}": _ms(percentile(finals, q)) for q in (50, 95, 99)},

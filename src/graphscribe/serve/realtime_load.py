@@ -15,8 +15,8 @@ own sends:
 A session kept up when its p95 delta latency is at most KEPT_UP_SECONDS and it failed nothing; a failure is an
 `error` or `failed` event, a refused or dropped connection, or a turn never completed. The level kept up (as the
 in-process bench judges its streams) when the p95 of all its deltas is at most KEPT_UP_SECONDS and no session
-failed. With `--client-processes P`
-the sessions are spread over P processes (one Python process sends ~10 000 appends a second at most).
+failed. With `--client-processes P` the sessions are spread over P processes (one Python process sends ~10 000
+appends a second at most).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import random
 import time
 from pathlib import Path
 
-import numpy as np
-
+from graphscribe.bench.latency import BEHIND_SHOWN, behind, lateness, percentile
 from graphscribe.io.audio import find_audio_files, read_input
 from graphscribe.serve.loadtest import parse_levels
 
@@ -38,7 +37,6 @@ RATE = 24000
 PIECES_MS = (20, 40, 60, 80, 100)  # append sizes a session draws from
 TAIL_SILENCE_MS = 1000
 KEPT_UP_SECONDS = 1.0
-BEHIND_SHOWN = 8  # the sessions that fell behind, listed in a level's report
 END_SECONDS = 60.0  # after its last audio, how long a session waits for its turns
 # the sessions' starts spread evenly over this, as the in-process bench (`transcribe bench --streams`) spreads its
 # streams' over a chunk (NVIDIA's streaming config's, 0.8 s): clients that all start in the same instant would
@@ -53,10 +51,6 @@ def read_pcm(paths: list[Path]) -> list[bytes]:
         audio = read_input(path, RATE).numpy()
         out.append((audio * 32768).round().clip(-32768, 32767).astype("<i2").tobytes())
     return out
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
 
 
 async def one_session(url: str, headers: dict, pcm: bytes, seed: int, start_at: float, commit: bool) -> dict:
@@ -178,12 +172,12 @@ def run_level(url: str, headers: dict, pcms: list[bytes], n: int, processes: int
             ]
     deltas = [d for r in results for d in r["deltas"]]
     finals = [f for r in results for f in r["finals"]]
-    behind = [r for r in results if not r["failures"] and (percentile(r["deltas"], 95) or 0.0) > KEPT_UP_SECONDS]
-    kept = sum(1 for r in results if not r["failures"]) - len(behind)
+    whole = [r for r in results if not r["failures"]]
+    late = behind([r["deltas"] for r in whole], KEPT_UP_SECONDS)
     failures = [f for r in results for f in r["failures"]]
     return {
         "sessions": n,
-        "kept_up": kept,
+        "kept_up": len(whole) - len(late),
         "level_kept_up": not failures and (percentile(deltas, 95) or 0.0) <= KEPT_UP_SECONDS,
         "failed_sessions": sum(1 for r in results if r["failures"]),
         "failures": sorted(set(failures))[:5],
@@ -194,15 +188,13 @@ def run_level(url: str, headers: dict, pcms: list[bytes], n: int, processes: int
         # the sessions that fell behind, the furthest first: how long, how many deltas, where their slowest came
         "behind": [
             {
-                "session": r["session"],
-                "seconds": round(r["seconds"], 2),
-                "deltas": len(r["deltas"]),
-                "p95_ms": _ms(percentile(r["deltas"], 95)),
-                "max_ms": _ms(max(r["deltas"])),
-                "slowest_at": r["deltas"].index(max(r["deltas"])),
+                "session": whole[i]["session"],
+                "seconds": round(whole[i]["seconds"], 2),
+                "deltas": len(whole[i]["deltas"]),
+                **lateness(whole[i]["deltas"]),
             }
-            for r in sorted(behind, key=lambda r: -(percentile(r["deltas"], 95) or 0.0))[:BEHIND_SHOWN]
-        ],
+            for i in late[:BEHIND_SHOWN]
+        ],  # fmt: skip
     }
 
 
