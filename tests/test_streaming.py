@@ -237,9 +237,9 @@ def test_the_streams_bench_judges_the_level_and_each_stream(capsys, tmp_path):
 
 
 def test_both_live_benches_judge_a_stream_by_its_own_p95():
-    """`bench.latency`: the streams (or sessions) whose p95 passes the bound, the furthest first, with where their
+    """`runtime.latency`: the streams (or sessions) whose p95 passes the bound, the furthest first, with where their
     slowest came; the nearest-rank p95 is a latency that was measured."""
-    from graphscribe.bench.latency import behind, lateness, percentile
+    from graphscribe.runtime.latency import behind, lateness, percentile
 
     on_time, late, later = [0.1] * 20, [0.1] * 18 + [1.5, 2.0], [3.0, 0.1]
     assert percentile(late, 95) == 1.5 and percentile([], 95) is None

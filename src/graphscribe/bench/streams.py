@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from graphscribe.bench.latency import BEHIND_SHOWN, behind, lateness, percentile
 from graphscribe.io.audio import AudioError, read_input
 from graphscribe.runtime.cache_aware_streams import engine_for
+from graphscribe.runtime.latency import BEHIND_SHOWN, behind, lateness, percentile
 from graphscribe.runtime.streaming import StreamEngine
 
 PIECE_SECONDS = 0.02  # a real-time source's appends

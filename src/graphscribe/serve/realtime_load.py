@@ -29,8 +29,8 @@ import random
 import time
 from pathlib import Path
 
-from graphscribe.bench.latency import BEHIND_SHOWN, behind, lateness, percentile
 from graphscribe.io.audio import find_audio_files, read_input
+from graphscribe.runtime.latency import BEHIND_SHOWN, behind, lateness, percentile
 from graphscribe.serve.loadtest import parse_levels
 
 RATE = 24000
