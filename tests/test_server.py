@@ -503,7 +503,7 @@ def test_access_log(server, client):
     assert any(re.fullmatch(r"serving tdt-tiny on http://127\.0\.0\.1:\d+ \(.*\)", line) for line in lines)
     logged = [line for line in lines if line.startswith("POST /v1/audio/transcriptions 200 ")]
     assert logged and re.fullmatch(
-        r".* 200 audio 7\.4\d s, upload \d+ ms, decode \d+ ms, queue \d+ ms, total \d+ ms", logged[-1]
+        r".* 200 audio 7\.4\d s, upload \d+ ms, decode \d+ ms, queue \d+ ms, batch \d+ ms, total \d+ ms", logged[-1]
     )
 
 

@@ -17,29 +17,37 @@ loaded2() {
 }
 # ALL_EXTRA: options for the two-GPU server only (an experiment against the one-GPU server as it is: for instance
 # `--max-wait-ms 0`, since an idle engine waits for company that the other engine may take).
-# PYSPY=1 (carry .pyspy.xz: scripts/make_packs.sh pyspy): the first run of each server sampled for PYSPY_S (15)
-# seconds from PYSPY_AT (20) into its load, every process of it (the server's, its HTTP workers, the engines), as
-# raw folded stacks: $OUT/pyspy-NAME.txt (scripts/experiments/pyspy_summary.py: each process and thread's time)
-profile() {
+# PYSPY=1 (carry .pyspy.xz: scripts/make_packs.sh pyspy): after the first run of each server's timed rounds, another
+# PYSPY_ROUNDS (8) rounds of the same load (a round takes about 2 s), every process of the server (its own, its HTTP
+# workers, the engines) sampled through them as raw folded stacks: $OUT/pyspy-NAME.txt
+# (scripts/experiments/pyspy_summary.py: each process and thread's time); the rounds' report: serve-NAME-profiled.json
+profiled() {
     [ -n "${PYSPY:-}" ] && [ "${1#*-}" = 1 ] || return 0
     [ -x /tmp/py-spy ] || { xz -dc .pyspy.xz > /tmp/py-spy && chmod +x /tmp/py-spy; }
-    (sleep ${PYSPY_AT:-20}; /tmp/py-spy record --pid $server --subprocesses --threads --idle -d ${PYSPY_S:-15} -r 100 -f raw \
-        -o $OUT/pyspy-$1.txt > $OUT/pyspy-$1.log 2>&1) &
+    /tmp/py-spy record --pid $server --subprocesses --threads --idle --nonblocking -d ${PYSPY_S:-30} -r 100 -f raw \
+        -o $OUT/pyspy-$1.txt > $OUT/pyspy-$1.log 2>&1 & spy=$!
+    sleep 2  # py-spy finds the children and attaches
+    local rounds; rounds=$(printf '128,%.0s' $(seq ${PYSPY_ROUNDS:-8})); rounds=${rounds%,}
+    step "server $1, profiled" 180 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
+        --concurrency $rounds --client-processes $CLIENTS --json "$OUT/serve-$1-profiled.json"
+    kill -INT $spy 2>/dev/null; wait $spy
 }
-for name in one-1 all-1 all-2 one-2; do
+# NAMES: the servers run, in order (one-N: one GPU, all-N: both)
+for name in ${NAMES:-one-1 all-1 all-2 one-2}; do
     case $name in one-*) EXTRA="--devices cuda:0 ${HTTP:-}" ;; *) EXTRA="--devices all ${HTTP:-} ${ALL_EXTRA:-}" ;; esac
     EXTRA=$EXTRA serve $name bfloat16
-    profile $name
-    loaded2 $name
+    util $name; loaded2 $name; unutil $name  # the GPUs' mean busy share over their nonzero samples
+    profiled $name
     grep -E '^graphscribe_device_(requests_total|restarts_total)' <(curl -s localhost:8000/metrics) | tee -a "$log"
     stop $name
 done
-python3 - "$OUT" <<'PY' | tee -a "$log"
+python3 - "$OUT" "${NAMES:-one-1 all-1 all-2 one-2}" <<'PY' | tee -a "$log"
 import json, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 rtfx, failed = {"one": [], "all": []}, 0
-for name in ("one-1", "all-1", "all-2", "one-2"):
+names = sys.argv[2].split()
+for name in names:
     path = out / f"serve-{name}.json"
     if not path.exists():
         print(f"{name}: no report"); continue
@@ -49,21 +57,22 @@ for name in ("one-1", "all-1", "all-2", "one-2"):
     failed += sum(r["failed"] for r in rows)
     print(f"{name}: {report['server'].get('device')}: RTFx {[r['rtfx'] for r in rows]}, failed {[r['failed'] for r in rows]}")
 import re
-stage = re.compile(r"POST \S+ 200 audio \S+ s, upload (\d+) ms, decode (\d+) ms, queue (\d+) ms, total (\d+) ms")
-for name in ("one-1", "all-1", "all-2", "one-2"):  # the access log's stages of a transcription, p50 / p95 (ms)
+stage = re.compile(r"POST \S+ 200 audio \S+ s, upload (\d+) ms, decode (\d+) ms, queue (\d+) ms, batch (\d+) ms, total (\d+) ms")
+for name in names:  # the access log's stages of a transcription in the timed rounds, p50 / p95 (ms)
     path = out / f"serve-{name}.log"
     rows = [tuple(map(int, m.groups())) for m in map(stage.search, path.read_text().splitlines()) if m] if path.exists() else []
+    rows = rows[: 2 * 4096]  # the profiled rounds come after
     if rows:
         cols = list(zip(*rows))
-        rest = sorted(t - u - d - q for u, d, q, t in rows)
+        rest = sorted(t - u - d - q - b for u, d, q, b, t in rows)
         def spread(v):
             v = sorted(v)
             return f"{v[len(v) // 2]}/{v[int(len(v) * 0.95)]}"
         print(f"{name}: {len(rows)} requests, upload {spread(cols[0])}, decode {spread(cols[1])}, queue {spread(cols[2])}, "
-              f"batch and answer {spread(rest)}, total {spread(cols[3])} ms (p50/p95)")
+              f"batch {spread(cols[3])}, to the engine and back {spread(rest)}, total {spread(cols[4])} ms (p50/p95)")
 if rtfx["one"] and rtfx["all"]:
     one, two = statistics.median(rtfx["one"]), statistics.median(rtfx["all"])
     print(f"median RTFx: one GPU {one:.1f}, both {two:.1f}: {two / one:.2f}x (bar 1.9x); failed requests: {failed} (bar 0)")
 PY
-(cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json && rm -f serve-*.log metrics-*.txt serve-*.json)
+(cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json pyspy-*.log 2>/dev/null; rm -f serve-*.log metrics-*.txt pyspy-*.log)
 exit 0

@@ -90,7 +90,7 @@ class Transcriber:
         loop = asyncio.get_running_loop()
         answered = loop.create_future()
 
-        def done(transcript, queue_seconds: float) -> None:  # on the batching thread
+        def done(transcript, times: tuple[float, float]) -> None:  # on the batching thread
             loop.call_soon_threadsafe(answered.set_result, transcript)
 
         self.service.submit(audio, options.word_times, done, name, beam=options.beam)

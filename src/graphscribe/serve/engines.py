@@ -87,7 +87,7 @@ def engine_main(
     Messages (pickled tuples; raw float32 samples follow SUBMIT and TURNS as in ipc.py):
         server -> engine  (SUBMIT, n, bytes, word_times, name, confidence, hotwords, beam)  (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes)],
                           bytes)  (STOP,)
-        engine -> server  (READY, facts)  (FAILED, reason)  (DONE, n, transcript, queue seconds)
+        engine -> server  (READY, facts)  (FAILED, reason)  (DONE, n, transcript, times)
                           (BATCH, rows, padded seconds, capture seconds)  (SAID, [(turn, Said), ...])
                           (LIVE, rows, seconds)
     """
@@ -173,8 +173,8 @@ def _intake(conn: Connection, service, outbox: queue.SimpleQueue) -> None:
 
 
 def _answer(outbox: queue.SimpleQueue, n: int):
-    def done(transcript: Transcript, queue_seconds: float) -> None:  # on the batching thread
-        outbox.put(((DONE, n, transcript, queue_seconds), None))
+    def done(transcript: Transcript, times: tuple[float, float]) -> None:  # on the batching thread
+        outbox.put(((DONE, n, transcript, times), None))
 
     return done
 
@@ -342,7 +342,7 @@ class DeviceEngines:
         hotwords: tuple = (),
         beam: int | None = None,
     ):
-        """Send (L,) samples to the engine with the least audio queued; `done(transcript, queue_seconds)` is called
+        """Send (L,) samples to the engine with the least audio queued; `done(transcript, times)` is called
         on its reader thread (with `transcript.error` if no engine could transcribe it). RuntimeError once closed."""
         with self._lock:
             if self.closed:
@@ -354,7 +354,7 @@ class DeviceEngines:
                 engine.queued += audio.numel()
                 self.sent.counts[engine.index] += 1
         if engine is None:  # every engine is starting again
-            done(Transcript(source=name, error="no engine is running (they are restarting): try again"), 0.0)
+            done(Transcript(source=name, error="no engine is running (they are restarting): try again"), (0.0, 0.0))
             return
         message = (SUBMIT, n, audio.numel() * 4, word_times, name, confidence, hotwords, beam)
         engine.outbox.put((message, audio.numpy()))
@@ -390,13 +390,13 @@ class DeviceEngines:
     def _handle(self, engine: _Engine, message: tuple) -> None:
         kind, counts = message[0], self.counts[engine.index]
         if kind == DONE:
-            _, n, transcript, queue_seconds = message
+            _, n, transcript, times = message
             with self._lock:
                 samples, done, _ = engine.requests.pop(n)
                 engine.queued -= samples
                 self.sent.counts[engine.index] -= 1
                 counts.answered += 1
-            done(transcript, queue_seconds)
+            done(transcript, times)
         elif kind == SAID:
             self._said(engine, message[1])
         elif kind == BATCH:
@@ -452,7 +452,7 @@ class DeviceEngines:
             return
         message = f"the engine on {label} {how} while transcribing this; the server starts another: try again"
         for _, done, name in requests.values():
-            done(Transcript(source=name, error=message), 0.0)
+            done(Transcript(source=name, error=message), (0.0, 0.0))
         if turns:
             self.on_said([(key, Said("", 0, error=message)) for key, _ in turns])
         if not self.closed:

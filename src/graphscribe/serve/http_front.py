@@ -287,13 +287,15 @@ class Front:
             finally:
                 form.file = None  # the upload's bytes are not needed any more
             submitted = time.perf_counter()
-            transcript, queue_seconds = await future
+            transcript, (queue, batch) = await future
         finally:
             self.link.forget(n)
         if isinstance(transcript, BadRequest):  # refused by the engine for a field (a phrase it cannot boost)
             raise ApiError(400, transcript.error, transcript.param)
-        # the log line's stages: receiving the form, decoding the audio and sending it to the engine, the queue there
-        request.scope["graphscribe"] = (transcript.audio_seconds, received - start, submitted - received, queue_seconds)
+        # the log line's stages: receiving the form, decoding the audio and sending it to the engine, the queue there,
+        # its batch from forming to its answer (the rest of `total` is the way to the engine and back)
+        stages = (received - start, submitted - received, queue, batch)
+        request.scope["graphscribe"] = (transcript.audio_seconds, *stages)
         if transcript.error is not None:
             raise ApiError(500, transcript.error)
         return answer(transcript, options)
@@ -312,7 +314,7 @@ class Front:
             raise shutting_down() from None
         finally:
             form.file = None
-        request.scope["graphscribe"] = (samples / rate, 0.0, 0.0, 0.0)
+        request.scope["graphscribe"] = (samples / rate, 0.0, 0.0, 0.0, 0.0)
         events = stream.events(lambda: self.admission.release(self.slot))
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -409,9 +411,9 @@ class AccessLog:
             transcribed = scope.get("graphscribe")  # a transcription's audio seconds and stages (`_transcribe`)
             line = f"{scope['method']} {ascii(scope['path'][:200])[1:-1]} {status}"  # no control characters
             if transcribed:
-                audio, upload, decode, queue = transcribed
+                audio, upload, decode, queue, batch = transcribed
                 line += f" audio {audio:.2f} s, upload {1000 * upload:.0f} ms, decode {1000 * decode:.0f} ms,"
-                line += f" queue {1000 * queue:.0f} ms,"
+                line += f" queue {1000 * queue:.0f} ms, batch {1000 * batch:.0f} ms,"
             line += f" total {1000 * elapsed:.0f} ms"
             with contextlib.suppress(EngineLost):
                 self.link.send((LOG, path, status, elapsed, transcribed[0] if transcribed else 0.0, line))

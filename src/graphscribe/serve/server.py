@@ -285,8 +285,8 @@ class Engine:
 
 
 def _answer_to(worker: _Worker, n: int):
-    def done(transcript, queue_seconds: float) -> None:  # on the batching thread
-        worker.send((DONE, n, transcript, queue_seconds))
+    def done(transcript, times: tuple[float, float]) -> None:  # on the batching thread
+        worker.send((DONE, n, transcript, times))
 
     return done
 

@@ -87,7 +87,9 @@ class Request:
     audio: torch.Tensor | None  # (L,) float32 at the model's rate; dropped once copied into its batch
     seconds: float
     word_times: bool  # token, word and segment times wanted
-    done: Callable[[Transcript, float], None]  # called once, on the batching thread: (transcript, queue seconds)
+    done: Callable[
+        [Transcript, tuple[float, float]], None
+    ]  # called once, on the batching thread: (transcript, `times`)
     name: str = "<upload>"  # names the input in error messages
     put_at: float = 0.0  # time.monotonic()
     tree: Tables | None = None  # its own phrases' boosting tree (`LoadedModel.row_tree`)
@@ -95,9 +97,11 @@ class Request:
     confidence: bool = False  # token and word confidences wanted (include[]=confidence)
     beam: int | None = None  # its own beam size (1: greedy); None: the model's `beam_size`
 
-    @property
-    def queue_seconds(self) -> float:
-        return max(0.0, self.taken_at - self.put_at) if self.taken_at else 0.0
+    def times(self) -> tuple[float, float]:
+        """(seconds queued, seconds from its batch's forming to its answer): the access log's `queue` and `batch`."""
+        if not self.taken_at:
+            return 0.0, 0.0
+        return max(0.0, self.taken_at - self.put_at), max(0.0, time.monotonic() - self.taken_at)
 
 
 class Service:
@@ -182,7 +186,7 @@ class Service:
         hotwords: tuple[tuple[str, float | None], ...] = (),
         beam: int | None = None,
     ) -> Request | None:
-        """Queue (L,) samples at the model's rate; `done(transcript, queue_seconds)` is called on the batching thread
+        """Queue (L,) samples at the model's rate; `done(transcript, times)` is called on the batching thread (`Request.times`)
         when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
         closed. hotwords: the request's own phrases (`boosting.parse_request_hotwords`), boosted in its row only; a
         phrase that cannot be boosted, or phrases with a beam, are answered at once, on the caller's thread, with a
@@ -192,7 +196,7 @@ class Service:
         try:
             tree = self._tree(hotwords, beam) if hotwords else None
         except HotwordError as err:
-            done(BadRequest(source=name, error=str(err), param="hotwords"), 0.0)
+            done(BadRequest(source=name, error=str(err), param="hotwords"), (0.0, 0.0))
             return None
         seconds = audio.numel() / self.model.sample_rate
         request = Request(
@@ -252,7 +256,7 @@ class Service:
             if not (request.confidence or self.model.options.confidence):  # its batch's, asked for by another
                 for item in (*transcript.tokens, *transcript.words):
                     item.confidence = None
-            request.done(transcript, request.queue_seconds)
+            request.done(transcript, request.times())
 
     def _fail_taken(self, message: str) -> None:
         """Answer the requests whose batches were lost with `message`; those still waiting stay queued."""
