@@ -30,7 +30,7 @@ sessions)
             >> $OUT/pyspy.log 2>&1) &
     fi
     step "sessions bfloat16" 400 python3 -m graphscribe.cli bench --realtime ws://127.0.0.1:8000 --folder /tmp/f512 \
-        --sessions ${SESSIONS:-64,512} --client-processes ${CLIENTS:-4} --turns ${TURNS:-vad} \
+        --sessions ${SESSIONS:-64,512} --client-processes ${CLIENTS:-8} --turns ${TURNS:-vad} \
         --json $OUT/sessions-${TURNS:-vad}.json
     unutil ws
     grep -E "^graphscribe_live_step_(rows_(sum|count)|seconds_total)" <(curl -s localhost:8000/metrics) | tee -a $log
