@@ -155,3 +155,46 @@ def test_cycles_are_found_and_named():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
     assert cycles(graph) == {frozenset({"a", "b", "c"}), frozenset({"e"})}
     assert cycles({"a": {"b"}, "b": set()}) == set()
+
+
+# Modules of Triton kernels: they import Triton at their top, and are imported themselves through
+# `model.import_kernels`, under the one lock that keeps two threads from importing Triton at once.
+KERNEL_MODULES = {"model.encoder_kernels", "model.step_kernels", "model.beam_kernels", "model.chain_kernels",
+                  "model.fused_step"}  # fmt: skip
+
+
+def unlocked_triton_imports(source: str) -> list[int]:
+    """Lines that import Triton or a kernel module outside a `with TRITON_IMPORT:` block."""
+    kernels = {name.rpartition(".")[2] for name in KERNEL_MODULES}
+    found: list[int] = []
+
+    def visit(node: ast.AST, locked: bool) -> None:
+        if isinstance(node, ast.With):
+            locked = locked or any(ast.unparse(item.context_expr).endswith("TRITON_IMPORT") for item in node.items)
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [a.name for a in node.names]
+        else:
+            names = []
+        if not locked and any(n.split(".")[0] == "triton" or n.rpartition(".")[2] in kernels for n in names):
+            found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, locked)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_triton_is_imported_under_one_lock():
+    """On the GPU a server's priming thread and its first batch imported Triton at once: "partially initialized
+    module 'triton.runtime.cache'", and the fused encoder kernels stayed off for the process."""
+    unlocked = {
+        name: lines
+        for name, path in module_names().items()
+        if name not in KERNEL_MODULES and (lines := unlocked_triton_imports(path.read_text()))
+    }
+    assert unlocked == {}, f"import Triton's kernels through model.import_kernels, or under TRITON_IMPORT: {unlocked}"
+    assert unlocked_triton_imports("def f():\n    from graphscribe.model import encoder_kernels\n") == [2]
+    assert unlocked_triton_imports("def f():\n    from triton.runtime.cache import triton_key\n") == [2]
+    assert unlocked_triton_imports("with TRITON_IMPORT:\n    import triton\n") == []

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from graphscribe.io.config import DecodingConfig
+from graphscribe.model import import_kernels
 from graphscribe.model.decoding import Hypothesis, frame_capacity, size_class
 from graphscribe.model.heads import Joint, PredictionNet
 
@@ -266,7 +267,7 @@ def _kernels_for(logits: torch.Tensor):
 @functools.cache
 def _beam_kernels():
     try:
-        from graphscribe.model import beam_kernels
+        beam_kernels = import_kernels("beam_kernels")
     except ImportError as err:
         log.warning("the beam search's fused kernels are unavailable (%s); using PyTorch's operations", err)
         return None

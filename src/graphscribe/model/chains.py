@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from graphscribe.model import import_kernels
+
 log = logging.getLogger(__name__)
 
 
@@ -224,7 +226,7 @@ class ChainTables:
 @functools.cache
 def _chain_kernels():
     try:
-        from graphscribe.model import chain_kernels
+        chain_kernels = import_kernels("chain_kernels")
     except ImportError as err:
         log.warning("greedy fusion's lookup kernels are unavailable (%s); using PyTorch's operations", err)
         return None

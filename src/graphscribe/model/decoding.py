@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 
 from graphscribe.io.config import DecodingConfig
+from graphscribe.model import import_kernels
 from graphscribe.model.fusion import Fusion
 from graphscribe.model.heads import Joint, PredictionNet
 from graphscribe.model.ngram import TokenModel
@@ -339,7 +340,7 @@ class GreedyDecoder:
             return decode_step
         if self._fused_step is None:
             try:
-                from graphscribe.model.fused_step import FusedStep
+                FusedStep = import_kernels("fused_step").FusedStep
 
                 start = time.perf_counter()
                 self._fused_step = FusedStep(self.prediction, self.joint, dtype, self.cfg.durations)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graphscribe.io.config import EncoderConfig
+from graphscribe.model import import_kernels
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,7 @@ def kernels_for(x: torch.Tensor):
 @functools.cache
 def _encoder_kernels():
     try:
-        from graphscribe.model import encoder_kernels
+        encoder_kernels = import_kernels("encoder_kernels")
     except ImportError as err:
         log.warning("fused encoder kernels unavailable (%s); using PyTorch's operations", err)
         return None

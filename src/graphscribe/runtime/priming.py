@@ -16,6 +16,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from graphscribe.model import TRITON_IMPORT
+
 log = logging.getLogger(__name__)
 
 
@@ -55,8 +57,9 @@ def _prime(device: torch.device, dtype: torch.dtype) -> None:
     except RuntimeError as err:  # a library that fails here fails again, with its message, where it is used
         log.debug("priming CUDA libraries: %s", err)
     try:
-        from triton.runtime.cache import triton_key
+        with TRITON_IMPORT:  # not beside a kernel module's import of Triton (`model.import_kernels`)
+            from triton.runtime.cache import triton_key
 
         triton_key()  # cached for the process: the fused decode step's first launch then skips the hashing
-    except (ImportError, OSError) as err:
+    except Exception as err:  # noqa: BLE001 - a head start only: the kernels' own import reports what is wrong
         log.debug("priming Triton: %s", err)
