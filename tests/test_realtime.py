@@ -323,7 +323,7 @@ def test_the_load_test_times_real_time_sessions(server, tmp_path):
     run = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
     assert run.returncode == 0, run.stderr
     (row,) = json.loads(report_path.read_text())["rows"]
-    assert row["sessions"] == 2 and row["failed_sessions"] == 0, row
+    assert row["sessions"] == 2 and row["failed_sessions"] == 0 and row["client_processes"] == 1, row
     assert row["turns"] >= 2 and row["deltas"] > 0 and row["delta_ms"]["p50"] is not None
     # the sessions' count and the level's verdict (all its deltas' p95, as the in-process bench judges its streams)
     assert row["kept_up"] in (0, 1, 2) and isinstance(row["level_kept_up"], bool), row
@@ -335,6 +335,17 @@ def test_the_load_test_times_real_time_sessions(server, tmp_path):
     (row,) = report["rows"]
     assert report["turns"] == "commit" and row["failed_sessions"] == 0, row
     assert row["turns"] == 2 and row["deltas"] > 0 and row["final_ms"]["p50"] is not None, row
+
+
+def test_the_load_test_spreads_its_sessions_over_client_processes(monkeypatch):
+    """One Python process times about 144 sessions (1152 over 4 processes measured their own lag): the default
+    spreads a level over more, up to half the cores, which the server may share."""
+    from graphscribe.serve import realtime_load
+
+    monkeypatch.setattr(realtime_load.os, "cpu_count", lambda: 16)
+    assert [realtime_load.client_processes(n) for n in (1, 144, 145, 1152, 4096)] == [1, 1, 2, 8, 8]
+    monkeypatch.setattr(realtime_load.os, "cpu_count", lambda: 2)
+    assert realtime_load.client_processes(1152) == 1
 
 
 def test_an_idle_session_is_ended_with_its_turn_answered(tmp_path):

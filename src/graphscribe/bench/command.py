@@ -117,7 +117,8 @@ def bench_command(
         "--client-processes",
         metavar="P",
         show_default=False,
-        help="--serve, --realtime: processes the clients are spread over (default: one).",
+        help="--serve, --realtime: processes the clients are spread over (default: --serve one; --realtime one "
+        "per 144 sessions, up to half the cores).",
     ),
     realtime: Optional[str] = typer.Option(
         None,
