@@ -1,0 +1,96 @@
+"""One engine alone under a closed loop of N clients, in process: how its throughput grows with the requests in flight.
+
+`transcribe serve --devices all` on two GPUs splits 128 clients' requests over two engine processes, 64 in flight
+each. Two GPUs make 1.9x one GPU only if an engine with 64 requests in flight does nearly what one with 128 does.
+This measures that curve without HTTP, workers or pipes: the files decoded to samples first, then per level N, N
+threads that each submit a request to one `Service` (the server's engine, warmed up as it is), wait for its answer
+and submit the next, over every file of the folder once. Per level: RTFx, requests a second, request latency
+p50 / p95 (submit to answer), the batches' mean rows.
+
+    python scripts/experiments/engine_load.py -m v3.nemo --dtype bfloat16 --folder /tmp/f4096 --clients 32,64,128,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+
+from graphscribe import load_model
+from graphscribe.io.audio import find_audio_files, read_input
+from graphscribe.runtime.latency import percentile
+from graphscribe.serve.service import Service
+
+
+def level(service: Service, batches: list[int], audios: list, clients: int) -> dict:
+    """Every audio once, `clients` at a time, each client submitting its next as its last is answered; `batches`:
+    the rows of each batch the service forms (its `on_batch`)."""
+    batches.clear()
+    latencies: list[float] = []
+    order = iter(range(len(audios)))
+    lock = threading.Lock()
+
+    def client() -> None:
+        answered = threading.Event()
+        while True:
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            answered.clear()
+            start = time.perf_counter()
+            service.submit(audios[i], False, lambda *_: answered.set(), f"file {i}")
+            answered.wait()
+            latencies.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    seconds = sum(a.numel() for a in audios) / service.model.sample_rate
+    return {
+        "clients": clients,
+        "rtfx": round(seconds / wall, 1),
+        "requests_per_second": round(len(audios) / wall, 1),
+        "latency_ms": {f"p{q}": round(1000 * percentile(latencies, q), 1) for q in (50, 95)},
+        "batches": len(batches),
+        "mean_rows": round(sum(batches) / max(1, len(batches)), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", required=True)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--folder", required=True)
+    parser.add_argument("--clients", default="32,64,128,256")
+    parser.add_argument("--repeat", type=int, default=2, help="passes over the folder per level")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    audios = [read_input(path, model.sample_rate) for path in find_audio_files(args.folder)]
+    batches: list[int] = []
+    # no wait for company: a client here submits its next request the moment its answer comes
+    service = Service(model, None, 0.0, on_batch=lambda rows, padded: batches.append(rows))
+    service.start()
+    service.wait_ready()
+    rows = []
+    for clients in (int(c) for c in args.clients.split(",")):
+        for _ in range(args.repeat):
+            row = level(service, batches, audios, clients)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    service.close()
+    if args.json:
+        report = {"model": args.model, "device": str(model.device), "dtype": args.dtype, "files": len(audios)}
+        with open(args.json, "w") as out:
+            json.dump({**report, "levels": rows}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
