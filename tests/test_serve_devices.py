@@ -211,3 +211,57 @@ def test_http_workers_by_default_grow_with_the_gpus(monkeypatch, cores, gpus, wo
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)), raising=False)
     assert default_http_workers("cuda", gpus) == workers
     assert default_http_workers("cpu", gpus) == 1
+
+
+def test_length_routing_gives_each_engine_a_band_of_lengths(tmp_path, expected):
+    """`--route length`: once the recent requests have cut the bands, a short request goes to the first engine and a
+    long one to the second (one at a time: no queue to fall back from), each answered with the CLI's text."""
+    from graphscribe.serve.routing import MIN_SEEN
+
+    served = start(tmp_path / "stderr.txt", "--route", "length")
+    try:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0, timeout=CLIENT_SECONDS)
+        by_length = sorted(FILES, key=lambda p: p.stat().st_size)
+        short, long = by_length[0], by_length[-1]
+        for i in range(MIN_SEEN):  # every length, to cut the bands from
+            transcribe(client, FILES[i % len(FILES)])
+        for path, device in ((short, "cpu:0"), (long, "cpu:1"), (short, "cpu:0"), (long, "cpu:1")):
+            before = device_metric(served, "requests_total")
+            assert transcribe(client, path).text == expected[path.name]
+            after = device_metric(served, "requests_total")
+            assert {d: after[d] - before[d] for d in after} == {device: 1, ({"cpu:0", "cpu:1"} - {device}).pop(): 0}
+    finally:
+        assert served.stop() == 0, served.log.read_text()
+
+
+def test_length_bands_split_the_audio_and_order_the_lengths():
+    """The bands of `routing.LengthBands`: each holds about an equal share of the audio, shorter bands shorter
+    requests; `routing.route` falls back to the least-queued engine before the bands are cut, for a turn, and when
+    the band's engine has fallen behind."""
+    import random
+    from types import SimpleNamespace
+
+    from graphscribe.serve.routing import MIN_SEEN, SLACK_SECONDS, LengthBands, route
+
+    rng = random.Random(0)
+    bands, audio, lengths = LengthBands(), [0, 0, 0], [[], [], []]
+    seen = [int(16000 * rng.lognormvariate(1.8, 0.6)) for _ in range(4000)]
+    for k, samples in enumerate(seen):
+        band = bands.band(samples, 3)
+        assert (band is None) == (k < MIN_SEEN - 1)
+        if k >= 1024 and band is not None:  # after the first cuts
+            audio[band] += samples
+            lengths[band].append(samples)
+    shares = [a / sum(audio) for a in audio]
+    assert all(0.28 < s < 0.39 for s in shares), shares
+    assert max(lengths[0]) <= min(lengths[2]) and sorted(map(len, lengths), reverse=True) == list(map(len, lengths))
+
+    def engine(queued_seconds: float):
+        return SimpleNamespace(queued=int(queued_seconds * 16000), requests={}, turns=set())
+
+    one, two = engine(0.0), engine(5.0)
+    assert route([one, two], 16000 * 100, bands, 16000) is two  # longer than every recent one: the last band
+    assert route([one, two], 16000 * 100, None, 16000) is one  # least queued
+    assert route([one, two], None, bands, 16000) is one  # a realtime turn
+    assert route([one, engine(SLACK_SECONDS + 1)], 16000 * 100, bands, 16000) is one  # its band's engine behind
+    assert route([], 16000, bands, 16000) is None
