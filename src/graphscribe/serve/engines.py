@@ -1,9 +1,9 @@
 """`transcribe serve --devices`: one engine process per device, each running the server's batching engine (`Service`)
-on a model of its own; the server's process sends each request, and each realtime turn, to the engine with the
-least audio queued.
+on a model of its own; the server's process sends each request to the engine `routing.route` names (by default
+the one with the least audio queued), and each realtime turn to the least queued.
 
     HTTP worker -> [server process: its intake thread (server.Engine) -> `DeviceEngines.submit`: of the warm
-    engines, the one with the fewest seconds of audio submitted and not answered] -> SUBMIT and the raw samples over
+    engines, the one `routing.route` names] -> SUBMIT and the raw samples over
     that engine's pipe -> [engine process (`engine_main`): Service.submit -> batches -> done]
     -> DONE over the pipe -> [server process: the request's answer to its HTTP worker]
 
