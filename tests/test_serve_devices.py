@@ -236,12 +236,12 @@ def test_length_routing_gives_each_engine_a_band_of_lengths(tmp_path, expected):
 
 def test_length_bands_split_the_audio_and_order_the_lengths():
     """The bands of `routing.LengthBands`: each holds about an equal share of the audio, shorter bands shorter
-    requests; `routing.route` falls back to the least-queued engine before the bands are cut, for a turn, and when
+    requests; `routing.pick` falls back to the least-queued engine before the bands are cut, for a turn, and when
     the band's engine has fallen behind."""
     import random
     from types import SimpleNamespace
 
-    from graphscribe.serve.routing import MIN_SEEN, SLACK_SECONDS, LengthBands, route
+    from graphscribe.serve.routing import MIN_SEEN, SLACK_SECONDS, LengthBands, pick
 
     rng = random.Random(0)
     bands, audio, lengths = LengthBands(), [0, 0, 0], [[], [], []]
@@ -260,8 +260,8 @@ def test_length_bands_split_the_audio_and_order_the_lengths():
         return SimpleNamespace(queued=int(queued_seconds * 16000), requests={}, turns=set())
 
     one, two = engine(0.0), engine(5.0)
-    assert route([one, two], 16000 * 100, bands, 16000) is two  # longer than every recent one: the last band
-    assert route([one, two], 16000 * 100, None, 16000) is one  # least queued
-    assert route([one, two], None, bands, 16000) is one  # a realtime turn
-    assert route([one, engine(SLACK_SECONDS + 1)], 16000 * 100, bands, 16000) is one  # its band's engine behind
-    assert route([], 16000, bands, 16000) is None
+    assert pick([one, two], 16000 * 100, bands, 16000) is two  # longer than every recent one: the last band
+    assert pick([one, two], 16000 * 100, None, 16000) is one  # least queued
+    assert pick([one, two], None, bands, 16000) is one  # a realtime turn
+    assert pick([one, engine(SLACK_SECONDS + 1)], 16000 * 100, bands, 16000) is one  # its band's engine behind
+    assert pick([], 16000, bands, 16000) is None

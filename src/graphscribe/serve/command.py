@@ -234,7 +234,7 @@ def serve_command(
 
 def _serve_on_devices(engine, source, names, options, model_name, max_wait_ms, max_queue, stop, route) -> int:
     """--devices with several: an engine process each (engines.py), which the HTTP workers' requests are spread over
-    (`routing.route`)."""
+    (`routing.pick`)."""
     service = DeviceEngines.behind(engine, source, names, options, max_wait_ms / 1000, route)
     sys.stderr.write(f"warming up {model_name} on {', '.join(service.labels)}: an engine process each\n")
     return serve_until(engine, service, model_name, max_queue, stop)

@@ -1,9 +1,9 @@
 """`transcribe serve --devices`: one engine process per device, each running the server's batching engine (`Service`)
-on a model of its own; the server's process sends each request to the engine `routing.route` names (by default
+on a model of its own; the server's process sends each request to the engine `routing.pick` names (by default
 the one with the least audio queued), and each realtime turn to the least queued.
 
     HTTP worker -> [server process: its intake thread (server.Engine) -> `DeviceEngines.submit`: of the warm
-    engines, the one `routing.route` names] -> SUBMIT and the raw samples over
+    engines, the one `routing.pick` names] -> SUBMIT and the raw samples over
     that engine's pipe -> [engine process (`engine_main`): Service.submit -> batches -> done]
     -> DONE over the pipe -> [server process: the request's answer to its HTTP worker]
 
@@ -51,7 +51,7 @@ from graphscribe.serve.ipc import (
     receive_samples,
     send,
 )
-from graphscribe.serve.routing import LengthBands, route
+from graphscribe.serve.routing import LengthBands, pick
 from graphscribe.serve.sessions import Said
 
 BATCH, LIVE, FAILED, STOP = "batch", "live", "failed", "stop"  # engine -> server, and the server's last word
@@ -264,7 +264,7 @@ class DeviceEngines:
         route: str = "least",
     ):
         self.source, self.devices, self.options = source, list(devices), options
-        self._bands = LengthBands() if route == "length" else None  # `routing.route`
+        self._bands = LengthBands() if route == "length" else None  # `routing.pick`
         self.admission = admission  # the server's: requests admitted by its HTTP workers
         self.sent = Admission(len(devices))  # requests sent to each engine and not answered, for the engines to read
         self.max_wait, self.live_streams = max_wait, live_streams
@@ -333,9 +333,9 @@ class DeviceEngines:
         return torch.empty(n, dtype=torch.float32)
 
     def _pick(self, samples: int | None = None) -> _Engine | None:
-        """Under the lock: the warm engine to take a request of `samples` (None: a realtime turn), `routing.route`."""
+        """Under the lock: the warm engine to take a request of `samples` (None: a realtime turn), `routing.pick`."""
         warm = [e for e in self.engines if e.facts is not None and not e.gone]
-        return route(warm, samples, self._bands, warm[0].facts["sample_rate"] if warm else 0)
+        return pick(warm, samples, self._bands, warm[0].facts["sample_rate"] if warm else 0)
 
     def submit(
         self,

@@ -9,7 +9,7 @@ Messages on a worker's pipe are pickled tuples:
                        (TURNS, [(OPEN | AUDIO | FINISH | DROP, turn, bytes), ...], bytes in all) + the AUDIO
                        operations' samples end to end, raw: the realtime turns' operations of one burst of the
                        worker's audio thread (one message for many sessions' appends)
-    engine -> worker   (READY, health, max_queue, sample_rate, chunk samples of a live step)   (DONE, id, transcript, (queue, batch) seconds)
+    engine -> worker   (READY, health, max_queue, sample_rate, chunk samples of a live step)   (DONE, id, transcript, times)
                        (REFUSED, id)   (METRICS, id, text)   (SAID, [(turn, sessions.Said), ...]) a step's
 A SUBMIT's samples follow it as a message of their own, raw float32 bytes, which the engine reads straight into an
 array (`receive_samples`): pickled with it, they would be copied four times over in the engine, each copy holding

@@ -2,8 +2,8 @@
 `/v1/realtime` sessions.
 
 Every file under DIR is read and resampled to 24 kHz PCM16 before any timing. Per level N, N sessions open and are
-configured, then their audio starts, spread over 0.8 s (session i sends file i mod the folder's count), each at real-time pace
-in appends of 20 to 100 ms (each session its own sizes, seeded), then a second of silence so that server VAD (the
+configured, then their audio starts, spread over 0.8 s (session i sends file i mod the folder's count), each at
+real-time pace in appends of 20 to 100 ms (each session its own sizes, seeded), then a second of silence so that server VAD (the
 session's default) ends its last turn, and waiting for every turn's `completed`; with `--turns commit`, VAD off
 (`turn_detection: null`), no second of silence and one turn a session, committed after its last audio (the same
 audio and steps as the in-process bench's stream of that file). A session is timed against the wall clock of its

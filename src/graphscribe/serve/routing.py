@@ -52,7 +52,7 @@ class LengthBands:
         return min(bands - 1, int(share * bands))
 
 
-def route(engines: list, samples: int | None, bands: LengthBands | None, rate: int):
+def pick(engines: list, samples: int | None, bands: LengthBands | None, rate: int):
     """Of `engines` (warm, in device order; each with `queued` samples, `requests` and `turns`), the one to take a
     request of `samples` (None: a realtime turn); `bands` None: least-queued routing."""
     if not engines:

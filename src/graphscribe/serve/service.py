@@ -87,9 +87,8 @@ class Request:
     audio: torch.Tensor | None  # (L,) float32 at the model's rate; dropped once copied into its batch
     seconds: float
     word_times: bool  # token, word and segment times wanted
-    done: Callable[
-        [Transcript, tuple[float, float]], None
-    ]  # called once, on the batching thread: (transcript, `times`)
+    # called once, on the batching thread: (transcript, `times`)
+    done: Callable[[Transcript, tuple[float, float]], None]
     name: str = "<upload>"  # names the input in error messages
     put_at: float = 0.0  # time.monotonic()
     tree: Tables | None = None  # its own phrases' boosting tree (`LoadedModel.row_tree`)
@@ -186,8 +185,8 @@ class Service:
         hotwords: tuple[tuple[str, float | None], ...] = (),
         beam: int | None = None,
     ) -> Request | None:
-        """Queue (L,) samples at the model's rate; `done(transcript, times)` is called on the batching thread (`Request.times`)
-        when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
+        """Queue (L,) samples at the model's rate; `done(transcript, times)` (`Request.times`) is called on the
+        batching thread when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
         closed. hotwords: the request's own phrases (`boosting.parse_request_hotwords`), boosted in its row only; a
         phrase that cannot be boosted, or phrases with a beam, are answered at once, on the caller's thread, with a
         `BadRequest`. beam: the request's beam size (1: greedy; None: the model's `beam_size`); rows of every size
