@@ -32,9 +32,13 @@ profiled() {
         --concurrency $rounds --client-processes $CLIENTS --json "$OUT/serve-$1-profiled.json"
     kill -INT $spy 2>/dev/null; wait $spy
 }
-# NAMES: the servers run, in order (one-N: one GPU, all-N: both)
+# NAMES: the servers run, in order (one-N: one GPU; all-N: both; len-N: both, `--route length`)
 for name in ${NAMES:-one-1 all-1 all-2 one-2}; do
-    case $name in one-*) EXTRA="--devices cuda:0 ${HTTP:-}" ;; *) EXTRA="--devices all ${HTTP:-} ${ALL_EXTRA:-}" ;; esac
+    case $name in
+        one-*) EXTRA="--devices cuda:0 ${HTTP:-}" ;;
+        len-*) EXTRA="--devices all --route length ${HTTP:-} ${ALL_EXTRA:-}" ;;
+        *) EXTRA="--devices all ${HTTP:-} ${ALL_EXTRA:-}" ;;
+    esac
     EXTRA=$EXTRA serve $name bfloat16
     util $name; loaded2 $name; unutil $name  # the GPUs' mean busy share over their nonzero samples
     profiled $name
@@ -45,7 +49,7 @@ python3 - "$OUT" "${NAMES:-one-1 all-1 all-2 one-2}" <<'PY' | tee -a "$log"
 import json, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-rtfx, failed = {"one": [], "all": []}, 0
+rtfx, failed = {"one": [], "all": [], "len": []}, 0
 names = sys.argv[2].split()
 for name in names:
     path = out / f"serve-{name}.json"
@@ -70,9 +74,11 @@ for name in names:  # the access log's stages of a transcription in the timed ro
             return f"{v[len(v) // 2]}/{v[int(len(v) * 0.95)]}"
         print(f"{name}: {len(rows)} requests, upload {spread(cols[0])}, decode {spread(cols[1])}, queue {spread(cols[2])}, "
               f"batch {spread(cols[3])}, to the engine and back {spread(rest)}, total {spread(cols[4])} ms (p50/p95)")
-if rtfx["one"] and rtfx["all"]:
-    one, two = statistics.median(rtfx["one"]), statistics.median(rtfx["all"])
-    print(f"median RTFx: one GPU {one:.1f}, both {two:.1f}: {two / one:.2f}x (bar 1.9x); failed requests: {failed} (bar 0)")
+for group, label in (("all", "both"), ("len", "both, --route length")):
+    if rtfx["one"] and rtfx[group]:
+        one, two = statistics.median(rtfx["one"]), statistics.median(rtfx[group])
+        print(f"median RTFx: one GPU {one:.1f}, {label} {two:.1f}: {two / one:.2f}x (bar 1.9x)")
+print(f"failed requests: {failed} (bar 0)")
 PY
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json pyspy-*.log 2>/dev/null; rm -f serve-*.log metrics-*.txt pyspy-*.log)
 exit 0
