@@ -9,11 +9,12 @@
 set -uo pipefail
 source scripts/gpu_setup.sh
 unset CUDA_VISIBLE_DEVICES
+# CONCURRENCY: the timed rounds' clients at once, a report row each (the bar: 128, twice)
 # 2026-11-28: 4 client processes sent 475 requests a second each at 1.32x: 16, so that they are not the limit
 CLIENTS=${CLIENTS:-16}
 loaded2() {
     step "server $1" 120 python3 -m graphscribe.cli bench --serve http://127.0.0.1:8000 --folder /tmp/f4096 \
-        --concurrency 128,128 --client-processes $CLIENTS --json "$OUT/serve-$1.json"
+        --concurrency ${CONCURRENCY:-128,128} --client-processes $CLIENTS --json "$OUT/serve-$1.json"
 }
 # ALL_EXTRA: options for the two-GPU server only (an experiment against the one-GPU server as it is: for instance
 # `--max-wait-ms 0`, since an idle engine waits for company that the other engine may take).
@@ -49,7 +50,8 @@ python3 - "$OUT" "${NAMES:-one-1 all-1 all-2 one-2}" <<'PY' | tee -a "$log"
 import json, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-rtfx, failed = {"one": [], "all": [], "len": []}, 0
+from collections import defaultdict
+rtfx, failed = defaultdict(list), 0  # (group, clients) -> RTFx of each row
 names = sys.argv[2].split()
 for name in names:
     path = out / f"serve-{name}.json"
@@ -57,7 +59,8 @@ for name in names:
         print(f"{name}: no report"); continue
     report = json.loads(path.read_text())
     rows = report["rows"]
-    rtfx[name.split("-")[0]] += [r["rtfx"] for r in rows]
+    for r in rows:
+        rtfx[name.split("-")[0], r["concurrency"]].append(r["rtfx"])
     failed += sum(r["failed"] for r in rows)
     print(f"{name}: {report['server'].get('device')}: RTFx {[r['rtfx'] for r in rows]}, failed {[r['failed'] for r in rows]}")
 import re
@@ -74,10 +77,11 @@ for name in names:  # the access log's stages of a transcription in the timed ro
             return f"{v[len(v) // 2]}/{v[int(len(v) * 0.95)]}"
         print(f"{name}: {len(rows)} requests, upload {spread(cols[0])}, decode {spread(cols[1])}, queue {spread(cols[2])}, "
               f"batch {spread(cols[3])}, to the engine and back {spread(rest)}, total {spread(cols[4])} ms (p50/p95)")
-for group, label in (("all", "both"), ("len", "both, --route length")):
-    if rtfx["one"] and rtfx[group]:
-        one, two = statistics.median(rtfx["one"]), statistics.median(rtfx[group])
-        print(f"median RTFx: one GPU {one:.1f}, {label} {two:.1f}: {two / one:.2f}x (bar 1.9x)")
+for clients in sorted({c for _, c in rtfx}):
+    for group, label in (("all", "both"), ("len", "both, --route length")):
+        if rtfx["one", clients] and rtfx[group, clients]:
+            one, two = statistics.median(rtfx["one", clients]), statistics.median(rtfx[group, clients])
+            print(f"{clients} clients, median RTFx: one GPU {one:.1f}, {label} {two:.1f}: {two / one:.2f}x (bar 1.9x at 128)")
 print(f"failed requests: {failed} (bar 0)")
 PY
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json pyspy-*.log 2>/dev/null; rm -f serve-*.log metrics-*.txt pyspy-*.log)

@@ -8,6 +8,10 @@ and submit the next, over every file of the folder once. Per level: RTFx, reques
 p50 / p95 (submit to answer), the batches' mean rows.
 
     python scripts/experiments/engine_load.py -m v3.nemo --dtype bfloat16 --folder /tmp/f4096 --clients 32,64,128,256
+
+`--profile N`: one more pass at N clients under torch.profiler, its summary beside the levels: the pass's wall time,
+the GPU's kernel time (summed over streams, so overlapping kernels count twice), the batching thread's time in the
+calls it makes most, and the ten kernels and operators with the most GPU time; `--trace FILE`: its Chrome trace.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import argparse
 import json
 import threading
 import time
+
+import torch
 
 from graphscribe import load_model
 from graphscribe.io.audio import find_audio_files, read_input
@@ -62,6 +68,39 @@ def level(service: Service, batches: list[int], audios: list, clients: int) -> d
     }
 
 
+def profiled(service: Service, batches: list[int], audios: list, clients: int, trace: str | None) -> dict:
+    """One `level` under torch.profiler: where a batch's time goes at `clients` in flight."""
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    # the batching thread's operators too, not only this thread's
+    with profile(activities=activities, experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+        row = level(service, batches, audios, clients)
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_ms = sum(e.self_device_time_total for e in kernels) / 1000
+
+    def top(items, key) -> list[dict]:
+        items = sorted(items, key=key, reverse=True)[:10]
+        return [{"name": e.key[:90], "calls": e.count, "ms": round(key(e) / 1000, 1)} for e in items]
+
+    if trace:
+        prof.export_chrome_trace(trace)
+    wall_ms = 1000 * len(audios) / row["requests_per_second"]
+    return {
+        **row,
+        "wall_ms": round(wall_ms, 1),
+        "gpu_kernel_ms": round(gpu_ms, 1),
+        "gpu_kernel_ms_per_batch": round(gpu_ms / max(1, row["batches"]), 2),
+        "wall_ms_per_batch": round(wall_ms / max(1, row["batches"]), 2),
+        "kernels": top(kernels, lambda e: e.self_device_time_total),
+        "host_ops": top(
+            [e for e in events if e.device_type != torch.autograd.DeviceType.CUDA], lambda e: e.cpu_time_total
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", required=True)
@@ -71,6 +110,8 @@ def main() -> None:
     parser.add_argument("--clients", default="32,64,128,256")
     parser.add_argument("--repeat", type=int, default=2, help="passes over the folder per level")
     parser.add_argument("--json")
+    parser.add_argument("--profile", type=int, help="one more pass at this many clients under torch.profiler")
+    parser.add_argument("--trace", help="--profile's Chrome trace to this file")
     args = parser.parse_args()
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     audios = [read_input(path, model.sample_rate) for path in find_audio_files(args.folder)]
@@ -85,11 +126,15 @@ def main() -> None:
             row = level(service, batches, audios, clients)
             rows.append(row)
             print(json.dumps(row), flush=True)
+    profile_row = None
+    if args.profile:
+        profile_row = profiled(service, batches, audios, args.profile, args.trace)
+        print(json.dumps(profile_row, indent=1), flush=True)
     service.close()
     if args.json:
         report = {"model": args.model, "device": str(model.device), "dtype": args.dtype, "files": len(audios)}
         with open(args.json, "w") as out:
-            json.dump({**report, "levels": rows}, out, indent=1)
+            json.dump({**report, "levels": rows, "profiled": profile_row}, out, indent=1)
 
 
 if __name__ == "__main__":
