@@ -116,24 +116,6 @@ def test_an_overdue_longest_input_is_in_the_next_batch():
     assert scheduler.take() == ["c"]
 
 
-def test_an_overdue_short_input_fills_its_batch_with_longer_ones():
-    """Under overload (16 bits: no `cost`) the overdue oldest input is the shortest: its batch is still full, the
-    longer ones just before it in the sorted list beside it, not the overdue input alone."""
-    scheduler: Scheduler[str] = Scheduler(rows=4, overdue=0.05)
-    scheduler.put("old", 1.0)
-    time.sleep(0.1)
-    for seconds in (10, 9, 8, 7, 6):
-        scheduler.put(f"{seconds}s", float(seconds))
-    assert scheduler.take() == ["8s", "7s", "6s", "old"]
-    assert scheduler.take() == ["10s", "9s"]
-    capped: Scheduler[str] = Scheduler(rows=4, seconds=24.0, overdue=0.05)  # 4 x 8 s > 24: three rows
-    capped.put("old", 1.0)
-    time.sleep(0.1)
-    for seconds in (10, 8, 7, 6):
-        capped.put(f"{seconds}s", float(seconds))
-    assert capped.take() == ["7s", "6s", "old"]
-
-
 def test_the_cost_rule_starts_past_cost_over_waiting():
     scheduler: Scheduler[str] = Scheduler(rows=8, cost=(10.0, 0.0), cost_over=3)
     for key, seconds in [("a", 10.0), ("b", 1.0), ("c", 10.0)]:

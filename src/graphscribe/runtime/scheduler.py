@@ -35,9 +35,8 @@ class Scheduler(Generic[K]):
     in every length at once: batched whole, 32 requests of LibriSpeech lengths are padded to 2.9 times their audio,
     and the encoder computes every padded frame. With few waiting, whole batches: one batch's fixed costs then
     weigh more than the padding.
-    overdue: seconds after which the oldest input waiting is in the next batch, however short it is (with `cost`,
-    an input far from the others' lengths would otherwise wait for as long as others keep coming): the run from it
-    down, and without `cost` the longer ones just before it where that run leaves rows to spare.
+    overdue: seconds after which the oldest input waiting heads the next batch, however short it is (with `cost`,
+    an input far from the others' lengths would otherwise wait for as long as others keep coming).
     """
 
     def __init__(
@@ -138,15 +137,6 @@ class Scheduler(Generic[K]):
             if self.seconds is not None and (len(chosen) + 1) * longest > self.seconds:
                 break
             chosen.append(k)
-        # an overdue input among the shortest leaves rows of its run empty: the longer ones just before it fill
-        # them, so a deep queue under overload still runs full batches (each batch's fixed costs over more rows)
-        while overdue is not None and chosen[0] > 0 and len(chosen) < self.rows:
-            longer = -self._waiting[chosen[0] - 1][0]
-            if self.alone_over is not None and longer > self.alone_over:
-                break
-            if self.seconds is not None and (len(chosen) + 1) * longer > self.seconds:
-                break
-            chosen.insert(0, chosen[0] - 1)
         return chosen
 
     def _window(self, starts) -> list[int]:
