@@ -33,11 +33,10 @@ profiled() {
         --concurrency $rounds --client-processes $CLIENTS --json "$OUT/serve-$1-profiled.json"
     kill -INT $spy 2>/dev/null; wait $spy
 }
-# NAMES: the servers run, in order (one-N: one GPU; all-N: both; len-N: both, `--route length`)
+# NAMES: the servers run, in order (one-N: one GPU; all-N: both)
 for name in ${NAMES:-one-1 all-1 all-2 one-2}; do
     case $name in
         one-*) EXTRA="--devices cuda:0 ${HTTP:-}" ;;
-        len-*) EXTRA="--devices all --route length ${HTTP:-} ${ALL_EXTRA:-}" ;;
         *) EXTRA="--devices all ${HTTP:-} ${ALL_EXTRA:-}" ;;
     esac
     EXTRA=$EXTRA serve $name bfloat16
@@ -78,10 +77,9 @@ for name in names:  # the access log's stages of a transcription in the timed ro
         print(f"{name}: {len(rows)} requests, upload {spread(cols[0])}, decode {spread(cols[1])}, queue {spread(cols[2])}, "
               f"batch {spread(cols[3])}, to the engine and back {spread(rest)}, total {spread(cols[4])} ms (p50/p95)")
 for clients in sorted({c for _, c in rtfx}):
-    for group, label in (("all", "both"), ("len", "both, --route length")):
-        if rtfx["one", clients] and rtfx[group, clients]:
-            one, two = statistics.median(rtfx["one", clients]), statistics.median(rtfx[group, clients])
-            print(f"{clients} clients, median RTFx: one GPU {one:.1f}, {label} {two:.1f}: {two / one:.2f}x (bar 1.9x at 128)")
+    if rtfx["one", clients] and rtfx["all", clients]:
+        one, two = statistics.median(rtfx["one", clients]), statistics.median(rtfx["all", clients])
+        print(f"{clients} clients, median RTFx: one GPU {one:.1f}, both {two:.1f}: {two / one:.2f}x (bar 1.9x at 128)")
 print(f"failed requests: {failed} (bar 0)")
 PY
 (cd "$OUT" && tar czf logs.tgz serve-*.log metrics-*.txt serve-*.json pyspy-*.log 2>/dev/null; rm -f serve-*.log metrics-*.txt pyspy-*.log)

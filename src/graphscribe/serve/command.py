@@ -43,7 +43,6 @@ from graphscribe.io.checkpoint import DEMO_NAME
 from graphscribe.io.options import RunOptions
 from graphscribe.serve.engines import DeviceEngines
 from graphscribe.serve.ipc import UPLOAD_STALL_SECONDS, FrontSettings
-from graphscribe.serve.routing import ROUTES
 from graphscribe.serve.server import QUEUE_PER_ROW, Engine, Stop, run, serve_until
 from graphscribe.serve.sockets import is_loopback, listen
 
@@ -133,12 +132,6 @@ def serve_command(
         metavar="all|cuda:0,cuda:1|cpu,cpu",
         help="One engine process per device, each request sent to the one with the least audio queued.",
     ),
-    route: str = typer.Option(
-        "least",
-        "--route",
-        metavar="least|length",
-        help="--devices: which engine takes a request: the least queued, or each engine a band of lengths.",
-    ),
     dtype: str = typer.Option("auto", "--dtype", metavar="auto|float32|bfloat16|float16", help=DTYPE_HELP),
     beam: int = typer.Option(
         1,
@@ -178,9 +171,6 @@ def serve_command(
     _check_the_extra()
     setup_logging()
     names = devices_or_exit(devices, device)
-    if route not in ROUTES:
-        err_console.print(f"error: --route {route}: use one of {', '.join(ROUTES)}")
-        raise typer.Exit(2)
     fusion = fusion_options(lm, lm_weight, hotwords, hotwords_file, boost)  # a bad hotwords file: before listening
     device = names[0] if names else device
     if not is_loopback(host) and api_key is None:
@@ -221,7 +211,7 @@ def serve_command(
             device=device, dtype=dtype, batch_size=max_batch, beam_size=beam, confidence=confidence, **fusion
         )
         if len(names) > 1:
-            code = _serve_on_devices(engine, source, names, options, name, max_wait_ms, max_queue, stop, route)
+            code = _serve_on_devices(engine, source, names, options, name, max_wait_ms, max_queue, stop)
             raise typer.Exit(code)
         try:
             loaded = load_or_exit(model, options)
@@ -232,10 +222,9 @@ def serve_command(
     raise typer.Exit(code)
 
 
-def _serve_on_devices(engine, source, names, options, model_name, max_wait_ms, max_queue, stop, route) -> int:
-    """--devices with several: an engine process each (engines.py), which the HTTP workers' requests are spread over
-    (`routing.pick`)."""
-    service = DeviceEngines.behind(engine, source, names, options, max_wait_ms / 1000, route)
+def _serve_on_devices(engine, source, names, options, model_name, max_wait_ms, max_queue, stop) -> int:
+    """--devices with several: an engine process each (engines.py), which the HTTP workers' requests are spread over."""
+    service = DeviceEngines.behind(engine, source, names, options, max_wait_ms / 1000)
     sys.stderr.write(f"warming up {model_name} on {', '.join(service.labels)}: an engine process each\n")
     return serve_until(engine, service, model_name, max_queue, stop)
 

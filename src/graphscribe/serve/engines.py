@@ -1,9 +1,9 @@
 """`transcribe serve --devices`: one engine process per device, each running the server's batching engine (`Service`)
-on a model of its own; the server's process sends each request to the engine `routing.pick` names (by default
-the one with the least audio queued), and each realtime turn to the least queued.
+on a model of its own; the server's process sends each request, and each realtime turn, to the engine with the
+least audio queued.
 
     HTTP worker -> [server process: its intake thread (server.Engine) -> `DeviceEngines.submit`: of the warm
-    engines, the one `routing.pick` names] -> SUBMIT and the raw samples over
+    engines, the one with the fewest seconds of audio submitted and not answered] -> SUBMIT and the raw samples over
     that engine's pipe -> [engine process (`engine_main`): Service.submit -> batches -> done]
     -> DONE over the pipe -> [server process: the request's answer to its HTTP worker]
 
@@ -51,7 +51,6 @@ from graphscribe.serve.ipc import (
     receive_samples,
     send,
 )
-from graphscribe.serve.routing import LengthBands, pick
 from graphscribe.serve.sessions import Said
 
 BATCH, LIVE, FAILED, STOP = "batch", "live", "failed", "stop"  # engine -> server, and the server's last word
@@ -261,10 +260,8 @@ class DeviceEngines:
         on_said: Callable[[list], None],
         on_live_step: Callable[[int, float], None],
         admission: Admission | None = None,
-        route: str = "least",
     ):
         self.source, self.devices, self.options = source, list(devices), options
-        self._bands = LengthBands() if route == "length" else None  # `routing.pick`
         self.admission = admission  # the server's: requests admitted by its HTTP workers
         self.sent = Admission(len(devices))  # requests sent to each engine and not answered, for the engines to read
         self.max_wait, self.live_streams = max_wait, live_streams
@@ -289,15 +286,13 @@ class DeviceEngines:
         self._monitor = threading.Thread(target=self._watch, name="graphscribe-engines", daemon=True)
 
     @classmethod
-    def behind(
-        cls, server, source: str, devices: list[str], options: RunOptions, max_wait: float, route: str = "least"
-    ) -> DeviceEngines:
+    def behind(cls, server, source: str, devices: list[str], options: RunOptions, max_wait: float) -> DeviceEngines:
         """The engines behind `server` (a server.Engine): its /metrics count their batches and show each device,
         its workers are told what their turns said."""
         metrics = server.metrics
         engines = cls(
             source, devices, options, max_wait, max(server.settings.max_sessions, 1), metrics.batch, server.said,
-            metrics.live_step, server.admission, route,
+            metrics.live_step, server.admission,
         )  # fmt: skip
         metrics.device_lines = engines.metric_lines
         return engines
@@ -332,10 +327,10 @@ class DeviceEngines:
         """An empty (n,) float32 tensor to receive a request's samples into (they go on to an engine's pipe)."""
         return torch.empty(n, dtype=torch.float32)
 
-    def _pick(self, samples: int | None = None) -> _Engine | None:
-        """Under the lock: the warm engine to take a request of `samples` (None: a realtime turn), `routing.pick`."""
+    def _pick(self) -> _Engine | None:
+        """Under the lock: the warm engine with the least audio queued (then the fewest requests and turns)."""
         warm = [e for e in self.engines if e.facts is not None and not e.gone]
-        return pick(warm, samples, self._bands, warm[0].facts["sample_rate"] if warm else 0)
+        return min(warm, key=lambda e: (e.queued, len(e.requests) + len(e.turns)), default=None)
 
     def submit(
         self,
@@ -347,12 +342,12 @@ class DeviceEngines:
         hotwords: tuple = (),
         beam: int | None = None,
     ):
-        """Send (L,) samples to the engine `_pick` names; `done(transcript, times)` is called
+        """Send (L,) samples to the engine with the least audio queued; `done(transcript, times)` is called
         on its reader thread (with `transcript.error` if no engine could transcribe it). RuntimeError once closed."""
         with self._lock:
             if self.closed:
                 raise RuntimeError("the engines are stopping")
-            engine = self._pick(audio.numel())
+            engine = self._pick()
             if engine is not None:
                 n = next(self._numbers)
                 engine.requests[n] = (audio.numel(), done, name)
