@@ -110,6 +110,9 @@ def main() -> None:
     parser.add_argument("--clients", default="32,64,128,256")
     parser.add_argument("--repeat", type=int, default=2, help="passes over the folder per level")
     parser.add_argument("--json")
+    parser.add_argument(
+        "--busy-wait-ms", default="0", help="Service.busy_wait values, each level run once with each, alternated"
+    )
     parser.add_argument("--profile", type=int, help="one more pass at this many clients under torch.profiler")
     parser.add_argument("--trace", help="--profile's Chrome trace to this file")
     args = parser.parse_args()
@@ -123,9 +126,11 @@ def main() -> None:
     rows = []
     for clients in (int(c) for c in args.clients.split(",")):
         for _ in range(args.repeat):
-            row = level(service, batches, audios, clients)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for busy in (float(b) for b in args.busy_wait_ms.split(",")):
+                service.busy_wait = busy / 1000
+                row = {**level(service, batches, audios, clients), "busy_wait_ms": busy}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     profile_row = None
     if args.profile:
         profile_row = profiled(service, batches, audios, args.profile, args.trace)

@@ -130,6 +130,9 @@ class Service:
         self.max_batch = max_batch or model.options.batch_size or files
         self.batch_seconds = batch_seconds or model.options.batch_seconds or seconds
         self.max_wait = max_wait
+        # seconds the next batch may wait for requests while the batch before decodes (its first steps are on the
+        # GPU by then); 0: it takes what waits. An experiment's (scripts/experiments/engine_load.py), not yet measured
+        self.busy_wait = 0.0
         self.scheduler: Scheduler[int] = Scheduler(
             self.max_batch,
             self.batch_seconds,
@@ -414,8 +417,9 @@ class _Batches:
                         queued = False
                     live.step()
                     continue
-            if queued:  # the GPU has work: take what waits, no waiting for company
-                numbers = scheduler.take(timeout=0.0)
+            if queued:  # the GPU has work: take what waits (with `busy_wait`, what comes meanwhile too)
+                busy = self.service.busy_wait
+                numbers = scheduler.take(wait=busy, timeout=busy)
             else:
                 numbers = scheduler.take(wait=self.service.max_wait, company=self.service.coming, timeout=step_in)
                 if numbers is None and (scheduler.closed or live is None):
