@@ -33,6 +33,7 @@ def level(service: Service, batches: list[int], audios: list, clients: int) -> d
     """Every audio once, `clients` at a time, each client submitting its next as its last is answered; `batches`:
     the rows of each batch the service forms (its `on_batch`)."""
     batches.clear()
+    service.alone = 0
     latencies: list[float] = []
     order = iter(range(len(audios)))
     lock = threading.Lock()
@@ -65,6 +66,7 @@ def level(service: Service, batches: list[int], audios: list, clients: int) -> d
         "latency_ms": {f"p{q}": round(1000 * percentile(latencies, q), 1) for q in (50, 95)},
         "batches": len(batches),
         "mean_rows": round(sum(batches) / max(1, len(batches)), 1),
+        "alone": service.alone,  # batches decoded with nothing queued beside them
     }
 
 

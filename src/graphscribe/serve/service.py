@@ -130,9 +130,11 @@ class Service:
         self.max_batch = max_batch or model.options.batch_size or files
         self.batch_seconds = batch_seconds or model.options.batch_seconds or seconds
         self.max_wait = max_wait
-        # seconds the next batch may wait for requests while the batch before decodes (its first steps are on the
-        # GPU by then); 0: it takes what waits. An experiment's (scripts/experiments/engine_load.py), not yet measured
+        # seconds the next batch may wait for requests while the batch before decodes (on CUDA its first steps are
+        # on the GPU by then; on the CPU the wait comes after its decode, before its answer); 0: it takes what waits.
+        # An experiment's (scripts/experiments/engine_load.py --busy-wait-ms), not yet measured
         self.busy_wait = 0.0
+        self.alone = 0  # batches decoded with no next one queued beside them: nothing waited (the GPU then idles)
         self.scheduler: Scheduler[int] = Scheduler(
             self.max_batch,
             self.batch_seconds,
@@ -426,6 +428,7 @@ class _Batches:
                     return  # closed and empty
             if numbers is None:
                 if queued:
+                    self.service.alone += 1
                     yield _empty_batch()
                 queued = False
                 continue
