@@ -47,9 +47,9 @@ for name in ${NAMES:-one-1 all-1 all-2 one-2}; do
 done
 python3 - "$OUT" "${NAMES:-one-1 all-1 all-2 one-2}" <<'PY' | tee -a "$log"
 import json, statistics, sys
+from collections import defaultdict
 from pathlib import Path
 out = Path(sys.argv[1])
-from collections import defaultdict
 rtfx, failed = defaultdict(list), 0  # (group, clients) -> RTFx of each row
 names = sys.argv[2].split()
 for name in names:

@@ -43,6 +43,10 @@ def main() -> None:
         names[stream][e["name"][:60]] += e["dur"]
     spans = {s: union(v) for s, v in by_stream.items()}
     every = union([i for v in spans.values() for i in v])
+    if not every:
+        raise SystemExit(
+            f"error: {args.trace}: no GPU kernels in the trace (a CUDA pass's, from engine_load.py --trace)"
+        )
     first, last = every[0][0], every[-1][1]
     # time with at least one kernel, and the sum of each stream's: their difference is the overlap (two streams)
     busy, summed = length(every), sum(length(v) for v in spans.values())

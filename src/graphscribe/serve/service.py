@@ -131,8 +131,8 @@ class Service:
         self.batch_seconds = batch_seconds or model.options.batch_seconds or seconds
         self.max_wait = max_wait
         # seconds the next batch may wait for requests while the batch before decodes (on CUDA its first steps are
-        # on the GPU by then; on the CPU the wait comes after its decode, before its answer); 0: it takes what waits.
-        # An experiment's (scripts/experiments/engine_load.py --busy-wait-ms), not yet measured
+        # on the GPU by then; on the CPU the wait comes after its decode, before its answer); 0: it takes what
+        # waits. `scripts/experiments/engine_load.py --busy-wait-ms` sets it, to compare (bench/README.md)
         self.busy_wait = 0.0
         self.alone = 0  # batches decoded with no next one queued beside them: nothing waited (the GPU then idles)
         self.scheduler: Scheduler[int] = Scheduler(
@@ -191,8 +191,8 @@ class Service:
         beam: int | None = None,
     ) -> Request | None:
         """Queue (L,) samples at the model's rate; `done(transcript, times)` (`Request.times`) is called on the
-        batching thread when its batch is decoded (`transcript.error` set if it could not be transcribed). RuntimeError once
-        closed. hotwords: the request's own phrases (`boosting.parse_request_hotwords`), boosted in its row only; a
+        batching thread when its batch is decoded (`transcript.error` set if it could not be transcribed).
+        RuntimeError once closed. hotwords: the request's own phrases (`boosting.parse_request_hotwords`), boosted in its row only; a
         phrase that cannot be boosted, or phrases with a beam, are answered at once, on the caller's thread, with a
         `BadRequest`. beam: the request's beam size (1: greedy; None: the model's `beam_size`); rows of every size
         share a batch (`LoadedModel.decode`)."""
