@@ -1,0 +1,209 @@
+"""Where a batch's wall time goes in one engine under N clients: the GPU's timeline of each batch and the batching
+thread's host time, from CUDA events and clocks around the pipeline's stages (no profiler, so no profiler overhead).
+
+`engine_load.py` showed that an engine with 64 requests in flight runs 32-row batches with the GPU idle 42% of the
+time, while the encoder is most of a batch's GPU work. This run wraps `pipeline._start` (a batch's copy, features
+and encoder, launched while the batch before decodes), `LoadedModel.decode` and the stages around them, records a
+CUDA event before and after each batch's encoder (on the encoder's stream) and its decode (on the decode stream),
+and reports per batch, as medians over a level: the encoder's and the decode's GPU time, the encoder stream's gap
+between one batch's encoder and the next one's (the GPU's encoder work waiting for the host), the decode's wait for
+its own encoder, and the host time of each wrapped call. `--sync-debug` runs one more level under
+`torch.cuda.set_sync_debug_mode("warn")` and counts the synchronizing calls by the graphscribe frames that made them.
+
+    python scripts/experiments/engine_timeline.py -m v3.nemo --dtype bfloat16 --folder /tmp/f4096 --clients 64,128
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import statistics
+import sys
+import threading
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_load import level  # noqa: E402
+
+from graphscribe import load_model  # noqa: E402
+from graphscribe.io.audio import find_audio_files, read_input  # noqa: E402
+from graphscribe.runtime import loaded, pipeline, scheduler  # noqa: E402
+from graphscribe.serve import service as service_module  # noqa: E402
+from graphscribe.serve.service import Service  # noqa: E402
+
+HOST_CALLS = {  # (module or class, attribute): the calls timed on the host
+    "start": (pipeline, "_start"),
+    "decode_stage": (pipeline, "_decode"),
+    "transcripts": (pipeline, "_transcripts"),
+    "take": (service_module.Service, "_take"),
+    "schedule": (scheduler.Scheduler, "take"),
+    "features": (loaded.LoadedModel, "batch_features"),
+    "front_packing": (loaded.LoadedModel, "front_packing"),
+    "encoder": (loaded.LoadedModel, "encoder_output"),
+    "decode": (loaded.LoadedModel, "decode"),
+}
+
+
+class Timeline:
+    """Host times of the wrapped calls on the batching thread and CUDA events around each batch's stages."""
+
+    def __init__(self):
+        self.host: dict[str, list[float]] = collections.defaultdict(list)
+        self.encoders: list[tuple[torch.cuda.Event, torch.cuda.Event, int]] = []  # before, after, rows
+        self.decodes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.on = False
+
+    def reset(self) -> None:
+        torch.cuda.synchronize()
+        self.host.clear()
+        self.encoders.clear()
+        self.decodes.clear()
+        self.base = torch.cuda.Event(enable_timing=True)
+        self.base.record()
+
+    def wrap(self) -> None:
+        for name, (owner, attribute) in HOST_CALLS.items():
+            setattr(owner, attribute, self._timed(name, getattr(owner, attribute)))
+        start, decode = pipeline._start, loaded.LoadedModel.decode
+
+        def started(model, batch, clock):
+            before = self._event()
+            job = start(model, batch, clock)
+            if self.on and batch.indices and job.encoded is not None:
+                self.encoders.append((before, self._event(), len(batch.indices)))
+            return job
+
+        def decoding(model, encoded, *args, **kwargs):
+            before = self._event()
+            hyps = decode(model, encoded, *args, **kwargs)
+            if self.on:
+                self.decodes.append((before, self._event()))
+            return hyps
+
+        pipeline._start, loaded.LoadedModel.decode = started, decoding
+
+    def _event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _timed(self, name, call):
+        @functools.wraps(call)
+        def timed(*args, **kwargs):
+            if not self.on or threading.current_thread().name != "graphscribe-batch":
+                return call(*args, **kwargs)
+            began = time.perf_counter()
+            result = call(*args, **kwargs)
+            if name == "transcripts":  # a generator: timed as it is drained
+                result = list(result)
+            self.host[name].append(1000 * (time.perf_counter() - began))
+            return iter(result) if name == "transcripts" else result
+
+        return timed
+
+    def report(self) -> dict:
+        torch.cuda.synchronize()
+
+        def at(event) -> float:
+            return self.base.elapsed_time(event)
+
+        enc = [(at(a), at(b), rows) for a, b, rows in self.encoders]
+        dec = [(at(a), at(b)) for a, b in self.decodes]
+        n = min(len(enc), len(dec))
+
+        def med(values) -> float:
+            return round(statistics.median(values), 2) if values else 0.0
+
+        busy = _union([(a, b) for a, b, _ in enc] + dec)
+        window = max(b for _, b in dec) - min(a for a, _, _ in enc) if n else 0.0
+        return {
+            "batches": n,
+            "encoder_gpu_ms": med([b - a for a, b, _ in enc]),
+            "encoder_stream_gap_ms": med([max(0.0, enc[k + 1][0] - enc[k][1]) for k in range(len(enc) - 1)]),
+            "decode_gpu_ms": med([b - a for a, b in dec]),  # from its encoder's end (or its launch) to its end
+            "decode_after_encoder_ms": med([dec[k][0] - enc[k][1] for k in range(n)]),
+            "period_ms": med([enc[k + 1][0] - enc[k][0] for k in range(len(enc) - 1)]),
+            "gpu_idle_share": round(1 - busy / window, 3) if window else 0.0,
+            "host_ms_per_call": {
+                name: {"calls": len(v), "p50": med(v), "sum": round(sum(v), 1)} for name, v in self.host.items()
+            },
+        }
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def sync_calls(service: Service, batches: list[int], audios: list, clients: int) -> list[dict]:
+    """One level under the sync debug mode: the synchronizing calls by the innermost graphscribe frames."""
+    counts: collections.Counter = collections.Counter()
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" not in str(message):
+            return shown(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack() if "graphscribe" in f.filename][-4:]
+        where = " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
+        counts[(threading.current_thread().name, where)] += 1
+
+    warnings.showwarning = record
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        level(service, batches, audios, clients)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = shown
+    return [{"thread": t, "where": w, "calls": c} for (t, w), c in counts.most_common(20)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", required=True)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--folder", required=True)
+    parser.add_argument("--clients", default="64,128")
+    parser.add_argument("--sync-debug", type=int, help="one more level at this many clients, its syncs counted")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    audios = [read_input(path, model.sample_rate) for path in find_audio_files(args.folder)]
+    batches: list[int] = []
+    timeline = Timeline()
+    timeline.wrap()
+    service = Service(model, None, 0.0, on_batch=lambda rows, padded: batches.append(rows))
+    service.start()
+    service.wait_ready()
+    rows = []
+    for clients in (int(c) for c in args.clients.split(",")):
+        timeline.reset()
+        timeline.on = True
+        row = level(service, batches, audios, clients)
+        timeline.on = False
+        row.update(timeline.report())
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    syncs = sync_calls(service, batches, audios, args.sync_debug) if args.sync_debug else None
+    for entry in syncs or []:
+        print(json.dumps(entry), flush=True)
+    service.close()
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"model": args.model, "dtype": args.dtype, "levels": rows, "syncs": syncs}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
