@@ -188,10 +188,11 @@ def main() -> None:
     service.start()
     service.wait_ready()
     rows = []
-    for clients in (int(c) for c in args.clients.split(",")):
+    for spec in args.clients.split(","):  # N, or Ngpu: N clients with Service.gpu_wait
+        clients, service.gpu_wait = int(spec.removesuffix("gpu")), spec.endswith("gpu")
         timeline.reset()
         timeline.on = True
-        row = level(service, batches, audios, clients)
+        row = {**level(service, batches, audios, clients), "gpu_wait": service.gpu_wait}
         timeline.on = False
         row.update(timeline.report())
         rows.append(row)

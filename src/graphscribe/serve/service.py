@@ -139,7 +139,7 @@ class Service:
         self.busy_wait = 0.0
         # on CUDA, the next batch waits for requests while the GPU still encodes the batch ahead (at most
         # GPU_WAIT_SECONDS): the clients just answered come back meanwhile. `engine_load.py --busy-wait-ms gpu`
-        self.gpu_wait = True
+        self.gpu_wait = False
         self.alone = 0  # batches decoded with no next one queued beside them: nothing waited (the GPU then idles)
         self.scheduler: Scheduler[int] = Scheduler(
             self.max_batch,
