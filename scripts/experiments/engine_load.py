@@ -14,12 +14,14 @@ beside them (`Service.alone`). `--busy-wait-ms 0,5,gpu` runs each level once per
 `--profile N`: one more pass at N clients under torch.profiler, its summary beside the levels: the pass's wall time,
 the GPU's kernel time (summed over streams, so overlapping kernels count twice), the batching thread's time in the
 calls it makes most, and the ten kernels and operators with the most GPU time; `--trace FILE`: its Chrome trace.
+`--barrier DIR:N`: N such processes start each level together (two engines on one GPU, each with its clients).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 
@@ -105,6 +107,15 @@ def profiled(service: Service, batches: list[int], audios: list, clients: int, t
     }
 
 
+def meet(barrier: str, step: int) -> None:
+    """Wait until N processes (`DIR:N`) have reached level `step`: each leaves a file in DIR."""
+    folder, n = barrier.rsplit(":", 1)
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, f"{step}-{os.getpid()}"), "w").close()
+    while sum(name.startswith(f"{step}-") for name in os.listdir(folder)) < int(n):
+        time.sleep(0.005)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", required=True)
@@ -118,6 +129,10 @@ def main() -> None:
         "--busy-wait-ms",
         default="0",
         help="Service.busy_wait values (gpu: Service.gpu_wait), each level run once with each, alternated",
+    )
+    parser.add_argument(
+        "--barrier",
+        help="DIR:N: before each level, wait until N processes given the same DIR reach it (engines sharing a GPU)",
     )
     parser.add_argument("--profile", type=int, help="one more pass at this many clients under torch.profiler")
     parser.add_argument("--trace", help="--profile's Chrome trace to this file")
@@ -133,6 +148,8 @@ def main() -> None:
     for clients in (int(c) for c in args.clients.split(",")):
         for _ in range(args.repeat):
             for busy in args.busy_wait_ms.split(","):
+                if args.barrier:
+                    meet(args.barrier, len(rows))
                 service.gpu_wait = busy == "gpu"
                 service.busy_wait = 0.0 if service.gpu_wait else float(busy) / 1000
                 row = {**level(service, batches, audios, clients), "busy_wait_ms": busy}
