@@ -141,35 +141,6 @@ def test_a_wait_for_company_ends_when_none_is_coming():
     assert scheduler.take(wait=60.0, company=lambda: coming[0]) == ["c", "b"]  # waited for the one on its way
 
 
-def test_a_busy_wait_lasts_while_busy_and_no_longer():
-    """The server's next batch, taken while the GPU encodes the batch ahead: it waits for requests, and for
-    company, only while `busy` says so; once not busy, it takes what waits, or nothing (a take that ignored
-    `busy` would wait out its minute: the thread is given 10 s)."""
-    scheduler: Scheduler[str] = Scheduler(rows=4)
-    busy = threading.Event()
-
-    def take() -> list[str] | None:
-        taken: list = []
-        thread = threading.Thread(target=lambda: taken.append(scheduler.take(60.0, 60.0, busy=busy.is_set)))
-        thread.start()
-        thread.join(10.0)
-        assert not thread.is_alive(), "the take outlasted busy"
-        return taken[0]
-
-    def arrive() -> None:  # clients come back while the GPU is busy, then it frees
-        scheduler.put("a", 1.0)
-        scheduler.put("b", 2.0)
-        busy.clear()
-
-    busy.set()
-    threading.Timer(0.05, arrive).start()
-    assert take() == ["b", "a"]  # both: the first did not leave alone
-    assert take() is None  # not busy, nothing waits: at once
-    busy.set()
-    threading.Timer(0.05, busy.clear).start()
-    assert take() is None  # nothing came while busy
-
-
 @pytest.mark.parametrize("most,rows", [(1024, 1024), (1000, 1024), (300, 256), (5, 256), (129, 256)])
 def test_a_live_warm_up_meets_every_rows_class_a_step_can_use(most, rows):
     """Each rows class a step of up to `most` streams can fall in (`size_class`: its encoder and decode graphs)

@@ -6,8 +6,7 @@ This measures that curve without HTTP, workers or pipes: the files decoded to sa
 threads that each submit a request to one `Service` (the server's engine, warmed up as it is), wait for its answer
 and submit the next, over every file of the folder once. Per level: RTFx, requests a second, request latency
 p50 / p95 (submit to answer), the batches' mean rows, and `alone`: the batches decoded with no next one queued
-beside them (`Service.alone`). `--busy-wait-ms 0,5,gpu` runs each level once per `Service.busy_wait` (gpu:
-`Service.gpu_wait`, a wait while the GPU encodes the batch ahead), alternated.
+beside them (`Service.alone`).
 
     python scripts/experiments/engine_load.py -m v3.nemo --dtype bfloat16 --folder /tmp/f4096 --clients 32,64,128,256
 
@@ -126,11 +125,6 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="passes over the folder per level")
     parser.add_argument("--json")
     parser.add_argument(
-        "--busy-wait-ms",
-        default="0",
-        help="Service.busy_wait values (gpu: Service.gpu_wait), each level run once with each, alternated",
-    )
-    parser.add_argument(
         "--barrier",
         help="DIR:N: before each level, wait until N processes given the same DIR reach it (engines sharing a GPU)",
     )
@@ -147,14 +141,11 @@ def main() -> None:
     rows = []
     for clients in (int(c) for c in args.clients.split(",")):
         for _ in range(args.repeat):
-            for busy in args.busy_wait_ms.split(","):
-                if args.barrier:
-                    meet(args.barrier, len(rows))
-                service.gpu_wait = busy == "gpu"
-                service.busy_wait = 0.0 if service.gpu_wait else float(busy) / 1000
-                row = {**level(service, batches, audios, clients), "busy_wait_ms": busy}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            if args.barrier:
+                meet(args.barrier, len(rows))
+            row = level(service, batches, audios, clients)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     profile_row = None
     if args.profile:
         profile_row = profiled(service, batches, audios, args.profile, args.trace)

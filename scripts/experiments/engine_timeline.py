@@ -188,11 +188,10 @@ def main() -> None:
     service.start()
     service.wait_ready()
     rows = []
-    for spec in args.clients.split(","):  # N, or Ngpu: N clients with Service.gpu_wait
-        clients, service.gpu_wait = int(spec.removesuffix("gpu")), spec.endswith("gpu")
+    for clients in (int(c) for c in args.clients.split(",")):
         timeline.reset()
         timeline.on = True
-        row = {**level(service, batches, audios, clients), "gpu_wait": service.gpu_wait}
+        row = level(service, batches, audios, clients)
         timeline.on = False
         row.update(timeline.report())
         rows.append(row)

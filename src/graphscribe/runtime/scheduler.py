@@ -88,11 +88,7 @@ class Scheduler(Generic[K]):
         return self._closed
 
     def take(
-        self,
-        wait: float = 0.0,
-        timeout: float | None = None,
-        company: Callable[[], int] | None = None,
-        busy: Callable[[], bool] | None = None,
+        self, wait: float = 0.0, timeout: float | None = None, company: Callable[[], int] | None = None
     ) -> list[K] | None:
         """The next batch of keys, longest first; None once closed and empty, after `timeout` seconds with
         nothing waiting, or when nudged with nothing waiting.
@@ -100,29 +96,24 @@ class Scheduler(Generic[K]):
         wait: seconds a batch that is not full may wait for company, counted from the arrival of the oldest input
         waiting (a server's --max-wait-ms); it is cut short by closing or by the batch filling up, and, with
         `company` (inputs on their way: a server's requests admitted and not put yet), once none is coming.
-        busy: both waits last only while it is true (the server's GPU still encodes the batch ahead), asked
-        every COMPANY_POLL_SECONDS; once false, what waits is taken at once (None if nothing).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        poll = company is not None or busy is not None
         with self._changed:
             while not self._waiting:
-                if self._closed or self._nudged or (busy is not None and not busy()):
+                if self._closed or self._nudged:
                     self._nudged = False
                     return None
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                if busy is not None:
-                    left = COMPANY_POLL_SECONDS if left is None else min(left, COMPANY_POLL_SECONDS)
                 self._changed.wait(left)
             if wait > 0:
                 oldest = min(self._arrived.values())
                 while not self._closed and not self._full():
                     left = oldest + wait - time.monotonic()
-                    if left <= 0 or (company is not None and company() <= 0) or (busy is not None and not busy()):
+                    if left <= 0 or (company is not None and company() <= 0):
                         break
-                    self._changed.wait(min(left, COMPANY_POLL_SECONDS) if poll else left)
+                    self._changed.wait(left if company is None else min(left, COMPANY_POLL_SECONDS))
             self._nudged = False
             return self._cut()
 

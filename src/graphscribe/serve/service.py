@@ -78,9 +78,6 @@ OVERDUE_SECONDS = 0.2
 # size for reuse: the admitted requests (QUEUE_PER_ROW x max_batch) hold at most 4 MiB each. Longer ones, rare,
 # are received into plain memory, copied to the GPU all the same.
 PIN_SECONDS = 60.0
-# The longest the next batch waits for requests while the GPU encodes the batch ahead (`Service.gpu_wait`): a
-# batch of LibriSpeech lengths encodes in 18-30 ms (H200, bfloat16); hours with local attention take longer.
-GPU_WAIT_SECONDS = 0.1
 
 
 @dataclass(eq=False)
@@ -133,13 +130,6 @@ class Service:
         self.max_batch = max_batch or model.options.batch_size or files
         self.batch_seconds = batch_seconds or model.options.batch_seconds or seconds
         self.max_wait = max_wait
-        # seconds the next batch may wait for requests while the batch before decodes (on CUDA its first steps are
-        # on the GPU by then; on the CPU the wait comes after its decode, before its answer); 0: it takes what
-        # waits. `scripts/experiments/engine_load.py --busy-wait-ms` sets it, to compare (bench/README.md)
-        self.busy_wait = 0.0
-        # on CUDA, the next batch waits for requests while the GPU still encodes the batch ahead (at most
-        # GPU_WAIT_SECONDS): the clients just answered come back meanwhile. `engine_load.py --busy-wait-ms gpu`
-        self.gpu_wait = False
         self.alone = 0  # batches decoded with no next one queued beside them: nothing waited (the GPU then idles)
         self.scheduler: Scheduler[int] = Scheduler(
             self.max_batch,
@@ -425,8 +415,8 @@ class _Batches:
                         queued = False
                     live.step()
                     continue
-            if queued:  # the GPU has work: take what waits (with `busy_wait`, what comes meanwhile too)
-                numbers = self._take_busy(step_in)
+            if queued:  # the GPU has work: take what waits, no waiting for company
+                numbers = scheduler.take(timeout=0.0)
             else:
                 numbers = scheduler.take(wait=self.service.max_wait, company=self.service.coming, timeout=step_in)
                 if numbers is None and (scheduler.closed or live is None):
@@ -439,17 +429,6 @@ class _Batches:
                 continue
             yield self.service._take(numbers)
             queued = True
-
-    def _take_busy(self, step_in: float | None) -> list[int] | None:
-        """The next batch while one is queued on the GPU (this thread is on the encoder's stream); step_in: seconds
-        until the live streams' next step, which no wait outlasts."""
-        service = self.service
-        if service.gpu_wait and service.pin:
-            encoded = torch.cuda.Event()
-            encoded.record()  # after the encoder work queued on this stream: the batch ahead's
-            most = GPU_WAIT_SECONDS if step_in is None else min(step_in, GPU_WAIT_SECONDS)
-            return service.scheduler.take(most, most, busy=lambda: not encoded.query())
-        return service.scheduler.take(wait=service.busy_wait, timeout=service.busy_wait)
 
     def recycle(self, batch: Batch) -> None:
         if batch.storage is not None:
