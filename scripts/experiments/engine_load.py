@@ -23,6 +23,7 @@ import json
 import os
 import threading
 import time
+from typing import Callable
 
 import torch
 
@@ -115,13 +116,25 @@ def meet(barrier: str, step: int) -> None:
         time.sleep(0.005)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def model_arguments(description: str, clients: str) -> tuple[argparse.ArgumentParser, Callable]:
+    """A parser with the model, device, folder and client levels' options, and `load(args)` -> (model, the folder's
+    samples): this script's and `engine_timeline.py`'s."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-m", "--model", required=True)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--folder", required=True)
-    parser.add_argument("--clients", default="32,64,128,256")
+    parser.add_argument("--clients", default=clients)
+
+    def load(args):
+        model = load_model(args.model, dtype=args.dtype, device=args.device)
+        return model, [read_input(path, model.sample_rate) for path in find_audio_files(args.folder)]
+
+    return parser, load
+
+
+def main() -> None:
+    parser, load = model_arguments(__doc__.splitlines()[0], "32,64,128,256")
     parser.add_argument("--repeat", type=int, default=2, help="passes over the folder per level")
     parser.add_argument("--json")
     parser.add_argument(
@@ -131,8 +144,7 @@ def main() -> None:
     parser.add_argument("--profile", type=int, help="one more pass at this many clients under torch.profiler")
     parser.add_argument("--trace", help="--profile's Chrome trace to this file")
     args = parser.parse_args()
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
-    audios = [read_input(path, model.sample_rate) for path in find_audio_files(args.folder)]
+    model, audios = load(args)
     batches: list[int] = []
     # no wait for company: a client here submits its next request the moment its answer comes
     service = Service(model, None, 0.0, on_batch=lambda rows, padded: batches.append(rows))

@@ -15,7 +15,6 @@ its own encoder, and the host time of each wrapped call. `--sync-debug` runs one
 
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
 import json
@@ -30,10 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_load import level  # noqa: E402
+from engine_load import level, model_arguments  # noqa: E402
 
-from graphscribe import load_model  # noqa: E402
-from graphscribe.io.audio import find_audio_files, read_input  # noqa: E402
 from graphscribe.runtime import loaded, pipeline, scheduler  # noqa: E402
 from graphscribe.serve import service as service_module  # noqa: E402
 from graphscribe.serve.service import Service  # noqa: E402
@@ -170,17 +167,11 @@ def sync_calls(service: Service, batches: list[int], audios: list, clients: int)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-m", "--model", required=True)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--folder", required=True)
-    parser.add_argument("--clients", default="64,128")
+    parser, load = model_arguments(__doc__.splitlines()[0], "64,128")
     parser.add_argument("--sync-debug", type=int, help="one more level at this many clients, its syncs counted")
     parser.add_argument("--json")
     args = parser.parse_args()
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
-    audios = [read_input(path, model.sample_rate) for path in find_audio_files(args.folder)]
+    model, audios = load(args)
     batches: list[int] = []
     timeline = Timeline()
     timeline.wrap()
