@@ -3,8 +3,10 @@
 `transcribe serve --devices all` on two GPUs splits 128 clients' requests over two engine processes, 64 in flight
 each. Two GPUs make 1.9x one GPU only if an engine with 64 requests in flight does nearly what one with 128 does.
 This measures that curve without HTTP, workers or pipes: the files decoded to samples first, then per level N, N
-threads that each submit a request to one `Service` (the server's engine, warmed up as it is), wait for its answer
-and submit the next, over every file of the folder once. Per level: RTFx, requests a second, request latency
+threads that each submit a request to one `Service` (the server's engine, warmed up as it is; its samples copied
+into `Service.samples_buffer`, pinned beside a GPU, as the server receives them; `--memory pageable`: as read, as
+the runs before 2026-11-28's seventh session did), wait for its answer and submit the next, over every file of the
+folder once. Per level: RTFx, requests a second, request latency
 p50 / p95 (submit to answer), the batches' mean rows, and `alone`: the batches decoded with no next one queued
 beside them (`Service.alone`).
 
@@ -33,9 +35,10 @@ from graphscribe.runtime.latency import percentile
 from graphscribe.serve.service import Service
 
 
-def level(service: Service, batches: list[int], audios: list, clients: int) -> dict:
+def level(service: Service, batches: list[int], audios: list, clients: int, memory: str = "pinned") -> dict:
     """Every audio once, `clients` at a time, each client submitting its next as its last is answered; `batches`:
-    the rows of each batch the service forms (its `on_batch`)."""
+    the rows of each batch the service forms (its `on_batch`). memory: "pinned" (each request's samples copied into
+    `Service.samples_buffer`, as the server receives them) or "pageable" (submitted as read)."""
     batches.clear()
     service.alone = 0
     latencies: list[float] = []
@@ -51,7 +54,10 @@ def level(service: Service, batches: list[int], audios: list, clients: int) -> d
                 return
             answered.clear()
             start = time.perf_counter()
-            service.submit(audios[i], False, lambda *_: answered.set(), f"file {i}")
+            audio = audios[i]
+            if memory == "pinned":
+                audio = service.samples_buffer(audio.numel()).copy_(audio)
+            service.submit(audio, False, lambda *_: answered.set(), f"file {i}")
             answered.wait()
             latencies.append(time.perf_counter() - start)
 
@@ -65,6 +71,7 @@ def level(service: Service, batches: list[int], audios: list, clients: int) -> d
     seconds = sum(a.numel() for a in audios) / service.model.sample_rate
     return {
         "clients": clients,
+        "memory": memory,
         "rtfx": round(seconds / wall, 1),
         "requests_per_second": round(len(audios) / wall, 1),
         "latency_ms": {f"p{q}": round(1000 * percentile(latencies, q), 1) for q in (50, 95)},
@@ -125,6 +132,9 @@ def model_arguments(description: str, clients: str) -> tuple[argparse.ArgumentPa
     parser.add_argument("--device", default="auto")
     parser.add_argument("--folder", required=True)
     parser.add_argument("--clients", default=clients)
+    parser.add_argument(
+        "--memory", default="pinned", help="pinned,pageable: where the requests' samples are (`level`), alternated"
+    )
 
     def load(args):
         model = load_model(args.model, dtype=args.dtype, device=args.device)
@@ -153,11 +163,12 @@ def main() -> None:
     rows = []
     for clients in (int(c) for c in args.clients.split(",")):
         for _ in range(args.repeat):
-            if args.barrier:
-                meet(args.barrier, len(rows))
-            row = level(service, batches, audios, clients)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for memory in args.memory.split(","):
+                if args.barrier:
+                    meet(args.barrier, len(rows))
+                row = level(service, batches, audios, clients, memory)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     profile_row = None
     if args.profile:
         profile_row = profiled(service, batches, audios, args.profile, args.trace)

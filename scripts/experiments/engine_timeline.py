@@ -180,13 +180,14 @@ def main() -> None:
     service.wait_ready()
     rows = []
     for clients in (int(c) for c in args.clients.split(",")):
-        timeline.reset()
-        timeline.on = True
-        row = level(service, batches, audios, clients)
-        timeline.on = False
-        row.update(timeline.report())
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        for memory in args.memory.split(","):
+            timeline.reset()
+            timeline.on = True
+            row = level(service, batches, audios, clients, memory)
+            timeline.on = False
+            row.update(timeline.report())
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     syncs = sync_calls(service, batches, audios, args.sync_debug) if args.sync_debug else None
     for entry in syncs or []:
         print(json.dumps(entry), flush=True)
