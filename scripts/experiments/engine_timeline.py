@@ -1,11 +1,12 @@
 """Where a batch's wall time goes in one engine under N clients: the GPU's timeline of each batch and the batching
 thread's host time, from CUDA events and clocks around the pipeline's stages (no profiler, so no profiler overhead).
 
-`engine_load.py` showed that an engine with 64 requests in flight runs 32-row batches with the GPU idle 42% of the
-time, while the encoder is most of a batch's GPU work. This run wraps `pipeline._start` (a batch's copy, features
+`engine_load.py` showed that an engine with 64 requests in flight (32-row batches) serves about two thirds of what
+one with 128 (63-row batches) does; this shows where each batch's time goes. It wraps `pipeline._start` (a batch's copy, features
 and encoder, launched while the batch before decodes), `LoadedModel.decode` and the stages around them, records a
-CUDA event before and after each batch's encoder (on the encoder's stream) and its decode (on the decode stream),
-and reports per batch, as medians over a level: the encoder's and the decode's GPU time, the encoder stream's gap
+CUDA event before each batch's features, before its encoder layers and after them (on the encoder's stream) and
+before and after its decode (on the decode stream), and reports per batch, as medians over a level: the encoder
+stream's time (features and layers) and the layers' alone, the decode's GPU time, the encoder stream's gap
 between one batch's encoder and the next one's (the GPU's encoder work waiting for the host), the decode's wait for
 its own encoder, and the host time of each wrapped call. `--sync-debug` runs one more level under
 `torch.cuda.set_sync_debug_mode("warn")` and counts the synchronizing calls by the graphscribe frames that made them.
@@ -53,7 +54,9 @@ class Timeline:
 
     def __init__(self):
         self.host: dict[str, list[float]] = collections.defaultdict(list)
-        self.encoders: list[tuple[torch.cuda.Event, torch.cuda.Event, int]] = []  # before, after, rows
+        # before its features, before its encoder layers (`encoder_output`), after them; rows
+        self.encoders: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event, int]] = []
+        self._layers: torch.cuda.Event | None = None  # the batch being started's mark before its encoder
         self.decodes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.on = False
 
@@ -68,14 +71,18 @@ class Timeline:
     def wrap(self) -> None:
         for name, (owner, attribute) in HOST_CALLS.items():
             setattr(owner, attribute, self._timed(name, getattr(owner, attribute)))
-        start, decode = pipeline._start, loaded.LoadedModel.decode
+        start, decode, encoder = pipeline._start, loaded.LoadedModel.decode, loaded.LoadedModel.encoder_output
 
         def started(model, batch, clock):
-            before = self._event()
+            before, self._layers = self._event(), None
             job = start(model, batch, clock)
-            if self.on and batch.indices and job.encoded is not None:
-                self.encoders.append((before, self._event(), len(batch.indices)))
+            if self.on and batch.indices and job.encoded is not None and self._layers is not None:
+                self.encoders.append((before, self._layers, self._event(), len(batch.indices)))
             return job
+
+        def encoding(model, *args, **kwargs):
+            self._layers = self._event()
+            return encoder(model, *args, **kwargs)
 
         def decoding(model, encoded, *args, **kwargs):
             before = self._event()
@@ -84,7 +91,7 @@ class Timeline:
                 self.decodes.append((before, self._event()))
             return hyps
 
-        pipeline._start, loaded.LoadedModel.decode = started, decoding
+        pipeline._start, loaded.LoadedModel.decode, loaded.LoadedModel.encoder_output = started, decoding, encoding
 
     def _event(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
@@ -111,7 +118,8 @@ class Timeline:
         def at(event) -> float:
             return self.base.elapsed_time(event)
 
-        enc = [(at(a), at(b), rows) for a, b, rows in self.encoders]
+        enc = [(at(a), at(c), rows) for a, _, c, rows in self.encoders]
+        layers = [at(c) - at(b) for _, b, c, _ in self.encoders]
         dec = [(at(a), at(b)) for a, b in self.decodes]
         n = min(len(enc), len(dec))
 
@@ -122,7 +130,8 @@ class Timeline:
         window = max(b for _, b in dec) - min(a for a, _, _ in enc) if n else 0.0
         return {
             "batches": n,
-            "encoder_gpu_ms": med([b - a for a, b, _ in enc]),
+            "encoder_gpu_ms": med([b - a for a, b, _ in enc]),  # features, then the encoder's layers
+            "layers_gpu_ms": med(layers),  # from `encoder_output`'s launch (or the stream reaching it) to its end
             "encoder_stream_gap_ms": med([max(0.0, enc[k + 1][0] - enc[k][1]) for k in range(len(enc) - 1)]),
             "decode_gpu_ms": med([b - a for a, b in dec]),  # from its encoder's end (or its launch) to its end
             "decode_after_encoder_ms": med([dec[k][0] - enc[k][1] for k in range(n)]),
