@@ -4,11 +4,10 @@
 each. Two GPUs make 1.9x one GPU only if an engine with 64 requests in flight does nearly what one with 128 does.
 This measures that curve without HTTP, workers or pipes: the files decoded to samples first, then per level N, N
 threads that each submit a request to one `Service` (the server's engine, warmed up as it is; its samples copied
-into `Service.samples_buffer`, pinned beside a GPU, as the server receives them; `--memory pageable`: as read, as
-the runs before 2026-11-28's seventh session did), wait for its answer and submit the next, over every file of the
-folder once. Per level: RTFx, requests a second, request latency
-p50 / p95 (submit to answer), the batches' mean rows, and `alone`: the batches decoded with no next one queued
-beside them (`Service.alone`).
+into `Service.samples_buffer`, pinned beside a GPU, as the server receives them; `--memory pageable`: as read),
+wait for its answer and submit the next, over every file of the folder once. Per level: RTFx, requests a second,
+request latency p50 / p95 (submit to answer), the batches' mean rows, and `alone`: the batches decoded with no next
+one queued beside them (`Service.alone`).
 
     python scripts/experiments/engine_load.py -m v3.nemo --dtype bfloat16 --folder /tmp/f4096 --clients 32,64,128,256
 

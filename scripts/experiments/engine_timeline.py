@@ -1,14 +1,14 @@
 """Where a batch's wall time goes in one engine under N clients: the GPU's timeline of each batch and the batching
 thread's host time, from CUDA events and clocks around the pipeline's stages (no profiler, so no profiler overhead).
 
-`engine_load.py` showed that an engine with 64 requests in flight (32-row batches) serves about two thirds of what
-one with 128 (63-row batches) does; this shows where each batch's time goes. It wraps `pipeline._start` (a batch's copy, features
-and encoder, launched while the batch before decodes), `LoadedModel.decode` and the stages around them, records a
-CUDA event before each batch's features, before its encoder layers and after them (on the encoder's stream) and
-before and after its decode (on the decode stream), and reports per batch, as medians over a level: the encoder
-stream's time (features and layers) and the layers' alone, the decode's GPU time, the encoder stream's gap
-between one batch's encoder and the next one's (the GPU's encoder work waiting for the host), the decode's wait for
-its own encoder, and the host time of each wrapped call. `--sync-debug` runs one more level under
+An engine with 64 requests in flight (32-row batches) serves about two thirds of what one with 128 (63-row
+batches) does (`engine_load.py`); this shows where each batch's time goes. It wraps `pipeline._start` (a batch's
+copy, features and encoder, launched while the batch before decodes), `LoadedModel.decode` and the stages around
+them, records a CUDA event before each batch's features, before its encoder layers and after them (on the
+encoder's stream) and before and after its decode (on the decode stream), and reports per batch, as medians over a
+level: the encoder stream's time (features and layers) and the layers' alone, the decode's GPU time, the encoder
+stream's gap between one batch's encoder and the next one's (the GPU's encoder work waiting for the host), the
+decode's wait for its own encoder, and the host time of each wrapped call. `--sync-debug` runs one more level under
 `torch.cuda.set_sync_debug_mode("warn")` and counts the synchronizing calls by the graphscribe frames that made them.
 
     python scripts/experiments/engine_timeline.py -m v3.nemo --dtype bfloat16 --folder /tmp/f4096 --clients 64,128

@@ -188,10 +188,10 @@ class Service:
     ) -> Request | None:
         """Queue (L,) samples at the model's rate; `done(transcript, times)` (`Request.times`) is called on the
         batching thread when its batch is decoded (`transcript.error` set if it could not be transcribed).
-        RuntimeError once closed. hotwords: the request's own phrases (`boosting.parse_request_hotwords`), boosted in its row only; a
-        phrase that cannot be boosted, or phrases with a beam, are answered at once, on the caller's thread, with a
-        `BadRequest`. beam: the request's beam size (1: greedy; None: the model's `beam_size`); rows of every size
-        share a batch (`LoadedModel.decode`)."""
+        RuntimeError once closed. hotwords: the request's own phrases (`boosting.parse_request_hotwords`), boosted
+        in its row only; a phrase that cannot be boosted, or phrases with a beam, are answered at once, on the
+        caller's thread, with a `BadRequest`. beam: the request's beam size (1: greedy; None: the model's
+        `beam_size`); rows of every size share a batch (`LoadedModel.decode`)."""
         beam = beam or self.model.options.beam_size
         try:
             tree = self._tree(hotwords, beam) if hotwords else None
