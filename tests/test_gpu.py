@@ -165,6 +165,33 @@ def test_packed_front_end_stays_near_each_clip_alone_v3(dtype, monkeypatch):
         assert max(packed_distances) < max(0.02, 1.5 * max(padded_distances))
 
 
+def test_packed_features_replay_bit_equal_to_eager():
+    """`graphs.FeatureGraphs`: the first batch of a packed shape runs eagerly and captures the shape; later batches
+    of that shape, of other clips and other numbers of them, replay it (its inputs refilled each time), bit-equal
+    to their eager features."""
+    model = gs.load_model(FIXTURES / "nemo-tdt-tiny" / "tdt-tiny.nemo", device="cuda", dtype="bfloat16", graphs=True)
+    clip = model.read(speech_path("librispeech_2086-149220-0033.wav"))
+    speech = torch.cat([clip, clip.flip(0)])
+    shapes, outputs = set(), []
+    for seconds in ([7, 2, 2, 1.5], [7, 3, 1, 1], [6.5, 2.5, 1, 1, 1]):
+        audio = [speech[1000 * k :][: int(s * 16000)] for k, s in enumerate(seconds)]  # each clip its own
+        samples = [a.numel() for a in audio]
+        batch = torch.zeros(len(audio), max(samples))
+        for i, a in enumerate(audio):
+            batch[i, : a.numel()] = a
+        with torch.inference_mode():
+            front = model.front_packing(samples, batch.shape[1], None)
+            shapes.add((front.packing.rows, front.packing.length))
+            model.use_graphs(True)
+            replayed, _ = model.batch_features(batch, torch.tensor(samples), front)
+            model.use_graphs(False)
+            eager, _ = model.batch_features(batch, torch.tensor(samples), front)
+        outputs.append(replayed)
+        assert torch.equal(replayed, eager), seconds
+    assert len(shapes) == 1 and len(model._feature_graphs._graphs) == 1
+    assert not torch.equal(outputs[1], outputs[2][:, :, : outputs[1].shape[2]])
+
+
 def test_demo_cli_graphs_on_and_off_print_the_same_bytes():
     """The bundled demo model through the real CLI on the GPU: --graphs and --no-graphs, batched."""
     heldout = FIXTURES / "demo-heldout"

@@ -11,6 +11,7 @@ from conftest import CLIP_NAMES, CLIPS, NEMO_PATH, reference_clip
 
 import graphscribe as gs
 from graphscribe.model import encoder
+from graphscribe.model.features import PackedClips
 from graphscribe.model.packing import Packing
 
 CPU = torch.device("cpu")
@@ -181,6 +182,24 @@ def test_packed_front_end_gives_each_clip_nemos_features_and_output(packing_mode
         assert errors[i] < 1e-4, name
         assert not encoded[i, out_lengths[i] :].any()  # padded frames are zeros
     assert not features[front.frame_ids[:, None, :].expand_as(features) == 0].any()  # zeros between clips
+
+
+def test_empty_clip_spans_leave_packed_features_as_they_are(packing_model):
+    """`graphs.FeatureGraphs` replays one graph for a shape's batches of any number of clips: the spans past the
+    batch's clips are empty (row 0, frames 0 to 0). No frame reads their statistics, so the features are bit-equal to
+    those of the batch's own spans, and hold no NaN (an empty clip's mean is 0 / 0)."""
+    model = packing_model
+    featurizer = model.module.preprocessor.featurizer
+    batch, lengths, samples = _padded([model.read(CLIPS / name) for name in CLIP_NAMES])
+    with torch.inference_mode():
+        front = model.front_packing(samples, batch.shape[1], None)
+        packed = front.packing.pack_samples(batch, front)
+        rows = torch.full((packed.shape[0],), packed.shape[1])
+        own, _ = featurizer(packed, rows, packed=PackedClips(front.sample_ids > 0, front.frame_ids, front.spans))
+        spans = torch.cat([front.spans, torch.zeros(3, 64 - len(samples), dtype=torch.long)], dim=1)
+        slots, _ = featurizer(packed, rows, packed=PackedClips(front.sample_ids > 0, front.frame_ids, spans))
+    assert torch.equal(own, slots)
+    assert not slots.isnan().any()
 
 
 def test_bfloat16_front_end_packs_and_stays_near_nemo(reference_arrays):

@@ -131,8 +131,11 @@ def main() -> None:
             run_batch(model, batch_of(pick), 0)
         for mode, spin in (("ahead", cycles), ("paced", 0), ("ahead", cycles), ("paced", 0)):
             runs = [run_batch(model, batch_of(pick), spin) for pick in picks]
-            row = {"rows": rows, "mode": mode, "seconds": round(sum(audios[i].numel() for p in picks for i in p)
-                                                                / model.sample_rate / len(picks), 1)}
+            row = {
+                "rows": rows,
+                "mode": mode,
+                "seconds": round(sum(audios[i].numel() for p in picks for i in p) / model.sample_rate / len(picks), 1),
+            }
             for key in runs[0]:
                 row[key] = round(statistics.median(r[key] for r in runs), 2)
             results.append(row)

@@ -25,7 +25,7 @@ from graphscribe.model.decoding import GreedyDecoder, Hypothesis
 from graphscribe.model.encoder import encoder_frames, memory_estimate
 from graphscribe.model.features import PackedClips
 from graphscribe.model.fusion import fusion_models
-from graphscribe.model.graphs import LayerGraphs
+from graphscribe.model.graphs import FeatureGraphs, LayerGraphs
 from graphscribe.model.ngram import Tables
 from graphscribe.model.packing import PackedFront, Packing
 from graphscribe.model.row_boosting import RowTrees
@@ -96,6 +96,7 @@ class LoadedModel:
         self._beams: dict[int, BeamDecoder] = {}  # other beam sizes, asked for by rows (a server's requests)
         self.fuse(Fusion(self.fusion) if self.fusion and options.beam_size > 1 else None)
         self._layer_graphs: LayerGraphs | None = None  # made at the first batch that uses them
+        self._feature_graphs = FeatureGraphs(self.module.preprocessor.featurizer)  # packed rows' (batch_features)
         self._copy_stream: torch.cuda.Stream | None = None  # host-to-device copies of batches (`_copied`)
         decoding = self.cfg.decoding
         self.word_rules = WordRules(
@@ -127,15 +128,17 @@ class LoadedModel:
 
     @property
     def capture_seconds(self) -> float:
-        """Seconds spent capturing CUDA graphs so far: the decoder's and the encoder layers' (the server's /metrics)."""
+        """Seconds spent capturing CUDA graphs so far: the decoders', the encoder layers' and the packed features'
+        (the server's /metrics)."""
         layers = self._layer_graphs.capture_seconds if self._layer_graphs is not None else 0.0
         beam = sum(b.capture_seconds for b in (self.beam, *self._beams.values()) if b is not None)
-        return self.decoder.capture_seconds + beam + layers
+        return self.decoder.capture_seconds + beam + layers + self._feature_graphs.capture_seconds
 
     def release_graphs(self) -> None:
-        """Free the encoder's captured layers (their memory pool), e.g. after running out of memory."""
+        """Free the encoder's captured layers and features (their memory pools), e.g. after running out of memory."""
         if self._layer_graphs is not None:
             self._layer_graphs.release()
+        self._feature_graphs.release()
 
     def _new_decoder(self) -> GreedyDecoder:
         return GreedyDecoder(
@@ -229,15 +232,15 @@ class LoadedModel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, L) zero-padded audio and (B,) sample counts, anywhere (pinned: copied without waiting) ->
         (B, n_mels, T) float32 features and (B,) feature frames on the model's device. With `front`
-        (`front_packing`): (R, n_mels, T) features of the clips laid end to end, its masks set."""
+        (`front_packing`): (R, n_mels, T) features of the clips laid end to end, its masks set; with graphs, replayed
+        per packed shape (`graphs.FeatureGraphs`): the same numbers."""
         audio = self._copied(audio)
         lengths = lengths.to(self.device, non_blocking=True)
         if front is None:
             return self.module.preprocessor.featurizer(audio, lengths)
         packed = front.packing.pack_samples(audio, front)
         clips = PackedClips(front.sample_ids > 0, front.frame_ids, front.spans)
-        rows = torch.full((front.packing.rows,), packed.shape[1], device=self.device)
-        features, _ = self.module.preprocessor.featurizer(packed, rows, packed=clips)
+        features = self._feature_graphs(packed, clips, replay=self.options.graphs)
         return features, torch.div(lengths, self.cfg.features.hop_length, rounding_mode="floor")
 
     def front_packing(self, samples: list[int], padded: int, window: tuple[int, int] | None) -> PackedFront | None:
