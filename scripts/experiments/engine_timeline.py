@@ -12,12 +12,16 @@ decode's wait for its own encoder, and the host time of each wrapped call. `--sy
 `torch.cuda.set_sync_debug_mode("warn")` and counts the synchronizing calls by the graphscribe frames that made them.
 
     python scripts/experiments/engine_timeline.py -m v3.nemo --dtype bfloat16 --folder /tmp/f4096 --clients 64,128
+
+`--replay-features on,off` alternates the packed features replayed from their graphs and computed eagerly, level by
+level in one process (the graphs captured at the warm-up either way).
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import json
 import statistics
 import sys
@@ -178,6 +182,11 @@ def sync_calls(service: Service, batches: list[int], audios: list, clients: int)
 def main() -> None:
     parser, load = model_arguments(__doc__.splitlines()[0], "64,128")
     parser.add_argument("--sync-debug", type=int, help="one more level at this many clients, its syncs counted")
+    parser.add_argument(
+        "--replay-features",
+        default="on",
+        help="on,off: packed features replayed from graphs (`graphs.FeatureGraphs`) or eager, alternated per level",
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     model, audios = load(args)
@@ -189,10 +198,12 @@ def main() -> None:
     service.wait_ready()
     rows = []
     for clients in (int(c) for c in args.clients.split(",")):
-        for memory in args.memory.split(","):
+        for memory, replay in itertools.product(args.memory.split(","), args.replay_features.split(",")):
+            model._feature_graphs.enabled = replay == "on"
             timeline.reset()
             timeline.on = True
             row = level(service, batches, audios, clients, memory)
+            row["replay_features"] = replay
             timeline.on = False
             row.update(timeline.report())
             rows.append(row)

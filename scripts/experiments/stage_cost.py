@@ -9,7 +9,9 @@ R clips drawn from the folder (seeded), their samples in pinned memory and gathe
   before the GPU reaches them: CUDA events then time the GPU's own work (features with the packing, encoder:
   subsampling and layers), and the host's launch times are its own;
 - `paced`: the same without the spin: what the GPU takes when it waits on the host's launches;
-- the decode after, its own GPU time (its loop reads from the GPU, so the host is in it either way).
+- the decode after, its own GPU time (its loop reads from the GPU, so the host is in it either way);
+
+each with the packed features replayed from their graphs (`graphs.FeatureGraphs`) and computed eagerly.
 
 `--profile R`: one more `ahead` batch of R rows under torch.profiler: its kernels' count and summed time by
 stage, and the ten kernels with the most time, against the stage's elapsed GPU time (the rest: gaps).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import random
 import statistics
@@ -129,10 +132,12 @@ def main() -> None:
 
         for pick in picks:  # each shape's graphs captured, its plans made
             run_batch(model, batch_of(pick), 0)
-        for mode, spin in (("ahead", cycles), ("paced", 0), ("ahead", cycles), ("paced", 0)):
+        for (mode, spin), replay in itertools.product((("ahead", cycles), ("paced", 0)) * 2, ("on", "off")):
+            model._feature_graphs.enabled = replay == "on"
             runs = [run_batch(model, batch_of(pick), spin) for pick in picks]
             row = {
                 "rows": rows,
+                "replay_features": replay,
                 "mode": mode,
                 "seconds": round(sum(audios[i].numel() for p in picks for i in p) / model.sample_rate / len(picks), 1),
             }

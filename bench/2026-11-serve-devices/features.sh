@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Issue 51, eighth session: the packed features replayed from graphs (`graphs.FeatureGraphs`) against computed
+# eagerly, in one process each: one batch's stages alone (`stage_cost.py`), then one engine under 64 and 128 clients
+# (`engine_timeline.py`), the two alternated level by level. One H200, `.whl-serve.tar.xz` carried:
+#   bash bench/2026-11-serve-devices/features.sh
+source scripts/gpu_setup.sh
+step stage 150 python scripts/experiments/stage_cost.py -m $ckpt --dtype bfloat16 --folder /tmp/f4096 \
+    --rows 16,32,63 --batches 10 --json $OUT/stage.json
+step timeline 240 python scripts/experiments/engine_timeline.py -m $ckpt --dtype bfloat16 --folder /tmp/f4096 \
+    --clients ${CLIENTS:-64,128,64,128,64} --replay-features on,off --json $OUT/timeline.json
