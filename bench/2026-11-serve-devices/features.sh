@@ -3,8 +3,14 @@
 # eagerly, in one process each: one batch's stages alone (`stage_cost.py`), then one engine under 64 and 128 clients
 # (`engine_timeline.py`), the two alternated level by level. One H200, `.whl-serve.tar.xz` carried:
 #   bash bench/2026-11-serve-devices/features.sh
+# SERVERS=OLD_SRC: then the servers, this tree's against OLD_SRC's (a source folder from before FeatureGraphs),
+# interleaved after, before, before, after under 128 clients twice (`ab_servers`, scripts/gpu_setup.sh);
+# SKIP_ENGINE=1: the servers only.
 source scripts/gpu_setup.sh
-step stage 150 python scripts/experiments/stage_cost.py -m $ckpt --dtype bfloat16 --folder /tmp/f4096 \
-    --rows 16,32,63 --batches 10 --json $OUT/stage.json
-step timeline 240 python scripts/experiments/engine_timeline.py -m $ckpt --dtype bfloat16 --folder /tmp/f4096 \
-    --clients ${CLIENTS:-64,128,64,128,64} --replay-features on,off --json $OUT/timeline.json
+if [ -z "${SKIP_ENGINE:-}" ]; then
+    step stage 150 python scripts/experiments/stage_cost.py -m $ckpt --dtype bfloat16 --folder /tmp/f4096 \
+        --rows 16,32,63 --batches 10 --json $OUT/stage.json
+    step timeline 240 python scripts/experiments/engine_timeline.py -m $ckpt --dtype bfloat16 --folder /tmp/f4096 \
+        --clients ${CLIENTS:-64,128,64,128,64} --replay-features on,off --json $OUT/timeline.json
+fi
+if [ -n "${SERVERS:-}" ]; then ab_servers - "$SERVERS"; fi
