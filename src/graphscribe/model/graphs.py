@@ -121,7 +121,49 @@ class CapturedSteps:
         self.graph.replay()
 
 
-class LayerGraphs:
+class _Shapes:
+    """Graphs kept by a key of their shape, the most recently used up to `KEEP_SHAPES`: their static buffers views
+    of one set (`_Statics`), their memory one pool, the seconds spent capturing them summed."""
+
+    # Captured shapes are kept, most recently used, up to KEEP_SHAPES: a server's batches come in many shapes (rows
+    # x padded length; its warm-up captures every packed shape of up to 36 s, ~220), and a shape dropped is captured
+    # again when it comes back. Their static buffers are views of one set (`_Statics`), so a shape kept costs its
+    # graph, not its own copy of a batch's input and masks (~2 GB for those ~220).
+    KEEP_SHAPES = 512
+
+    def __init__(self):
+        self._graphs: OrderedDict[tuple, object] = OrderedDict()
+        self._statics = _Statics()
+        self._pool = None
+        self.enabled = True
+        self.capture_seconds = 0.0  # summed over the captures so far
+
+    def _kept(self, key: tuple):
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self._graphs.move_to_end(key)
+        return graph
+
+    def _keep(self, key: tuple, make: Callable[["_Statics", object], object]):
+        """`make(statics, pool)`, a new graph of the shape `key`, timed and kept."""
+        start = time.perf_counter()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = make(self._statics, self._pool)
+        self.capture_seconds += time.perf_counter() - start
+        self._graphs[key] = graph
+        while len(self._graphs) > self.KEEP_SHAPES:
+            self._graphs.popitem(last=False)
+        return graph
+
+    def release(self) -> None:
+        """Drop the captured graphs and their memory (out of memory elsewhere)."""
+        self._graphs.clear()
+        self._statics = _Statics()
+        self._pool = None
+
+
+class LayerGraphs(_Shapes):
     """The encoder's layer stack from one captured layer, replayed once a layer with that layer's weights.
 
     A small batch's encoder waits on its host: each layer is about 80 kernel launches, 24 layers a few thousand
@@ -144,24 +186,15 @@ class LayerGraphs:
 
     # batch x encoder frames at most, by bytes per element (None: any); 16-bit products are ~4x faster
     MAX_FRAMES = {4: 768, 2: None}
-    # Captured shapes are kept, most recently used, up to KEEP_SHAPES: a server's batches come in many shapes (rows
-    # x padded length; its warm-up captures every packed shape of up to 36 s, ~220), and a shape dropped is captured
-    # again when it comes back. Their static buffers are views of one set (`_Statics`), so a shape kept costs its
-    # graph, not its own copy of a batch's input and masks (~2 GB for those ~220).
-    KEEP_SHAPES = 512
 
     def __init__(self, layers: nn.ModuleList):
+        super().__init__()
         self.layers = layers
         # packed at the first batch that applies (`_pack_layers`): (N,) a layer, the captured layer and its (N,)
         self._weights: list[torch.Tensor] | None = None
         self.slot: nn.Module | None = None
         self._slot_weights: torch.Tensor | None = None
-        self._graphs: OrderedDict[tuple, _LayerGraph] = OrderedDict()
-        self._statics = _Statics()
         self._positions: dict[tuple, torch.Tensor] = {}  # (T, dtype) -> (2T - 1, D): a length's, for its shapes
-        self._pool = None
-        self.enabled = True
-        self.capture_seconds = 0.0  # summed over the captures so far
 
     def applies(self, x: torch.Tensor, window: tuple[int, int] | None) -> bool:
         frames = x.shape[0] * x.shape[1]
@@ -178,7 +211,7 @@ class LayerGraphs:
             return run_layers(self.layers, x, pos_emb, padding, window)
         if self._weights is None:
             self._pack_layers()
-        graph = self._kept(x)
+        graph = self._kept((tuple(x.shape), x.dtype))  # layers keep their input's shape: the first one's is every one's
         if graph is not None:  # a shape seen before: every layer from its graph, the first one too
             graph.refresh(padding)
             graph.x.copy_(x)
@@ -210,38 +243,21 @@ class LayerGraphs:
             self._slot_weights = _pack(self.slot)
 
     def release(self) -> None:
-        """Drop the captured graphs and their memory (out of memory elsewhere)."""
-        self._graphs.clear()
-        self._statics = _Statics()
+        super().release()
         self._positions.clear()
-        self._pool = None
-
-    def _kept(self, x: torch.Tensor) -> "_LayerGraph | None":
-        """The graph of x's shape, if kept (layers keep their input's shape: the first one's is every one's)."""
-        key = (tuple(x.shape), x.dtype)
-        graph = self._graphs.get(key)
-        if graph is not None:
-            self._graphs.move_to_end(key)
-        return graph
 
     def _capture(self, x: torch.Tensor, pos_emb: torch.Tensor, padding: Padding) -> "_LayerGraph":
         """A graph of `slot` for x's shape, after the eager first layer has made x and the masks the layer reads."""
-        key = (tuple(x.shape), x.dtype)
-        start = time.perf_counter()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
         positions = self._positions.get((x.shape[1], x.dtype))
         if positions is None:
             positions = self._positions[(x.shape[1], x.dtype)] = pos_emb.clone()
-        graph = _LayerGraph(self.slot, x, positions, padding, self._statics, self._pool)
-        self.capture_seconds += time.perf_counter() - start
-        self._graphs[key] = graph
-        while len(self._graphs) > self.KEEP_SHAPES:
-            self._graphs.popitem(last=False)
-        return graph
+        return self._keep(
+            (tuple(x.shape), x.dtype),
+            lambda statics, pool: _LayerGraph(self.slot, x, positions, padding, statics, pool),
+        )
 
 
-class FeatureGraphs:
+class FeatureGraphs(_Shapes):
     """The log-mel features of packed rows (`features.PackedClips`), captured once per shape and replayed.
 
     A packed batch's features are about 130 small operations (a few per stretch of `FIXED_FRAMES` frames, then the
@@ -261,15 +277,10 @@ class FeatureGraphs:
     """
 
     MIN_CLIPS = 64  # a server's largest batch: its batches of 2-64 clips share one graph a row shape
-    KEEP_SHAPES = LayerGraphs.KEEP_SHAPES
 
     def __init__(self, featurizer: LogMel):
+        super().__init__()
         self.featurizer = featurizer
-        self._graphs: OrderedDict[tuple, _FeatureGraph] = OrderedDict()
-        self._statics = _Statics()
-        self._pool = None
-        self.enabled = True
-        self.capture_seconds = 0.0
 
     def __call__(self, packed: torch.Tensor, clips: PackedClips, replay: bool = True) -> torch.Tensor:
         """(R, W) float32 packed samples and their clips -> (R, n_mels, T) features, as `featurizer` computes them
@@ -278,13 +289,14 @@ class FeatureGraphs:
             return self._eager(packed, clips)
         clip_slots = max(self.MIN_CLIPS, 1 << (clips.spans.shape[1] - 1).bit_length())
         key = (tuple(packed.shape), clip_slots)
-        graph = self._graphs.get(key)
+        graph = self._kept(key)
         if graph is not None:
-            self._graphs.move_to_end(key)
             return graph.replay(packed, clips)
         features = self._eager(packed, clips)  # makes the plans the capture then uses
         try:
-            self._capture(key, packed, clips, clip_slots)
+            self._keep(
+                key, lambda statics, pool: _FeatureGraph(self.featurizer, packed, clips, clip_slots, statics, pool)
+            )
         except RuntimeError as err:  # capture is an optimisation: compute eagerly rather than fail
             log.warning(
                 "CUDA graph capture of the features failed (%s); computing them eagerly", str(err).splitlines()[0]
@@ -295,23 +307,6 @@ class FeatureGraphs:
 
     def _eager(self, packed: torch.Tensor, clips: PackedClips) -> torch.Tensor:
         return self.featurizer(packed, _row_samples(packed), packed=clips)[0]
-
-    def _capture(self, key: tuple, packed: torch.Tensor, clips: PackedClips, clip_slots: int) -> "_FeatureGraph":
-        start = time.perf_counter()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = _FeatureGraph(self.featurizer, packed, clips, clip_slots, self._statics, self._pool)
-        self.capture_seconds += time.perf_counter() - start
-        self._graphs[key] = graph
-        while len(self._graphs) > self.KEEP_SHAPES:
-            self._graphs.popitem(last=False)
-        return graph
-
-    def release(self) -> None:
-        """Drop the captured graphs and their memory (out of memory elsewhere)."""
-        self._graphs.clear()
-        self._statics = _Statics()
-        self._pool = None
 
 
 class _FeatureGraph:
