@@ -3,7 +3,8 @@
 # eagerly, in one process each: one batch's stages alone (`stage_cost.py`), then one engine under 64 and 128 clients
 # (`engine_timeline.py`), the two alternated level by level. One H200, `.whl-serve.tar.xz` carried:
 #   bash bench/2026-11-serve-devices/features.sh
-# SERVERS=OLD_SRC: then the servers, this tree's against OLD_SRC's (a source folder from before FeatureGraphs),
+# SERVERS=OLD_SRC: then the servers, this tree's against OLD_SRC's (a source folder from before FeatureGraphs:
+# `mkdir .old-src && git archive 4a5eb95 src | tar x -C .old-src`, its data files deleted, carried as `.old-src`),
 # interleaved after, before, before, after under 128 clients twice (`ab_servers`, scripts/gpu_setup.sh);
 # SKIP_ENGINE=1: the servers only; LOW=1: the servers under 32 and 64 clients instead (twice each, over the 4096
 # files; JSON as serve-NAME-low.json).
