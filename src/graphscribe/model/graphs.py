@@ -310,7 +310,8 @@ class FeatureGraphs(_Shapes):
 
 
 class _FeatureGraph:
-    """The features of one packed shape captured: static samples, clip masks and spans in, features out."""
+    """The features of one packed shape captured: static samples, clip masks and spans in, features out (filled at
+    each replay: capturing runs nothing)."""
 
     def __init__(
         self, featurizer: LogMel, packed: torch.Tensor, clips: PackedClips, clip_slots: int, statics: "_Statics", pool
@@ -322,7 +323,6 @@ class _FeatureGraph:
         rows = self._rows = _row_samples(packed)  # read by the graph
         total = packed.shape[1] // featurizer.cfg.hop_length + 1
         self.out = statics.like("out", packed.new_empty(packed.shape[0], featurizer.cfg.n_mels, total))
-        self._fill(packed, clips)
         static = PackedClips(self.samples, self.frames, self.spans)
         self.graph = torch.cuda.CUDAGraph()
         capture(self.graph, lambda: self.out.copy_(featurizer(self.audio, rows, packed=static)[0]), pool)
