@@ -14,7 +14,9 @@ decode's wait for its own encoder, and the host time of each wrapped call. `--sy
     python scripts/experiments/engine_timeline.py -m v3.nemo --dtype bfloat16 --folder /tmp/f4096 --clients 64,128
 
 `--replay-features on,off` alternates the packed features replayed from their graphs and computed eagerly, level by
-level in one process (the graphs captured at the warm-up either way).
+level in one process (the graphs captured at the warm-up either way). `--windows 0,2` alternates the decoder's frames
+a step (0: `decoding.WINDOWS`' choice by batch size class; each a decoder of its own, warmed by one unreported
+level at each client count first); each level reports the decode's steps and host reads a batch.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Timeline:
         self.encoders: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event, int]] = []
         self._layers: torch.cuda.Event | None = None  # the batch being started's mark before its encoder
         self.decodes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.steps: list[tuple[int, int]] = []  # each decode's queued steps and host reads
         self.on = False
 
     def reset(self) -> None:
@@ -69,6 +72,7 @@ class Timeline:
         self.host.clear()
         self.encoders.clear()
         self.decodes.clear()
+        self.steps.clear()
         self.base = torch.cuda.Event(enable_timing=True)
         self.base.record()
 
@@ -93,6 +97,7 @@ class Timeline:
             hyps = decode(model, encoded, *args, **kwargs)
             if self.on:
                 self.decodes.append((before, self._event()))
+                self.steps.append((model.decoder.queued_steps, model.decoder.host_reads))
             return hyps
 
         pipeline._start, loaded.LoadedModel.decode, loaded.LoadedModel.encoder_output = started, decoding, encoding
@@ -141,6 +146,8 @@ class Timeline:
             "decode_after_encoder_ms": med([dec[k][0] - enc[k][1] for k in range(n)]),
             "period_ms": med([enc[k + 1][0] - enc[k][0] for k in range(len(enc) - 1)]),
             "gpu_idle_share": round(1 - busy / window, 3) if window else 0.0,
+            "decode_steps": med([s for s, _ in self.steps]),
+            "host_reads": med([r for _, r in self.steps]),
             "host_ms_per_call": {
                 name: {"calls": len(v), "p50": med(v), "sum": round(sum(v), 1)} for name, v in self.host.items()
             },
@@ -187,23 +194,35 @@ def main() -> None:
         default="on",
         help="on,off: packed features replayed from graphs (`graphs.FeatureGraphs`) or eager, alternated per level",
     )
+    parser.add_argument("--windows", default="0", help="0,2: the decoder's frames a step (0: by batch size class)")
     parser.add_argument("--json")
     args = parser.parse_args()
     model, audios = load(args)
+    levels = [int(c) for c in args.clients.split(",")]
+    windows = [int(w) for w in args.windows.split(",")]
+    decoders = {w: model.decoder if w == 0 else model._new_decoder() for w in windows}
+    for w, decoder in decoders.items():
+        decoder.window = w or None
     batches: list[int] = []
     timeline = Timeline()
     timeline.wrap()
     service = Service(model, None, 0.0, on_batch=lambda rows, padded: batches.append(rows))
     service.start()
     service.wait_ready()
+    if len(windows) > 1:  # each decoder's graphs captured before the timed levels
+        for w, clients in itertools.product(windows, sorted(set(levels))):
+            model.decoder = decoders[w]
+            level(service, batches, audios, clients)
     rows = []
-    for clients in (int(c) for c in args.clients.split(",")):
-        for memory, replay in itertools.product(args.memory.split(","), args.replay_features.split(",")):
+    for clients in levels:
+        for memory, replay, w in itertools.product(args.memory.split(","), args.replay_features.split(","), windows):
             model._feature_graphs.enabled = replay == "on"
+            model.decoder = decoders[w]
             timeline.reset()
             timeline.on = True
             row = level(service, batches, audios, clients, memory)
             row["replay_features"] = replay
+            row["window"] = w
             timeline.on = False
             row.update(timeline.report())
             rows.append(row)
