@@ -16,7 +16,9 @@ decode's wait for its own encoder, and the host time of each wrapped call. `--sy
 `--replay-features on,off` alternates the packed features replayed from their graphs and computed eagerly, level by
 level in one process (the graphs captured at the warm-up either way). `--windows 0,2` alternates the decoder's frames
 a step (0: `decoding.WINDOWS`' choice by batch size class; each a decoder of its own, warmed by one unreported
-level at each client count first); each level reports the decode's steps and host reads a batch.
+level at each client count first); each level reports the decode's steps and host reads a batch. `--green-sms N`
+puts each batch's copy, features and encoder (and the graphs they replay, captured there) on a CUDA green context
+of N SMs, the decode on the whole GPU as before: its small step kernels then find SMs the encoder cannot fill.
 """
 
 from __future__ import annotations
@@ -154,6 +156,30 @@ class Timeline:
         }
 
 
+def on_green(sms: int):
+    """The encoder's side of every batch (`pipeline._start`, and the graphs captured in it) on a green context of
+    `sms` SMs; the decode's stream and graphs stay on the whole GPU. Returns the context (kept alive by the caller)."""
+    from graphscribe.model import graphs
+
+    made = torch.cuda.GreenContext.create(sms, torch.cuda.current_device())
+    s = made.Stream()
+    green = torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+    plain = graphs._capture_stream()
+
+    def capture_stream() -> torch.cuda.Stream:  # a graph captured on the green stream runs on its SMs only
+        return green if torch.cuda.current_stream().cuda_stream == green.cuda_stream else plain
+
+    graphs._capture_stream = capture_stream
+    start = pipeline._start
+
+    def started(*args, **kwargs):
+        with torch.cuda.stream(green):
+            return start(*args, **kwargs)
+
+    pipeline._start = started
+    return made
+
+
 def _union(spans: list[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")
     for a, b in sorted(spans):
@@ -195,6 +221,7 @@ def main() -> None:
         help="on,off: packed features replayed from graphs (`graphs.FeatureGraphs`) or eager, alternated per level",
     )
     parser.add_argument("--windows", default="0", help="0,2: the decoder's frames a step (0: by batch size class)")
+    parser.add_argument("--green-sms", type=int, default=0, help="the encoder's side on a green context of N SMs")
     parser.add_argument("--json")
     args = parser.parse_args()
     model, audios = load(args)
@@ -206,6 +233,7 @@ def main() -> None:
     batches: list[int] = []
     timeline = Timeline()
     timeline.wrap()
+    green = on_green(args.green_sms) if args.green_sms else None  # noqa: F841 - alive while the engine runs
     service = Service(model, None, 0.0, on_batch=lambda rows, padded: batches.append(rows))
     service.start()
     service.wait_ready()
@@ -223,6 +251,7 @@ def main() -> None:
             row = level(service, batches, audios, clients, memory)
             row["replay_features"] = replay
             row["window"] = w
+            row["green_sms"] = args.green_sms
             timeline.on = False
             row.update(timeline.report())
             rows.append(row)
