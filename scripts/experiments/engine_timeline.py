@@ -18,7 +18,8 @@ level in one process (the graphs captured at the warm-up either way). `--windows
 a step (0: `decoding.WINDOWS`' choice by batch size class; each a decoder of its own, warmed by one unreported
 level at each client count first); each level reports the decode's steps and host reads a batch. `--green-sms N`
 puts each batch's copy, features and encoder (and the graphs they replay, captured there) on a CUDA green context
-of N SMs, the decode on the whole GPU as before: its small step kernels then find SMs the encoder cannot fill.
+of N SMs, the decode on the whole GPU as before, so that its small step kernels find SMs the encoder cannot take
+(the ninth 2026-11-29 session in bench/README.md: the encoder loses more than the decode gains).
 """
 
 from __future__ import annotations
