@@ -18,25 +18,4 @@ for name in inproc-1 routed-1 routed-2 inproc-2; do
         --concurrency ${CONCURRENCY:-64,128,64,128} --client-processes 16 --json "$OUT/serve-$name.json"
     stop $name
 done
-python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
-import json, re, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-stage = re.compile(r"POST \S+ 200 audio \S+ s, upload (\d+) ms, decode (\d+) ms, queue (\d+) ms, batch (\d+) ms, total (\d+) ms")
-for name in ("inproc-1", "routed-1", "routed-2", "inproc-2"):
-    report = out / f"serve-{name}.json"
-    rows = json.loads(report.read_text())["rows"] if report.exists() else []
-    print(name, [(r["concurrency"], r["rtfx"], r["failed"]) for r in rows])
-    log = out / f"serve-{name}.log"
-    found = [tuple(map(int, m.groups())) for m in map(stage.search, log.read_text().splitlines()) if m] if log.exists() else []
-    def spread(v):
-        v = sorted(v)
-        return f"{v[len(v) // 2]}/{v[int(len(v) * 0.95)]}"
-    for k, r in enumerate(rows):  # a level is 4096 requests, in the log's order
-        part = found[4096 * k : 4096 * (k + 1)]
-        if part:
-            cols = list(zip(*part))
-            way = [t - u - d - q - b for u, d, q, b, t in part]
-            print(f"  {r['concurrency']} clients: upload {spread(cols[0])}, decode {spread(cols[1])}, queue {spread(cols[2])}, "
-                  f"batch {spread(cols[3])}, way {spread(way)}, total {spread(cols[4])}")
-PY
+python3 bench/2026-11-serve-devices/levels.py "$OUT" inproc-1 routed-1 routed-2 inproc-2 | tee "$OUT/summary.txt"

@@ -24,25 +24,4 @@ for name in $NAMES; do
         --concurrency ${CONCURRENCY:-64,128,64,128} --client-processes 16 --json "$OUT/serve-$name.json"
     stop $name
 done
-python3 - "$OUT" $NAMES <<'PY' | tee "$OUT/summary.txt"
-import json, re, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-stage = re.compile(r"POST \S+ 200 audio \S+ s, upload (\d+) ms, decode (\d+) ms, queue (\d+) ms, batch (\d+) ms, total (\d+) ms")
-def spread(v):
-    v = sorted(v)
-    return f"{v[len(v) // 2]}/{v[int(len(v) * 0.95)]}"
-for name in sys.argv[2:]:
-    report = out / f"serve-{name}.json"
-    rows = json.loads(report.read_text())["rows"] if report.exists() else []
-    print(name, [(r["concurrency"], r["rtfx"], r["failed"]) for r in rows])
-    log = out / f"serve-{name}.log"
-    found = [tuple(map(int, m.groups())) for m in map(stage.search, log.read_text().splitlines()) if m] if log.exists() else []
-    for k, r in enumerate(rows):  # a level is 4096 requests, in the log's order
-        part = found[4096 * k : 4096 * (k + 1)]
-        if part:
-            cols = list(zip(*part))
-            way = [t - u - d - q - b for u, d, q, b, t in part]
-            print(f"  {r['concurrency']} clients: upload {spread(cols[0])}, decode {spread(cols[1])}, queue {spread(cols[2])}, "
-                  f"batch {spread(cols[3])}, way {spread(way)}, total {spread(cols[4])}")
-PY
+python3 bench/2026-11-serve-devices/levels.py "$OUT" $NAMES | tee "$OUT/summary.txt"
