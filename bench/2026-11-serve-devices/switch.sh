@@ -3,7 +3,7 @@
 # workers), through a sitecustomize.py that sets it from GS_SWITCH: a thread that wakes for a request's message
 # waits for the batching thread's GIL up to the interval (5 ms by default). Servers interleaved default, 1 ms,
 # 0.5 ms, default, each under 64 and 128 clients twice over the 4096 files (16 client processes); RTFx and the
-# access log's stages as routed.sh prints them. One H200, `.whl-serve.tar.xz` carried:
+# access log's stages a level (levels.py). One H200, `.whl-serve.tar.xz` carried:
 #   bash bench/2026-11-serve-devices/switch.sh
 source scripts/gpu_setup.sh
 mkdir -p /tmp/swi

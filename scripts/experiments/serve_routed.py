@@ -17,7 +17,9 @@ from graphscribe.serve import command
 
 class _Routed(list):
     """One device that `serve` counts as several (`len(names) > 1`), so that it runs in an engine process; everything
-    that lists the devices still finds the one."""
+    that lists the devices still finds the one. What counts them counts two: the default HTTP workers (4 a GPU, at
+    most one per 4 cores: 4 on a 16-core host either way) and the engine's host threads (half the cores; the GPU's
+    engine uses few)."""
 
     def __len__(self) -> int:
         return max(2, super().__len__())
